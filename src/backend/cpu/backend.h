@@ -1,0 +1,72 @@
+// CpuBackend: the reference implementation of every op. Plain loops in fp32, OpenBLAS for GEMMs
+// and OpenMP on outer loops; no intrinsics. It must stay obviously right: every CUDA kernel is
+// tested against it, and it is tested against the golden fixtures.
+//
+// Activations, weights and states are all F32 here: bf16 and F16 weights are widened on upload
+// and MXFP4 experts are dequantized (SPEC 2.3), which matches the float32 golden oracles.
+#pragma once
+
+#include <cmath>
+
+#include "backend/backend.h"
+
+namespace klinear::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::kCpu; }
+  const char* name() const override { return "cpu"; }
+
+  Tensor alloc(const Shape& shape) override;
+  Tensor zeros(const Shape& shape) override;
+  Tensor alloc_i32(const Shape& shape) override;
+  Tensor upload(const Tensor& host) override;
+  Tensor upload_mxfp4(const Tensor& packed, const Tensor& scale) override;
+  Tensor to_host(const Tensor& t) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width) override;
+
+  void embedding(std::span<const int32_t> ids, const Tensor& table, const Tensor& out) override;
+  void add(const Tensor& acc, const Tensor& x) override;
+  void sigmoid_mul(const Tensor& x, const Tensor& gate) override;
+  void sigmoid(const Tensor& x, const Tensor& y) override;
+  void glu(const Tensor& gate_up, const GluParams& p, const Tensor& out) override;
+
+  void linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
+
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override;
+  void gated_rms_norm(const Tensor& o, const Tensor& w, const Tensor& gate, float eps, const Tensor& y) override;
+
+  void short_conv(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& out) override;
+  void kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& a_log, const KdaGateParams& p,
+                const Tensor& g) override;
+  void kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                   const Tensor& state, const Tensor& out) override;
+  void kda_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                     const Tensor& state, const Tensor& out) override;
+
+  void mla_attention(const Tensor& q, const Tensor& kv, const Tensor& k_r, float scale, const Tensor& out) override;
+  void mla_attention_absorbed(const Tensor& q, const Tensor& latent, const Tensor& k_r, const Tensor& kv_b,
+                              float scale, const Tensor& out) override;
+
+  void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
+                 const Tensor& weights) override;
+  void moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13, const Tensor& w2,
+                   const GluParams& p, const Tensor& out) override;
+
+  void attn_res_read(std::span<const Tensor> candidates, const Tensor& e, float eps, const Tensor& out) override;
+};
+
+// ---- helpers shared by the CPU op files (the one place each piece of math is written)
+
+// C [m, n] ← alpha · A [m, k] · op(B) + beta · C, row-major with leading dimensions; op(B) = Bᵀ
+// when b_transposed (B stored [n, k]) else B (stored [k, n]). The only BLAS caller.
+void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+          bool b_transposed, float* c, int64_t ldc, float beta = 0.0f);
+// out [n, f] ← glu(gate_up [n, 2f]) (SPEC 3.2).
+void glu_rows(const float* gate_up, int64_t n, int64_t f, const GluParams& p, float* out);
+// In-place causal softmax of scores [t, tc] where query row i sees keys [0, past + i].
+void causal_softmax(float* scores, int64_t t, int64_t tc);
+inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+}  // namespace klinear::cpu

@@ -1,0 +1,23 @@
+// CPU GEMM: the one OpenBLAS caller. linear() is y = x · wᵀ with PyTorch's [out, in] weights.
+#include <cblas.h>
+
+#include "backend/cpu/backend.h"
+
+namespace klinear::cpu {
+
+void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+          bool b_transposed, float* c, int64_t ldc, float beta) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
+
+void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
+  const int64_t k = w.dim(1), m = w.dim(0), n = x.numel() / k;
+  KL_CHECK(x.dim(-1) == k && y.numel() == n * m,
+           "linear x " + shape_to_string(x.shape()) + " w " + shape_to_string(w.shape()) + " y " + shape_to_string(y.shape()));
+  gemm(n, m, k, x.f32(), k, w.f32(), k, /*b_transposed=*/true, y.f32(), m);
+}
+
+}  // namespace klinear::cpu

@@ -1,0 +1,177 @@
+// CPU KDA (SPEC 4.3-4.6): the decay gate, the token-by-token recurrence (the oracle) and the
+// chunk-64 algorithm used for prefill. State layout [H, dk, dv] (FLA's default, K-first): row j of
+// a head's state is scaled by exp(g[j]).
+//
+// Both core forms normalise q and k per head inside (q, k / sqrt(Σx² + 1e-6), SPEC 4.4, D8) and
+// scale q by dk^-1/2, so callers pass the raw conv outputs.
+#include <vector>
+
+#include "backend/cpu/backend.h"
+
+namespace klinear::cpu {
+
+namespace {
+
+constexpr int64_t kChunk = 64;
+
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// Copies head h of q/k [T, H, d] into contiguous fp32 rows, L2-normalised, q also scaled.
+void normalized_head(const float* src, int64_t t_len, int64_t h_count, int64_t h, int64_t d, float scale, float* dst) {
+  for (int64_t t = 0; t < t_len; ++t) {
+    const float* x = src + (t * h_count + h) * d;
+    float ss = 0.0f;
+    for (int64_t j = 0; j < d; ++j) ss += x[j] * x[j];
+    const float s = scale / std::sqrt(ss + 1e-6f);
+    for (int64_t j = 0; j < d; ++j) dst[t * d + j] = x[j] * s;
+  }
+}
+
+struct KdaShapes {
+  int64_t t_len, heads, dk, dv;
+};
+
+KdaShapes check_kda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                    const Tensor& state, const Tensor& out) {
+  KdaShapes s{q.dim(0), q.dim(1), q.dim(2), v.dim(2)};
+  KL_CHECK(k.shape() == q.shape() && g.shape() == q.shape() && v.dim(0) == s.t_len && v.dim(1) == s.heads &&
+               beta.numel() == s.t_len * s.heads && state.shape() == Shape({s.heads, s.dk, s.dv}) &&
+               out.shape() == v.shape(),
+           "kda shapes q " + shape_to_string(q.shape()) + " v " + shape_to_string(v.shape()) + " state " +
+               shape_to_string(state.shape()));
+  return s;
+}
+
+}  // namespace
+
+void CpuBackend::kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& a_log, const KdaGateParams& p,
+                          const Tensor& g) {
+  const int64_t p_width = dt_bias.numel(), heads = a_log.numel(), d = p_width / heads, t_len = f.numel() / p_width;
+  KL_CHECK(f.numel() == g.numel() && p_width % heads == 0 && f.dim(-1) == p_width, "kda_gate shapes");
+  for (int64_t t = 0; t < t_len; ++t) {
+    for (int64_t c = 0; c < p_width; ++c) {
+      const float x = f.f32()[t * p_width + c] + dt_bias.f32()[c];
+      const float a = std::exp(a_log.f32()[c / d]);
+      g.f32()[t * p_width + c] =
+          p.kind == KdaGateParams::Kind::kSoftplus ? -a * softplus(x) : p.lower_bound * sigmoidf(a * x);
+    }
+  }
+}
+
+// SPEC 4.5, per head: S ← diag(e^g)S; u = β(v − Sᵀk); S ← S + k uᵀ; o = Sᵀ q.
+void CpuBackend::kda_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                               const Tensor& state, const Tensor& out) {
+  const KdaShapes s = check_kda(q, k, v, g, beta, state, out);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.dk));
+#pragma omp parallel for
+  for (int64_t h = 0; h < s.heads; ++h) {
+    std::vector<float> qn(s.t_len * s.dk), kn(s.t_len * s.dk), u(s.dv);
+    normalized_head(q.f32(), s.t_len, s.heads, h, s.dk, scale, qn.data());
+    normalized_head(k.f32(), s.t_len, s.heads, h, s.dk, 1.0f, kn.data());
+    float* S = state.f32() + h * s.dk * s.dv;
+    for (int64_t t = 0; t < s.t_len; ++t) {
+      const float* gt = g.f32() + (t * s.heads + h) * s.dk;
+      const float* vt = v.f32() + (t * s.heads + h) * s.dv;
+      const float* kt = kn.data() + t * s.dk;
+      const float* qt = qn.data() + t * s.dk;
+      const float bt = beta.f32()[t * s.heads + h];
+      for (int64_t j = 0; j < s.dk; ++j) {
+        const float decay = std::exp(gt[j]);
+        for (int64_t c = 0; c < s.dv; ++c) S[j * s.dv + c] *= decay;
+      }
+      for (int64_t c = 0; c < s.dv; ++c) u[c] = vt[c];
+      for (int64_t j = 0; j < s.dk; ++j)
+        for (int64_t c = 0; c < s.dv; ++c) u[c] -= S[j * s.dv + c] * kt[j];
+      for (int64_t c = 0; c < s.dv; ++c) u[c] *= bt;
+      for (int64_t j = 0; j < s.dk; ++j)
+        for (int64_t c = 0; c < s.dv; ++c) S[j * s.dv + c] += kt[j] * u[c];
+      float* ot = out.f32() + (t * s.heads + h) * s.dv;
+      for (int64_t c = 0; c < s.dv; ++c) ot[c] = 0.0f;
+      for (int64_t j = 0; j < s.dk; ++j)
+        for (int64_t c = 0; c < s.dv; ++c) ot[c] += S[j * s.dv + c] * qt[j];
+    }
+  }
+}
+
+// SPEC 4.6, per head and chunk of L ≤ 64 tokens (a short last chunk equals zero padding):
+//   G = cumsum(g); Lm[i,m] = β_i Σ_j k_i k_m e^{G_i−G_m} (m < i); (I + Lm)·[W | U] = β ⊙ [e^G⊙K | V]
+//   Vn = U − W·S;  O = (Q⊙e^G)·S + Aqk·Vn with Aqk[i,m] = Σ_j q_i k_m e^{G_i−G_m} (m ≤ i)
+//   S ← diag(e^{G_last})·S + (K⊙e^{G_last−G})ᵀ·Vn
+void CpuBackend::kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                             const Tensor& state, const Tensor& out) {
+  const KdaShapes s = check_kda(q, k, v, g, beta, state, out);
+  const int64_t dk = s.dk, dv = s.dv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
+#pragma omp parallel for
+  for (int64_t h = 0; h < s.heads; ++h) {
+    std::vector<float> qn(s.t_len * dk), kn(s.t_len * dk);
+    normalized_head(q.f32(), s.t_len, s.heads, h, dk, scale, qn.data());
+    normalized_head(k.f32(), s.t_len, s.heads, h, dk, 1.0f, kn.data());
+    std::vector<float> G(kChunk * dk), lm(kChunk * kChunk), aqk(kChunk * kChunk), W(kChunk * dk), U(kChunk * dv),
+        vn(kChunk * dv), kdec(kChunk * dk), qdec(kChunk * dk);
+    float* S = state.f32() + h * dk * dv;
+    for (int64_t c0 = 0; c0 < s.t_len; c0 += kChunk) {
+      const int64_t L = std::min(kChunk, s.t_len - c0);
+      const float* kc = kn.data() + c0 * dk;
+      const float* qc = qn.data() + c0 * dk;
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t j = 0; j < dk; ++j)
+          G[i * dk + j] = g.f32()[((c0 + i) * s.heads + h) * dk + j] + (i > 0 ? G[(i - 1) * dk + j] : 0.0f);
+      auto decayed_dot = [&](const float* a, int64_t i, int64_t m) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < dk; ++j) acc += a[i * dk + j] * kc[m * dk + j] * std::exp(G[i * dk + j] - G[m * dk + j]);
+        return acc;
+      };
+      for (int64_t i = 0; i < L; ++i) {
+        const float bi = beta.f32()[(c0 + i) * s.heads + h];
+        for (int64_t m = 0; m < L; ++m) {
+          lm[i * kChunk + m] = m < i ? bi * decayed_dot(kc, i, m) : 0.0f;
+          aqk[i * kChunk + m] = m <= i ? decayed_dot(qc, i, m) : 0.0f;
+        }
+      }
+      // Forward substitution: row i of [W | U] = β_i·[e^{G_i}⊙k_i | v_i] − Σ_{m<i} Lm[i,m]·row m.
+      for (int64_t i = 0; i < L; ++i) {
+        const float bi = beta.f32()[(c0 + i) * s.heads + h];
+        const float* vi = v.f32() + ((c0 + i) * s.heads + h) * dv;
+        for (int64_t j = 0; j < dk; ++j) W[i * dk + j] = bi * std::exp(G[i * dk + j]) * kc[i * dk + j];
+        for (int64_t c = 0; c < dv; ++c) U[i * dv + c] = bi * vi[c];
+        for (int64_t m = 0; m < i; ++m) {
+          const float l = lm[i * kChunk + m];
+          for (int64_t j = 0; j < dk; ++j) W[i * dk + j] -= l * W[m * dk + j];
+          for (int64_t c = 0; c < dv; ++c) U[i * dv + c] -= l * U[m * dv + c];
+        }
+      }
+      // Vn = U − W·S
+      std::copy(U.begin(), U.begin() + L * dv, vn.begin());
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t j = 0; j < dk; ++j)
+          for (int64_t c = 0; c < dv; ++c) vn[i * dv + c] -= W[i * dk + j] * S[j * dv + c];
+      // O = (Q⊙e^G)·S + Aqk·Vn
+      for (int64_t i = 0; i < L; ++i) {
+        float* oi = out.f32() + ((c0 + i) * s.heads + h) * dv;
+        for (int64_t c = 0; c < dv; ++c) oi[c] = 0.0f;
+        for (int64_t j = 0; j < dk; ++j) {
+          const float qd = qc[i * dk + j] * std::exp(G[i * dk + j]);
+          for (int64_t c = 0; c < dv; ++c) oi[c] += qd * S[j * dv + c];
+        }
+        for (int64_t m = 0; m <= i; ++m) {
+          const float a = aqk[i * kChunk + m];
+          for (int64_t c = 0; c < dv; ++c) oi[c] += a * vn[m * dv + c];
+        }
+      }
+      // S ← diag(e^{G_last})·S + (K⊙e^{G_last−G})ᵀ·Vn
+      const float* glast = G.data() + (L - 1) * dk;
+      for (int64_t j = 0; j < dk; ++j) {
+        const float d = std::exp(glast[j]);
+        for (int64_t c = 0; c < dv; ++c) S[j * dv + c] *= d;
+      }
+      for (int64_t m = 0; m < L; ++m)
+        for (int64_t j = 0; j < dk; ++j) {
+          const float kd = kc[m * dk + j] * std::exp(glast[j] - G[m * dk + j]);
+          for (int64_t c = 0; c < dv; ++c) S[j * dv + c] += kd * vn[m * dv + c];
+        }
+    }
+  }
+}
+
+}  // namespace klinear::cpu

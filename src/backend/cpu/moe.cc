@@ -1,0 +1,102 @@
+// CPU MoE (SPEC 3.3, 3.4): the sigmoid router with bias-corrected grouped top-k, and the routed
+// experts computed expert by expert (gather the expert's tokens, two GEMMs, GLU), each token's
+// outputs weighted and summed in fp32 in slot order.
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/backend.h"
+
+namespace klinear::cpu {
+
+namespace {
+// Indices of the `k` largest values; ties go to the lower index.
+std::vector<int> top_k_indices(const std::vector<float>& v, int k) {
+  std::vector<int> order(v.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](int a, int b) { return v[a] != v[b] ? v[a] > v[b] : a < b; });
+  order.resize(k);
+  return order;
+}
+}  // namespace
+
+void CpuBackend::moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
+                           const Tensor& weights) {
+  const int64_t n = logits.dim(0), e = logits.dim(1);
+  KL_CHECK(bias.numel() == e && idx.dtype() == DType::kI32 && idx.numel() == n * p.top_k &&
+               weights.numel() == n * p.top_k && e % p.num_groups == 0,
+           "moe_route shapes");
+  const int64_t per_group = e / p.num_groups;
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<float> score(e), choice(e);
+    for (int64_t j = 0; j < e; ++j) {
+      score[j] = sigmoidf(logits.f32()[t * e + j]);
+      choice[j] = score[j] + bias.f32()[j];
+    }
+    if (p.num_groups > p.topk_group) {
+      // Group score = sum of the top-2 biased scores; experts outside the kept groups get −inf.
+      std::vector<float> group_score(p.num_groups);
+      for (int gi = 0; gi < p.num_groups; ++gi) {
+        std::vector<float> members(choice.begin() + gi * per_group, choice.begin() + (gi + 1) * per_group);
+        auto top2 = top_k_indices(members, 2);
+        group_score[gi] = members[top2[0]] + members[top2[1]];
+      }
+      std::vector<bool> keep(p.num_groups, false);
+      for (int gi : top_k_indices(group_score, p.topk_group)) keep[gi] = true;
+      for (int64_t j = 0; j < e; ++j)
+        if (!keep[j / per_group]) choice[j] = -std::numeric_limits<float>::infinity();
+    }
+    const std::vector<int> chosen = top_k_indices(choice, p.top_k);
+    float sum = 0.0f;
+    for (int i = 0; i < p.top_k; ++i) sum += score[chosen[i]];
+    for (int i = 0; i < p.top_k; ++i) {
+      float w = score[chosen[i]];
+      if (p.renormalize && p.top_k > 1) w /= (sum + 1e-20f);
+      idx.data_as<int32_t>()[t * p.top_k + i] = chosen[i];
+      weights.f32()[t * p.top_k + i] = w * p.scale;
+    }
+  }
+}
+
+void CpuBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
+                             const Tensor& w2, const GluParams& p, const Tensor& out) {
+  const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f2 = w13.dim(1), f = f2 / 2;
+  const int64_t dout = w2.dim(1), k = idx.dim(1);
+  KL_CHECK(w13.dim(2) == din && w2.dim(0) == num_experts && w2.dim(2) == f && out.shape() == Shape({n, dout}) &&
+               idx.dim(0) == n && weights.numel() == n * k,
+           "moe_experts shapes x " + shape_to_string(x.shape()) + " w13 " + shape_to_string(w13.shape()) + " w2 " +
+               shape_to_string(w2.shape()));
+  const int32_t* ids = idx.data_as<const int32_t>();
+  // slots[e] = the (token, k) pairs routed to expert e.
+  std::vector<std::vector<int64_t>> slots(num_experts);
+  for (int64_t s = 0; s < n * k; ++s) {
+    KL_CHECK(ids[s] >= 0 && ids[s] < num_experts, "expert index out of range");
+    slots[ids[s]].push_back(s);
+  }
+  std::vector<float> slot_out(static_cast<size_t>(n * k * dout), 0.0f);
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const auto& list = slots[e];
+    const int64_t m = static_cast<int64_t>(list.size());
+    if (m == 0) continue;
+    std::vector<float> xe(m * din), h(m * f2), a(m * f), ye(m * dout);
+    for (int64_t i = 0; i < m; ++i) std::copy_n(x.f32() + (list[i] / k) * din, din, xe.data() + i * din);
+    gemm(m, f2, din, xe.data(), din, w13.f32() + e * f2 * din, din, /*b_transposed=*/true, h.data(), f2);
+    glu_rows(h.data(), m, f, p, a.data());
+    gemm(m, dout, f, a.data(), f, w2.f32() + e * dout * f, f, /*b_transposed=*/true, ye.data(), dout);
+    for (int64_t i = 0; i < m; ++i) std::copy_n(ye.data() + i * dout, dout, slot_out.data() + list[i] * dout);
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    float* o = out.f32() + t * dout;
+    std::fill_n(o, dout, 0.0f);
+    for (int64_t i = 0; i < k; ++i) {
+      const float w = weights.f32()[t * k + i];
+      const float* y = slot_out.data() + (t * k + i) * dout;
+      for (int64_t j = 0; j < dout; ++j) o[j] += w * y[j];
+    }
+  }
+}
+
+}  // namespace klinear::cpu

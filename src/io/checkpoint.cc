@@ -1,0 +1,157 @@
+#include "io/checkpoint.h"
+
+#include <cstring>
+#include <filesystem>
+
+#include "io/json.h"
+
+namespace klinear {
+
+namespace fs = std::filesystem;
+
+std::string canonical_tensor_name(const std::string& name) {
+  auto starts = [&](const std::string& s, const char* p) { return s.rfind(p, 0) == 0; };
+  if (starts(name, "vision_tower.") || starts(name, "mm_projector.")) return "";
+  std::string n = name;
+  if (starts(n, "model.language_model.")) n = n.substr(std::strlen("model.language_model."));
+  else if (starts(n, "language_model.")) n = n.substr(std::strlen("language_model."));
+  else return n;
+  if (starts(n, "model.") || starts(n, "lm_head.")) return n;
+  return "model." + n;  // vLLM's `language_model.layers.*` spelling
+}
+
+Result<Checkpoint> Checkpoint::open(const std::string& dir) {
+  Checkpoint c;
+  c.dir_ = dir;
+  std::vector<std::string> shards;
+  const std::string index = dir + "/model.safetensors.index.json";
+  if (fs::exists(index)) {
+    KL_ASSIGN_OR_RETURN(Json doc, read_json_file(index));
+    auto wm = doc.find("weight_map");
+    if (wm == doc.end() || !wm->is_object()) return Status::Corruption(index + ": missing object 'weight_map'");
+    std::set<std::string> seen;
+    for (auto it = wm->begin(); it != wm->end(); ++it) {
+      if (!it->is_string()) return Status::Corruption(index + ": weight_map['" + it.key() + "'] is not a string");
+      const std::string shard = it->get<std::string>();
+      if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos)
+        return Status::Corruption(index + ": shard name '" + shard + "' must be a plain file name");
+      if (seen.insert(shard).second) shards.push_back(shard);
+    }
+  } else if (fs::exists(dir + "/model.safetensors")) {
+    shards.push_back("model.safetensors");
+  } else {
+    return Status::NotFound(dir + ": no model.safetensors or model.safetensors.index.json");
+  }
+  for (const std::string& shard : shards) {
+    KL_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::open(dir + "/" + shard));
+    c.files_.push_back(std::make_unique<SafetensorsFile>(std::move(f)));
+    const SafetensorsFile* file = c.files_.back().get();
+    for (const SafetensorsEntry& e : file->entries()) {
+      const std::string name = canonical_tensor_name(e.name);
+      if (name.empty()) continue;
+      auto [it, inserted] = c.tensors_.emplace(name, Ref{file, &e});
+      if (!inserted)
+        return Status::Corruption(file->path() + ": tensor '" + e.name + "' also appears in " + it->second.file->path());
+    }
+  }
+  return c;
+}
+
+Result<Checkpoint::Ref> Checkpoint::find(const std::string& name, const Shape* shape) {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return Status::NotFound(dir_ + ": missing tensor '" + name + "'");
+  const Ref& r = it->second;
+  if (shape != nullptr && r.entry->shape != *shape)
+    return Status::InvalidArgument(r.file->path() + ": " + r.entry->name + ": shape " +
+                                   shape_to_string(r.entry->shape) + ", expected " + shape_to_string(*shape));
+  if (used_.count(name)) return Status::InvalidArgument(r.file->path() + ": tensor '" + r.entry->name + "' loaded twice");
+  used_.insert(name);
+  return r;
+}
+
+Result<Tensor> Checkpoint::take(const std::string& name, const Shape& shape) {
+  KL_ASSIGN_OR_RETURN(Ref r, find(name, &shape));
+  return r.file->tensor(*r.entry);
+}
+
+Result<Tensor> Checkpoint::take_concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes) {
+  KL_CHECK(parts.size() == shapes.size() && !parts.empty(), "take_concat arguments");
+  std::vector<Tensor> views;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    auto t = take(parts[i], shapes[i]);
+    if (!t.ok()) return t.status().with_context("fused tensor part " + std::to_string(i) + " of " + std::to_string(parts.size()));
+    views.push_back(std::move(t).value());
+  }
+  DType dtype = views[0].dtype();
+  for (const Tensor& v : views) {
+    KL_CHECK(Shape(v.shape().begin() + 1, v.shape().end()) == Shape(views[0].shape().begin() + 1, views[0].shape().end()),
+             "take_concat parts differ in trailing dims");
+    if (v.dtype() != dtype) dtype = DType::kF32;
+  }
+  Shape out_shape = views[0].shape();
+  out_shape[0] = 0;
+  for (const Tensor& v : views) out_shape[0] += v.dim(0);
+  Tensor out = Tensor::empty(dtype, out_shape);
+  auto* dst = static_cast<uint8_t*>(out.data());
+  for (const Tensor& v : views) {
+    if (v.dtype() == dtype) std::memcpy(dst, v.data(), v.nbytes());
+    else convert_to_f32(v.dtype(), v.data(), reinterpret_cast<float*>(dst), static_cast<size_t>(v.numel()));
+    dst += static_cast<size_t>(v.numel()) * dtype_size(dtype);
+  }
+  return out;
+}
+
+Result<Tensor> Checkpoint::take_stacked(const std::vector<std::string>& parts, const Shape& shape) {
+  std::vector<Shape> shapes(parts.size(), shape);
+  KL_ASSIGN_OR_RETURN(Tensor cat, take_concat(parts, shapes));
+  Shape stacked = {static_cast<int64_t>(parts.size())};
+  stacked.insert(stacked.end(), shape.begin(), shape.end());
+  return cat.view(stacked);
+}
+
+Result<Tensor> Checkpoint::take_head_vector(const std::string& name, int64_t heads) {
+  KL_ASSIGN_OR_RETURN(Ref r, find(name, nullptr));
+  const Shape& s = r.entry->shape;
+  const int64_t n = shape_numel(s);
+  const bool flat_ok = s.size() == 1 && s[0] >= heads;
+  const bool four_d = s == Shape{1, 1, heads, 1};
+  if (!flat_ok && !four_d)
+    return Status::InvalidArgument(r.file->path() + ": " + r.entry->name + ": shape " + shape_to_string(s) +
+                                   ", expected [" + std::to_string(heads) + "], [1, 1, " + std::to_string(heads) +
+                                   ", 1] or a zero-padded [>" + std::to_string(heads) + "]");
+  Tensor all = Tensor::empty(DType::kF32, {n});
+  convert_to_f32(r.entry->dtype, r.file->tensor(*r.entry).data(), all.f32(), static_cast<size_t>(n));
+  for (int64_t i = heads; i < n; ++i)
+    if (all.f32()[i] != 0.0f)
+      return Status::InvalidArgument(r.file->path() + ": " + r.entry->name + ": padding entry " + std::to_string(i) +
+                                     " is " + std::to_string(all.f32()[i]) + ", expected 0 (only the first " +
+                                     std::to_string(heads) + " entries are heads)");
+  Tensor out = Tensor::empty(DType::kF32, {heads});
+  std::memcpy(out.data(), all.data(), static_cast<size_t>(heads) * 4);
+  return out;
+}
+
+Status Checkpoint::finish() const {
+  std::string unused;
+  int count = 0;
+  for (const auto& [name, ref] : tensors_) {
+    if (used_.count(name)) continue;
+    if (++count <= 5) unused += (count > 1 ? ", " : "") + std::string("'") + ref.entry->name + "' (" + ref.file->path() + ")";
+  }
+  if (count == 0) return Status();
+  return Status::InvalidArgument(std::to_string(count) + " checkpoint tensor(s) have no destination in the model: " +
+                                 unused + (count > 5 ? ", ..." : ""));
+}
+
+std::map<std::string, Checkpoint::DtypeStats> Checkpoint::stats() const {
+  std::map<std::string, DtypeStats> out;
+  for (const auto& [name, ref] : tensors_) {
+    DtypeStats& s = out[dtype_name(ref.entry->dtype)];
+    s.tensors += 1;
+    s.params += shape_numel(ref.entry->shape);
+    s.bytes += static_cast<int64_t>(ref.entry->end - ref.entry->begin);
+  }
+  return out;
+}
+
+}  // namespace klinear

@@ -1,0 +1,67 @@
+// Checkpoint: a Hugging Face checkpoint directory as a set of named host tensors, loaded strictly.
+//
+// The model asks for every parameter it needs by canonical name and shape (take*); the checkpoint
+// answers with zero-copy views into the memory-mapped shards, or with a fused host tensor built
+// from several parts. finish() then fails if any tensor of the checkpoint was never asked for, so
+// a typo, a missing fused part, a wrong shape or an unknown tensor is an error naming the tensor
+// and its file, and nothing ever runs on uninitialised weights.
+//
+// Canonical names are the flat Kimi Linear ones ("model.layers.3.self_attn.q_proj.weight",
+// "lm_head.weight"): the K3 prefixes `language_model.` and `model.language_model.` are stripped
+// and `vision_tower.*` / `mm_projector.*` are skipped (SPEC 2.2).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "io/safetensors.h"
+
+namespace klinear {
+
+class Checkpoint {
+ public:
+  // Opens `dir`/model.safetensors.index.json (sharded) or `dir`/model.safetensors.
+  static Result<Checkpoint> open(const std::string& dir);
+
+  // The tensor `name`, which must have `shape`.
+  Result<Tensor> take(const std::string& name, const Shape& shape);
+  // Whether the checkpoint holds `name` (does not mark it used).
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  // Concatenation along dim 0 of `parts`, each with its expected shape (same trailing dims).
+  // Parts of one dtype keep it; mixed dtypes are converted to F32.
+  Result<Tensor> take_concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes);
+  // Stacks `parts` (all of `shape`) into one [parts.size(), shape...] tensor.
+  Result<Tensor> take_stacked(const std::vector<std::string>& parts, const Shape& shape);
+  // A per-head vector stored as [H], [1, 1, H, 1] or zero-padded [>H] (KDA A_log, SPEC 9 D7):
+  // returns the first H entries as F32 [H]; a non-zero padding entry is an error.
+  Result<Tensor> take_head_vector(const std::string& name, int64_t heads);
+
+  // OK when every tensor has been taken; otherwise names the first unused ones and their files.
+  Status finish() const;
+
+  // Statistics for `klinear info`: parameter count and bytes by dtype over the whole checkpoint.
+  struct DtypeStats { int64_t tensors = 0, params = 0, bytes = 0; };
+  std::map<std::string, DtypeStats> stats() const;
+
+ private:
+  struct Ref {
+    const SafetensorsFile* file;
+    const SafetensorsEntry* entry;
+  };
+  Result<Ref> find(const std::string& name, const Shape* shape);
+
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, Ref> tensors_;  // canonical name -> location
+  std::set<std::string> used_;
+};
+
+// Maps a checkpoint tensor name to its canonical name; empty for tensors klinear skips.
+std::string canonical_tensor_name(const std::string& name);
+
+}  // namespace klinear

@@ -1,0 +1,257 @@
+#include "io/config.h"
+
+#include <algorithm>
+#include <set>
+
+namespace klinear {
+
+Mixer ModelConfig::mixer(int64_t layer) const {
+  return std::find(kda_layers.begin(), kda_layers.end(), layer + 1) != kda_layers.end() ? Mixer::kKda : Mixer::kMla;
+}
+
+Ffn ModelConfig::ffn(int64_t layer) const {
+  const bool moe = num_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+  return moe ? Ffn::kMoe : Ffn::kDense;
+}
+
+bool ModelConfig::is_eos(int64_t id) const {
+  return std::find(eos_token_ids.begin(), eos_token_ids.end(), id) != eos_token_ids.end();
+}
+
+namespace {
+
+// Small helpers that turn a missing/ill-typed field into a Status naming it.
+struct Reader {
+  const Json& obj;
+  std::string where;
+
+  Status req(const char* key, int64_t* out) const {
+    KL_ASSIGN_OR_RETURN(*out, json_int(obj, key, where));
+    return Status();
+  }
+  Status opt(const char* key, int64_t* out) const {
+    KL_ASSIGN_OR_RETURN(auto v, json_opt_int(obj, key, where));
+    if (v) *out = *v;
+    return Status();
+  }
+  Status opt(const char* key, double* out) const {
+    KL_ASSIGN_OR_RETURN(auto v, json_opt_number(obj, key, where));
+    if (v) *out = *v;
+    return Status();
+  }
+  Status opt(const char* key, float* out) const {
+    double d = *out;
+    KL_RETURN_IF_ERROR(opt(key, &d));
+    *out = static_cast<float>(d);
+    return Status();
+  }
+  Status opt(const char* key, bool* out) const {
+    KL_ASSIGN_OR_RETURN(auto v, json_opt_bool(obj, key, where));
+    if (v) *out = *v;
+    return Status();
+  }
+};
+
+Status positive(const std::string& where, const char* field, int64_t v) {
+  if (v <= 0) return Status::InvalidArgument(where + ": " + field + " must be positive, got " + std::to_string(v));
+  return Status();
+}
+
+Status parse_quantization(const Json& text, const std::string& where, ModelConfig* c) {
+  auto q = text.find("quantization_config");
+  if (q == text.end() || q->is_null()) return Status();
+  KL_ASSIGN_OR_RETURN(auto method, json_opt_string(*q, "quant_method", where + ".quantization_config"));
+  KL_ASSIGN_OR_RETURN(auto format, json_opt_string(*q, "format", where + ".quantization_config"));
+  if (method.value_or("") == "compressed-tensors" && format.value_or("") == "mxfp4-pack-quantized") {
+    c->expert_format = ExpertFormat::kMxfp4;
+    return Status();
+  }
+  return Status::NotSupported(where + ": quantization_config " + q->dump() +
+                              " is not supported (klinear reads compressed-tensors mxfp4-pack-quantized)");
+}
+
+Status validate(const ModelConfig& c, const std::string& w) {
+  KL_RETURN_IF_ERROR(positive(w, "vocab_size", c.vocab_size));
+  KL_RETURN_IF_ERROR(positive(w, "hidden_size", c.hidden_size));
+  KL_RETURN_IF_ERROR(positive(w, "num_hidden_layers", c.num_layers));
+  if (!(c.rms_norm_eps > 0)) return Status::InvalidArgument(w + ": rms_norm_eps must be positive");
+  std::set<int64_t> kda(c.kda_layers.begin(), c.kda_layers.end());
+  if (kda.size() != c.kda_layers.size())
+    return Status::InvalidArgument(w + ": linear_attn_config.kda_layers has duplicates");
+  for (int64_t l : c.kda_layers)
+    if (l < 1 || l > c.num_layers)
+      return Status::InvalidArgument(w + ": linear_attn_config.kda_layers entry " + std::to_string(l) +
+                                     " is outside 1.." + std::to_string(c.num_layers) + " (the list is 1-based)");
+  bool any_mla = false;
+  for (int64_t l = 0; l < c.num_layers; ++l) any_mla |= c.mixer(l) == Mixer::kMla;
+  if (!kda.empty()) {
+    KL_RETURN_IF_ERROR(positive(w, "linear_attn_config.num_heads", c.kda_heads));
+    KL_RETURN_IF_ERROR(positive(w, "linear_attn_config.head_dim", c.kda_head_dim));
+    KL_RETURN_IF_ERROR(positive(w, "linear_attn_config.short_conv_kernel_size", c.conv_kernel));
+    if (c.kda_gate == KdaGate::kLowerBound && !(c.gate_lower_bound < 0))
+      return Status::InvalidArgument(w + ": linear_attn_config.gate_lower_bound must be negative, got " +
+                                     std::to_string(c.gate_lower_bound));
+  }
+  if (any_mla) {
+    KL_RETURN_IF_ERROR(positive(w, "num_attention_heads", c.mla_heads));
+    KL_RETURN_IF_ERROR(positive(w, "kv_lora_rank", c.kv_lora_rank));
+    KL_RETURN_IF_ERROR(positive(w, "qk_nope_head_dim", c.qk_nope_dim));
+    KL_RETURN_IF_ERROR(positive(w, "v_head_dim", c.v_head_dim));
+    if (c.qk_rope_dim < 0) return Status::InvalidArgument(w + ": qk_rope_head_dim must be >= 0");
+    if (c.q_lora_rank < 0) return Status::InvalidArgument(w + ": q_lora_rank must be null or positive");
+  }
+  bool any_dense = false, any_moe = false;
+  for (int64_t l = 0; l < c.num_layers; ++l) (c.ffn(l) == Ffn::kMoe ? any_moe : any_dense) = true;
+  if (any_dense) KL_RETURN_IF_ERROR(positive(w, "intermediate_size", c.intermediate_size));
+  if (c.moe_layer_freq <= 0) return Status::InvalidArgument(w + ": moe_layer_freq must be positive");
+  if (any_moe) {
+    KL_RETURN_IF_ERROR(positive(w, "num_experts_per_token", c.experts_per_token));
+    KL_RETURN_IF_ERROR(positive(w, "moe_intermediate_size", c.moe_intermediate_size));
+    if (c.experts_per_token > c.num_experts)
+      return Status::InvalidArgument(w + ": num_experts_per_token " + std::to_string(c.experts_per_token) +
+                                     " exceeds num_experts " + std::to_string(c.num_experts));
+    KL_RETURN_IF_ERROR(positive(w, "n_group", c.num_expert_group));
+    if (c.num_experts % c.num_expert_group != 0)
+      return Status::InvalidArgument(w + ": num_experts " + std::to_string(c.num_experts) +
+                                     " is not divisible by num_expert_group " + std::to_string(c.num_expert_group));
+    if (c.topk_group <= 0 || c.topk_group > c.num_expert_group)
+      return Status::InvalidArgument(w + ": topk_group " + std::to_string(c.topk_group) + " must be in 1.." +
+                                     std::to_string(c.num_expert_group));
+    if (c.grouped_selection()) {
+      const int64_t per_group = c.num_experts / c.num_expert_group;
+      if (per_group < 2)
+        return Status::InvalidArgument(w + ": grouped top-k needs at least 2 experts per group, got " +
+                                       std::to_string(per_group));
+      if (c.topk_group * per_group < c.experts_per_token)
+        return Status::InvalidArgument(w + ": topk_group " + std::to_string(c.topk_group) + " groups of " +
+                                       std::to_string(per_group) + " experts cannot hold num_experts_per_token " +
+                                       std::to_string(c.experts_per_token));
+    }
+    if (c.num_shared_experts < 0) return Status::InvalidArgument(w + ": num_shared_experts must be >= 0");
+    if (c.routed_expert_hidden_size < 0)
+      return Status::InvalidArgument(w + ": routed_expert_hidden_size must be >= 0");
+    if (c.expert_format == ExpertFormat::kMxfp4 && (c.expert_io_dim() % 32 != 0 || c.moe_intermediate_size % 32 != 0))
+      return Status::InvalidArgument(w + ": MXFP4 experts need input widths divisible by 32 (expert input " +
+                                     std::to_string(c.expert_io_dim()) + ", intermediate " +
+                                     std::to_string(c.moe_intermediate_size) + ")");
+  }
+  if (c.attn_res_block_size < 0) return Status::InvalidArgument(w + ": attn_res_block_size must be >= 0");
+  return Status();
+}
+
+}  // namespace
+
+Result<ModelConfig> parse_model_config(const Json& doc, const std::string& where) {
+  if (!doc.is_object()) return Status::InvalidArgument(where + ": must be a JSON object");
+  ModelConfig c;
+  KL_ASSIGN_OR_RETURN(auto top_type, json_opt_string(doc, "model_type", where));
+  c.model_type = top_type.value_or("");
+  const Json* text = &doc;
+  std::string w = where;
+  auto tc = doc.find("text_config");
+  if (tc != doc.end() && !tc->is_null()) {
+    if (!tc->is_object()) return Status::InvalidArgument(where + ": text_config must be an object");
+    text = &*tc;
+    w = where + ".text_config";
+    c.nested_text_config = true;
+  }
+  const Reader r{*text, w};
+  KL_RETURN_IF_ERROR(r.req("vocab_size", &c.vocab_size));
+  KL_RETURN_IF_ERROR(r.req("hidden_size", &c.hidden_size));
+  KL_RETURN_IF_ERROR(r.req("num_hidden_layers", &c.num_layers));
+  KL_RETURN_IF_ERROR(r.opt("rms_norm_eps", &c.rms_norm_eps));
+  KL_RETURN_IF_ERROR(r.opt("tie_word_embeddings", &c.tie_word_embeddings));
+  KL_RETURN_IF_ERROR(r.opt("max_position_embeddings", &c.max_position_embeddings));
+  if (c.max_position_embeddings == 0) KL_RETURN_IF_ERROR(r.opt("model_max_length", &c.max_position_embeddings));
+
+  // Token ids: the text config first, then the top level (K3 keeps them in both).
+  for (const Json* src : {text, &doc}) {
+    const Reader s{*src, src == text ? w : where};
+    if (c.bos_token_id < 0) KL_RETURN_IF_ERROR(s.opt("bos_token_id", &c.bos_token_id));
+    if (c.eos_token_ids.empty()) {
+      auto e = src->find("eos_token_id");
+      if (e != src->end() && e->is_number_integer()) c.eos_token_ids.push_back(e->get<int64_t>());
+      else if (e != src->end() && e->is_array()) {
+        KL_ASSIGN_OR_RETURN(auto ids, json_opt_int_list(*src, "eos_token_id", s.where));
+        c.eos_token_ids = *ids;
+      }
+    }
+  }
+
+  KL_RETURN_IF_ERROR(r.opt("num_attention_heads", &c.mla_heads));
+  KL_RETURN_IF_ERROR(r.opt("q_lora_rank", &c.q_lora_rank));
+  KL_RETURN_IF_ERROR(r.opt("kv_lora_rank", &c.kv_lora_rank));
+  KL_RETURN_IF_ERROR(r.opt("qk_nope_head_dim", &c.qk_nope_dim));
+  KL_RETURN_IF_ERROR(r.opt("qk_rope_head_dim", &c.qk_rope_dim));
+  KL_RETURN_IF_ERROR(r.opt("v_head_dim", &c.v_head_dim));
+  KL_RETURN_IF_ERROR(r.opt("mla_use_output_gate", &c.mla_output_gate));
+  bool use_nope = true, use_rope = false;
+  KL_RETURN_IF_ERROR(r.opt("mla_use_nope", &use_nope));
+  KL_RETURN_IF_ERROR(r.opt("mla_use_rope", &use_rope));
+  if (!use_nope || use_rope)
+    return Status::NotSupported(w + ": MLA with rotary embeddings (mla_use_nope=false or mla_use_rope=true) is not "
+                                "supported; the Kimi Linear family is NoPE (SPEC 5.1)");
+
+  auto lac = text->find("linear_attn_config");
+  if (lac != text->end() && !lac->is_null()) {
+    const Reader l{*lac, w + ".linear_attn_config"};
+    KL_RETURN_IF_ERROR(l.opt("num_heads", &c.kda_heads));
+    KL_RETURN_IF_ERROR(l.opt("head_dim", &c.kda_head_dim));
+    KL_RETURN_IF_ERROR(l.opt("short_conv_kernel_size", &c.conv_kernel));
+    KL_ASSIGN_OR_RETURN(auto kda_layers, json_opt_int_list(*lac, "kda_layers", l.where));
+    c.kda_layers = kda_layers.value_or(std::vector<int64_t>{});
+    KL_ASSIGN_OR_RETURN(auto lb, json_opt_number(*lac, "gate_lower_bound", l.where));
+    if (lb) {
+      c.kda_gate = KdaGate::kLowerBound;
+      c.gate_lower_bound = static_cast<float>(*lb);
+    }
+    bool full_rank = false;
+    KL_RETURN_IF_ERROR(l.opt("use_full_rank_gate", &full_rank));
+    c.kda_output_gate = full_rank ? KdaOutputGate::kFullRank : KdaOutputGate::kLowRank;
+  }
+
+  KL_ASSIGN_OR_RETURN(auto act, json_opt_string(*text, "hidden_act", w));
+  const std::string act_name = act.value_or("silu");
+  if (act_name == "silu" || act_name == "swiglu") c.activation = Activation::kSilu;
+  else if (act_name == "situ") c.activation = Activation::kSitu;
+  else return Status::NotSupported(w + ": hidden_act '" + act_name + "' is not supported (expected silu or situ)");
+  KL_RETURN_IF_ERROR(r.opt("activation_situ_beta", &c.situ_beta));
+  if (c.situ_beta == 0.0f) c.situ_beta = 1.0f;  // SPEC 3.2: a missing value or 0 means 1
+  KL_ASSIGN_OR_RETURN(auto lin_beta, json_opt_number(*text, "activation_situ_linear_beta", w));
+  if (lin_beta) c.situ_linear_beta = static_cast<float>(*lin_beta);
+
+  KL_RETURN_IF_ERROR(r.opt("intermediate_size", &c.intermediate_size));
+  KL_RETURN_IF_ERROR(r.opt("num_experts", &c.num_experts));
+  KL_RETURN_IF_ERROR(r.opt("n_routed_experts", &c.num_experts));
+  KL_RETURN_IF_ERROR(r.opt("num_experts_per_token", &c.experts_per_token));
+  KL_RETURN_IF_ERROR(r.opt("num_experts_per_tok", &c.experts_per_token));
+  KL_RETURN_IF_ERROR(r.opt("moe_intermediate_size", &c.moe_intermediate_size));
+  KL_RETURN_IF_ERROR(r.opt("num_shared_experts", &c.num_shared_experts));
+  KL_RETURN_IF_ERROR(r.opt("first_k_dense_replace", &c.first_k_dense_replace));
+  KL_RETURN_IF_ERROR(r.opt("moe_layer_freq", &c.moe_layer_freq));
+  KL_RETURN_IF_ERROR(r.opt("use_grouped_topk", &c.use_grouped_topk));
+  KL_RETURN_IF_ERROR(r.opt("num_expert_group", &c.num_expert_group));
+  KL_RETURN_IF_ERROR(r.opt("topk_group", &c.topk_group));
+  KL_RETURN_IF_ERROR(r.opt("moe_renormalize", &c.moe_renormalize));
+  KL_RETURN_IF_ERROR(r.opt("routed_scaling_factor", &c.routed_scaling_factor));
+  KL_RETURN_IF_ERROR(r.opt("routed_expert_hidden_size", &c.routed_expert_hidden_size));
+  KL_RETURN_IF_ERROR(r.opt("latent_moe_use_norm", &c.latent_moe_use_norm));
+  KL_ASSIGN_OR_RETURN(auto router_act, json_opt_string(*text, "moe_router_activation_func", w));
+  if (router_act && *router_act != "sigmoid")
+    return Status::NotSupported(w + ": moe_router_activation_func '" + *router_act + "' is not supported (expected sigmoid)");
+  if (c.has_latent_moe() && !c.latent_moe_use_norm)
+    return Status::NotSupported(w + ": latent MoE without latent_moe_use_norm is not supported");
+  KL_RETURN_IF_ERROR(r.opt("attn_res_block_size", &c.attn_res_block_size));
+  KL_RETURN_IF_ERROR(parse_quantization(*text, w, &c));
+
+  KL_RETURN_IF_ERROR(validate(c, w));
+  return c;
+}
+
+Result<ModelConfig> load_model_config(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  KL_ASSIGN_OR_RETURN(Json doc, read_json_file(path));
+  return parse_model_config(doc, path);
+}
+
+}  // namespace klinear

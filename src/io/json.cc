@@ -1,0 +1,95 @@
+#include "io/json.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace klinear {
+
+Result<Json> parse_json(std::string_view text, const std::string& what) {
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const Json::exception& e) {
+    return Status::InvalidArgument(what + ": invalid JSON: " + e.what());
+  }
+}
+
+Result<std::string> read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::IOError(path + ": cannot open for reading");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return Status::IOError(path + ": read failed");
+  return ss.str();
+}
+
+Result<Json> read_json_file(const std::string& path) {
+  KL_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  return parse_json(text, path);
+}
+
+namespace {
+const Json* find_field(const Json& obj, const std::string& key) {
+  if (!obj.is_object()) return nullptr;
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+Status wrong_type(const std::string& where, const std::string& key, const char* expected, const Json& v) {
+  return Status::InvalidArgument(where + ": field '" + key + "' must be " + expected + ", got " +
+                                 v.type_name() + " " + v.dump());
+}
+}  // namespace
+
+Result<std::optional<int64_t>> json_opt_int(const Json& obj, const std::string& key, const std::string& where) {
+  const Json* v = find_field(obj, key);
+  if (!v) return std::optional<int64_t>{};
+  if (v->is_number_integer()) return std::optional<int64_t>{v->get<int64_t>()};
+  if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (d == static_cast<double>(static_cast<int64_t>(d))) return std::optional<int64_t>{static_cast<int64_t>(d)};
+  }
+  return wrong_type(where, key, "an integer", *v);
+}
+
+Result<int64_t> json_int(const Json& obj, const std::string& key, const std::string& where) {
+  KL_ASSIGN_OR_RETURN(auto v, json_opt_int(obj, key, where));
+  if (!v) return Status::NotFound(where + ": required field '" + key + "' is missing");
+  return *v;
+}
+
+Result<std::optional<double>> json_opt_number(const Json& obj, const std::string& key, const std::string& where) {
+  const Json* v = find_field(obj, key);
+  if (!v) return std::optional<double>{};
+  if (!v->is_number()) return wrong_type(where, key, "a number", *v);
+  return std::optional<double>{v->get<double>()};
+}
+
+Result<std::optional<bool>> json_opt_bool(const Json& obj, const std::string& key, const std::string& where) {
+  const Json* v = find_field(obj, key);
+  if (!v) return std::optional<bool>{};
+  if (!v->is_boolean()) return wrong_type(where, key, "a boolean", *v);
+  return std::optional<bool>{v->get<bool>()};
+}
+
+Result<std::optional<std::string>> json_opt_string(const Json& obj, const std::string& key,
+                                                   const std::string& where) {
+  const Json* v = find_field(obj, key);
+  if (!v) return std::optional<std::string>{};
+  if (!v->is_string()) return wrong_type(where, key, "a string", *v);
+  return std::optional<std::string>{v->get<std::string>()};
+}
+
+Result<std::optional<std::vector<int64_t>>> json_opt_int_list(const Json& obj, const std::string& key,
+                                                             const std::string& where) {
+  const Json* v = find_field(obj, key);
+  if (!v) return std::optional<std::vector<int64_t>>{};
+  if (!v->is_array()) return wrong_type(where, key, "a list of integers", *v);
+  std::vector<int64_t> out;
+  for (const Json& e : *v) {
+    if (!e.is_number_integer()) return wrong_type(where, key, "a list of integers", *v);
+    out.push_back(e.get<int64_t>());
+  }
+  return std::optional<std::vector<int64_t>>{std::move(out)};
+}
+
+}  // namespace klinear

@@ -1,0 +1,37 @@
+// The one wrapper around nlohmann-json: parsing returns a Result instead of throwing, and typed
+// getters name the field and the expected type when a document does not fit.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+
+namespace klinear {
+
+using Json = nlohmann::json;
+
+// Parses `text`; `what` names the document in error messages ("config.json").
+Result<Json> parse_json(std::string_view text, const std::string& what);
+// Reads and parses a whole file.
+Result<Json> read_json_file(const std::string& path);
+// Reads a whole file into a string.
+Result<std::string> read_text_file(const std::string& path);
+
+// Typed field access. `where` names the document or object for the message. A field that is
+// absent or null yields `fallback` (the optional getters) or NotFound (the required ones); a
+// field of the wrong type is InvalidArgument naming the field, the expected and the actual type.
+Result<int64_t> json_int(const Json& obj, const std::string& key, const std::string& where);
+Result<std::optional<int64_t>> json_opt_int(const Json& obj, const std::string& key, const std::string& where);
+Result<std::optional<double>> json_opt_number(const Json& obj, const std::string& key, const std::string& where);
+Result<std::optional<bool>> json_opt_bool(const Json& obj, const std::string& key, const std::string& where);
+Result<std::optional<std::string>> json_opt_string(const Json& obj, const std::string& key, const std::string& where);
+Result<std::optional<std::vector<int64_t>>> json_opt_int_list(const Json& obj, const std::string& key,
+                                                             const std::string& where);
+
+}  // namespace klinear

@@ -1,0 +1,58 @@
+// Feed-forward blocks (SPEC 3.2-3.4): the gated MLP (dense layer 0 and the shared experts) and the
+// MoE block: router on the full x, routed experts (in the latent width for K3, followed by the
+// latent RMSNorm and up projection), plus the shared experts on the original x.
+#include "model/model.h"
+
+namespace klinear {
+
+namespace {
+GluParams glu_params(const ModelConfig& c) {
+  return {c.activation == Activation::kSitu ? GluParams::Kind::kSitu : GluParams::Kind::kSilu, c.situ_beta,
+          c.situ_linear_beta};
+}
+}  // namespace
+
+Tensor Model::mlp(const MlpWeights& w, const Tensor& x) {
+  Backend& be = backend_;
+  const int64_t T = x.dim(0), F = w.down.dim(1);
+  Tensor gu = be.alloc({T, 2 * F});
+  be.linear(x, w.gate_up, gu);
+  Tensor a = be.alloc({T, F});
+  be.glu(gu, glu_params(config_), a);
+  Tensor out = be.alloc({T, w.down.dim(0)});
+  be.linear(a, w.down, out);
+  return out;
+}
+
+Tensor Model::moe(const MoeWeights& w, const Tensor& x) {
+  Backend& be = backend_;
+  const ModelConfig& c = config_;
+  const int64_t T = x.dim(0), K = c.experts_per_token;
+
+  Tensor logits = be.alloc({T, c.num_experts});
+  be.linear(x, w.router, logits);
+  Tensor idx = be.alloc_i32({T, K});
+  Tensor weights = be.alloc({T, K});
+  const RouteParams route{static_cast<int>(K),
+                          c.grouped_selection() ? static_cast<int>(c.num_expert_group) : 1,
+                          c.grouped_selection() ? static_cast<int>(c.topk_group) : 1, c.moe_renormalize,
+                          c.routed_scaling_factor};
+  be.moe_route(logits, w.router_bias, route, idx, weights);
+
+  Tensor out = be.alloc({T, c.hidden_size});
+  if (c.has_latent_moe()) {
+    const int64_t L = c.routed_expert_hidden_size;
+    Tensor z = be.alloc({T, L});
+    be.linear(x, w.latent_down, z);
+    Tensor r = be.alloc({T, L});
+    be.moe_experts(z, idx, weights, w.w13, w.w2, glu_params(c), r);
+    be.rms_norm(r, w.latent_norm, static_cast<float>(c.rms_norm_eps), r);
+    be.linear(r, w.latent_up, out);
+  } else {
+    be.moe_experts(x, idx, weights, w.w13, w.w2, glu_params(c), out);
+  }
+  if (w.has_shared) be.add(out, mlp(w.shared, x));
+  return out;
+}
+
+}  // namespace klinear

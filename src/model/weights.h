@@ -1,0 +1,81 @@
+// Typed per-layer weights on the backend, and the strict loader that fills them from a
+// Checkpoint. Fused at load time (RUNTIME.md "Weight loading rules"): KDA q/k/v projections into
+// one [3P, D] weight and their convs into [3P, Kc]; gate/up of every MLP into [2F, D]; routed
+// experts into [E, 2F, Din] and [E, Dout, F] (MXFP4 experts through Backend::upload_mxfp4).
+#pragma once
+
+#include <vector>
+
+#include "backend/backend.h"
+#include "io/checkpoint.h"
+#include "io/config.h"
+
+namespace klinear {
+
+struct KdaWeights {
+  Tensor qkv_proj;  // [3P, D]: q rows, then k, then v
+  Tensor conv;      // [3P, Kc]
+  Tensor f_a;       // [d, D]
+  Tensor f_b;       // [P, d]
+  Tensor dt_bias;   // [P]
+  Tensor a_log;     // [H] (padding trimmed)
+  Tensor b_proj;    // [H, D]
+  Tensor g_proj;    // [P, D] full-rank output gate, or undefined
+  Tensor g_a, g_b;  // [d, D], [P, d] low-rank output gate, or undefined
+  Tensor o_norm;    // [d]
+  Tensor o_proj;    // [D, P]
+};
+
+struct MlaWeights {
+  Tensor q_proj;            // [H·(n+r), D] without q-LoRA, else undefined
+  Tensor q_a, q_a_norm;     // [r_q, D], [r_q] with q-LoRA
+  Tensor q_b;               // [H·(n+r), r_q]
+  Tensor kv_a;              // [c + r, D]
+  Tensor kv_a_norm;         // [c]
+  Tensor kv_b;              // [H·(n+v), c]
+  Tensor g_proj;            // [H·v, D] output gate, or undefined
+  Tensor o_proj;            // [D, H·v]
+};
+
+struct MlpWeights {
+  Tensor gate_up;  // [2F, D]
+  Tensor down;     // [D, F]
+};
+
+struct MoeWeights {
+  Tensor router;       // [E, D]
+  Tensor router_bias;  // [E] e_score_correction_bias (zeros when absent)
+  Tensor w13;          // [E, 2F, Din]
+  Tensor w2;           // [E, Dout, F]
+  bool has_shared = false;
+  MlpWeights shared;   // intermediate F·n_shared
+  Tensor latent_down;  // [L, D] latent MoE, or undefined
+  Tensor latent_norm;  // [L]
+  Tensor latent_up;    // [D, L]
+};
+
+struct LayerWeights {
+  Mixer mixer;
+  Ffn ffn;
+  Tensor input_norm, post_norm;  // [D]
+  Tensor attn_res_query;         // [D] F32 effective query w_norm ⊙ w_proj (AttnRes only)
+  Tensor mlp_res_query;          // [D]
+  KdaWeights kda;
+  MlaWeights mla;
+  MlpWeights mlp;
+  MoeWeights moe;
+};
+
+struct ModelWeights {
+  Tensor embed;              // [V, D]
+  Tensor final_norm;         // [D]
+  Tensor lm_head;            // [V, D]
+  Tensor output_res_query;   // [D] AttnRes only
+  std::vector<LayerWeights> layers;
+};
+
+// Loads every parameter `config` needs from `ckpt` onto `backend`; fails if anything is missing,
+// has a wrong shape, or is left over in the checkpoint.
+Result<ModelWeights> load_weights(const ModelConfig& config, Checkpoint& ckpt, Backend& backend);
+
+}  // namespace klinear

@@ -1,0 +1,192 @@
+// Model subcommands: logits, generate, info, init. Each is a thin call into src/.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "backend/backend.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "io/checkpoint.h"
+#include "io/npy.h"
+#include "model/model.h"
+#include "model/presets.h"
+#include "runtime/generate.h"
+
+namespace klinear::cli {
+
+namespace {
+
+struct ModelArgs {
+  std::string model_dir;
+  std::string device = "cpu";
+};
+
+void add_model_args(CLI::App* sub, ModelArgs& a) {
+  sub->add_option("--model", a.model_dir, "checkpoint directory (config.json + safetensors)")->required();
+  sub->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
+}
+
+struct LoadedModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+
+Result<LoadedModel> load(const ModelArgs& a) {
+  KL_ASSIGN_OR_RETURN(DeviceKind kind, parse_device(a.device));
+  LoadedModel m;
+  KL_ASSIGN_OR_RETURN(m.backend, make_backend(kind));
+  KL_ASSIGN_OR_RETURN(m.model, Model::load(a.model_dir, *m.backend));
+  return m;
+}
+
+// ---- logits
+struct LogitsArgs {
+  ModelArgs model;
+  std::string ids, then, out;
+};
+
+int run_logits(const LogitsArgs& a) {
+  auto ids = parse_id_list(a.ids, "--ids");
+  if (!ids.ok()) return fail("logits", ids.status());
+  std::vector<int32_t> then;
+  if (!a.then.empty()) {
+    auto t = parse_id_list(a.then, "--then");
+    if (!t.ok()) return fail("logits", t.status());
+    then = *t;
+  }
+  auto m = load(a.model);
+  if (!m.ok()) return fail("logits", m.status());
+  SequenceState state = m->model->new_sequence();
+  const auto start = std::chrono::steady_clock::now();
+  auto logits = m->model->forward(*ids, state, LogitsMode::kAll);
+  if (logits.ok() && !then.empty()) logits = m->model->forward(then, state, LogitsMode::kAll);
+  if (!logits.ok()) return fail("logits", logits.status());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  Status s = write_npy(a.out, *logits);
+  if (!s.ok()) return fail("logits", s);
+  std::fprintf(stderr, "klinear logits: %lld tokens in %.3f s (%.1f tokens/s), wrote %s %s\n",
+               static_cast<long long>(state.tokens), secs, static_cast<double>(state.tokens) / secs, a.out.c_str(),
+               shape_to_string(logits->shape()).c_str());
+  return 0;
+}
+
+// ---- info
+int run_info(const ModelArgs& a) {
+  auto cfg = load_model_config(a.model_dir);
+  if (!cfg.ok()) return fail("info", cfg.status());
+  auto ckpt = Checkpoint::open(a.model_dir);
+  if (!ckpt.ok()) return fail("info", ckpt.status());
+  const ModelConfig& c = *cfg;
+  std::printf("model_type %s%s\n", c.model_type.c_str(), c.nested_text_config ? " (text_config nested)" : "");
+  std::printf("hidden %lld, layers %lld, vocab %lld, eps %g\n", (long long)c.hidden_size, (long long)c.num_layers,
+              (long long)c.vocab_size, c.rms_norm_eps);
+  std::printf("KDA: %lld heads x %lld, conv %lld, gate %s, output gate %s\n", (long long)c.kda_heads,
+              (long long)c.kda_head_dim, (long long)c.conv_kernel,
+              c.kda_gate == KdaGate::kSoftplus ? "softplus" : ("lower-bound " + std::to_string(c.gate_lower_bound)).c_str(),
+              c.kda_output_gate == KdaOutputGate::kFullRank ? "full-rank" : "low-rank");
+  std::printf("MLA: %lld heads, q_lora %lld, kv_lora %lld, nope/rope/v %lld/%lld/%lld, output gate %s\n",
+              (long long)c.mla_heads, (long long)c.q_lora_rank, (long long)c.kv_lora_rank, (long long)c.qk_nope_dim,
+              (long long)c.qk_rope_dim, (long long)c.v_head_dim, c.mla_output_gate ? "yes" : "no");
+  std::printf("FFN: %s, dense intermediate %lld; MoE %lld experts top-%lld, intermediate %lld, %lld shared, "
+              "groups %lld keep %lld, scale %g%s%s\n",
+              c.activation == Activation::kSitu ? "SiTU-GLU" : "SwiGLU", (long long)c.intermediate_size,
+              (long long)c.num_experts, (long long)c.experts_per_token, (long long)c.moe_intermediate_size,
+              (long long)c.num_shared_experts, (long long)c.num_expert_group, (long long)c.topk_group,
+              c.routed_scaling_factor, c.has_latent_moe() ? (", latent " + std::to_string(c.routed_expert_hidden_size)).c_str() : "",
+              c.expert_format == ExpertFormat::kMxfp4 ? ", MXFP4 experts" : "");
+  std::printf("AttnRes: %s\n", c.has_attn_res() ? ("block size " + std::to_string(c.attn_res_block_size)).c_str() : "none");
+  std::printf("\nlayer  mixer  ffn    attn_res_block\n");
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    std::printf("%5lld  %-5s  %-5s  %s\n", (long long)l, c.mixer(l) == Mixer::kKda ? "KDA" : "MLA",
+                c.ffn(l) == Ffn::kDense ? "dense" : "MoE",
+                c.has_attn_res() ? (std::to_string(l / c.attn_res_block_size) + (l % c.attn_res_block_size == 0 ? " (seal)" : "")).c_str() : "-");
+  }
+  int64_t params = 0, bytes = 0;
+  std::printf("\ndtype     tensors        params          bytes\n");
+  for (const auto& [dtype, s] : ckpt->stats()) {
+    std::printf("%-8s %8lld %13lld %14lld\n", dtype.c_str(), (long long)s.tensors, (long long)s.params, (long long)s.bytes);
+    params += s.params;
+    bytes += s.bytes;
+  }
+  std::printf("total             %13lld %14lld\n", (long long)params, (long long)bytes);
+  return 0;
+}
+
+// ---- init
+struct InitArgs {
+  std::string preset, out;
+  uint64_t seed = 0;
+};
+
+int run_init(const InitArgs& a) {
+  auto cfg = preset_config(a.preset);
+  if (!cfg.ok()) return fail("init", cfg.status());
+  Status s = write_random_checkpoint(*cfg, a.out, a.seed);
+  if (!s.ok()) return fail("init", s);
+  std::fprintf(stderr, "klinear init: wrote a random-weight %s checkpoint to %s\n", a.preset.c_str(), a.out.c_str());
+  return 0;
+}
+
+// ---- generate
+struct GenerateArgs {
+  ModelArgs model;
+  std::string prompt_ids;
+  GenerateOptions options;
+  bool json = false;
+};
+
+int run_generate(const GenerateArgs& a) {
+  auto ids = parse_id_list(a.prompt_ids, "--prompt-ids");
+  if (!ids.ok()) return fail("generate", ids.status());
+  auto m = load(a.model);
+  if (!m.ok()) return fail("generate", m.status());
+  auto result = generate(*m->model, *ids, a.options, nullptr);
+  if (!result.ok()) return fail("generate", result.status());
+  print_generation(*result, a.json, nullptr);
+  return 0;
+}
+
+}  // namespace
+
+void add_model_commands(CLI::App& app, int& exit_code) {
+  {
+    auto a = std::make_shared<LogitsArgs>();
+    CLI::App* sub = app.add_subcommand("logits", "run token ids and write the float32 logits of every position of "
+                                                 "the last step as a [T, vocab] .npy file");
+    add_model_args(sub, a->model);
+    sub->add_option("--ids", a->ids, "comma-separated token ids, run from an empty state")->required();
+    sub->add_option("--then", a->then, "ids run as a second step from the state the first left");
+    sub->add_option("--out", a->out, "output .npy path")->required();
+    sub->callback([a, &exit_code] { exit_code = run_logits(*a); });
+  }
+  {
+    auto a = std::make_shared<GenerateArgs>();
+    CLI::App* sub = app.add_subcommand("generate", "generate tokens after a prompt");
+    add_model_args(sub, a->model);
+    sub->add_option("--prompt-ids", a->prompt_ids, "comma-separated prompt token ids")->required();
+    add_generate_options(sub, a->options);
+    sub->add_flag("--json", a->json, "print one JSON object with the generated ids and timings");
+    sub->callback([a, &exit_code] { exit_code = run_generate(*a); });
+  }
+  {
+    auto a = std::make_shared<ModelArgs>();
+    CLI::App* sub = app.add_subcommand("info", "print the parsed config, the layer table and parameter counts");
+    sub->add_option("--model", a->model_dir, "checkpoint directory")->required();
+    sub->callback([a, &exit_code] { exit_code = run_info(*a); });
+  }
+  {
+    auto a = std::make_shared<InitArgs>();
+    CLI::App* sub = app.add_subcommand("init", "write a small random-weight checkpoint (config.json + "
+                                               "model.safetensors with real tensor names)");
+    std::string presets;
+    for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+    sub->add_option("--preset", a->preset, "one of: " + presets)->required();
+    sub->add_option("--out", a->out, "output directory")->required();
+    sub->add_option("--seed", a->seed, "random seed")->capture_default_str();
+    sub->callback([a, &exit_code] { exit_code = run_init(*a); });
+  }
+}
+
+}  // namespace klinear::cli
