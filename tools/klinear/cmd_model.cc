@@ -1,5 +1,8 @@
 // Model subcommands: logits, generate, info, init. Each is a thin call into src/.
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <optional>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -12,6 +15,9 @@
 #include "io/npy.h"
 #include "model/model.h"
 #include "model/presets.h"
+#include "io/chat_template.h"
+#include "io/tokenizer.h"
+#include "runtime/chat_session.h"
 #include "runtime/generate.h"
 
 namespace klinear::cli {
@@ -116,13 +122,38 @@ int run_info(const ModelArgs& a) {
 
 // ---- init
 struct InitArgs {
-  std::string preset, out;
+  std::string preset, out, tokenizer;
   uint64_t seed = 0;
 };
+
+// With --tokenizer the checkpoint gets the tokenizer's vocabulary and special ids, and carries
+// the tokenizer files, like a real checkpoint directory.
+Status adopt_tokenizer(const std::string& tokenizer_dir, const std::string& out, Json& config) {
+  KL_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(tokenizer_dir));
+  Json& text = config.contains("text_config") ? config["text_config"] : config;
+  text["vocab_size"] = tok.vocab_size();
+  for (Json* j : {&config, &text}) {
+    if (auto bos = tok.bos_id()) (*j)["bos_token_id"] = *bos;
+    if (auto eos = tok.special_id("<|im_end|>")) (*j)["eos_token_id"] = *eos;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  for (const char* f : {"tiktoken.model", "tokenizer_config.json", "NOTICE.md"}) {
+    const std::string src = tokenizer_dir + "/" + f;
+    if (!std::filesystem::exists(src)) continue;
+    std::filesystem::copy_file(src, out + "/" + f, std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) return Status::IOError(out + "/" + f + ": copy failed: " + ec.message());
+  }
+  return Status();
+}
 
 int run_init(const InitArgs& a) {
   auto cfg = preset_config(a.preset);
   if (!cfg.ok()) return fail("init", cfg.status());
+  if (!a.tokenizer.empty()) {
+    Status t = adopt_tokenizer(a.tokenizer, a.out, *cfg);
+    if (!t.ok()) return fail("init", t);
+  }
   Status s = write_random_checkpoint(*cfg, a.out, a.seed);
   if (!s.ok()) return fail("init", s);
   std::fprintf(stderr, "klinear init: wrote a random-weight %s checkpoint to %s\n", a.preset.c_str(), a.out.c_str());
@@ -132,19 +163,91 @@ int run_init(const InitArgs& a) {
 // ---- generate
 struct GenerateArgs {
   ModelArgs model;
-  std::string prompt_ids;
+  std::string prompt_ids, prompt, tokenizer, system;
+  bool chat = false;
   GenerateOptions options;
   bool json = false;
 };
 
+// The prompt ids: --prompt-ids as given, or --prompt encoded (as plain text, or rendered as one
+// user message of the checkpoint's chat format with --chat).
+Result<std::vector<int32_t>> prompt_ids(const GenerateArgs& a, const Tokenizer* tok, const ModelConfig& c) {
+  if (!a.prompt_ids.empty()) return parse_id_list(a.prompt_ids, "--prompt-ids");
+  if (!a.chat) return tok->encode(a.prompt);
+  std::vector<ChatMessage> messages;
+  if (!a.system.empty()) messages.push_back(ChatMessage{"system", a.system, {}, "", ""});
+  messages.push_back(ChatMessage{"user", a.prompt, {}, "", ""});
+  KL_ASSIGN_OR_RETURN(auto segments, render_chat_segments(chat_format_for(c), messages, ChatOptions{}));
+  return encode_chat(*tok, segments);
+}
+
 int run_generate(const GenerateArgs& a) {
-  auto ids = parse_id_list(a.prompt_ids, "--prompt-ids");
-  if (!ids.ok()) return fail("generate", ids.status());
+  if (a.prompt_ids.empty() == a.prompt.empty())
+    return fail("generate", Status::InvalidArgument("give exactly one of --prompt-ids and --prompt"));
   auto m = load(a.model);
   if (!m.ok()) return fail("generate", m.status());
-  auto result = generate(*m->model, *ids, a.options, nullptr);
+  std::optional<Tokenizer> tok;
+  if (!a.prompt.empty() || !a.tokenizer.empty()) {
+    auto t = Tokenizer::load(a.tokenizer.empty() ? a.model.model_dir : a.tokenizer);
+    if (!t.ok()) return fail("generate", t.status().with_context("tokenizer (use --tokenizer DIR)"));
+    tok = std::move(t).value();
+  }
+  auto ids = prompt_ids(a, tok ? &*tok : nullptr, m->model->config());
+  if (!ids.ok()) return fail("generate", ids.status());
+  GenerateOptions options = a.options;
+  if (a.chat)
+    if (auto stop = tok->special_id(chat_stop_marker(chat_format_for(m->model->config())))) options.stop_ids.push_back(*stop);
+  std::optional<StreamDecoder> stream;
+  const bool stream_text = tok && !a.json;
+  if (stream_text) stream.emplace(*tok);
+  auto on_token = [&](int32_t id) {
+    if (stream_text && !(options.stop_ids.size() && id == options.stop_ids.back() && !options.ignore_eos)) {
+      std::fputs(stream->push(id).c_str(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  };
+  auto result = generate(*m->model, *ids, options, on_token);
   if (!result.ok()) return fail("generate", result.status());
-  print_generation(*result, a.json, nullptr);
+  if (stream_text) {
+    std::printf("%s\n", stream->finish().c_str());
+    std::fprintf(stderr, "klinear generate: %lld prompt tokens, %zu generated, prefill %.3f s, decode %.1f tokens/s\n",
+                 static_cast<long long>(result->prompt_tokens), result->ids.size(), result->prefill_seconds,
+                 result->ids.size() / std::max(result->decode_seconds, 1e-9));
+    return 0;
+  }
+  std::string text;
+  if (tok) text = tok->decode(result->ids);
+  print_generation(*result, a.json, tok ? &text : nullptr);
+  return 0;
+}
+
+// ---- chat
+struct ChatArgs {
+  ModelArgs model;
+  std::string tokenizer, system;
+  GenerateOptions options;
+};
+
+int run_chat(const ChatArgs& a) {
+  auto m = load(a.model);
+  if (!m.ok()) return fail("chat", m.status());
+  auto tok = Tokenizer::load(a.tokenizer.empty() ? a.model.model_dir : a.tokenizer);
+  if (!tok.ok()) return fail("chat", tok.status().with_context("tokenizer (use --tokenizer DIR)"));
+  ChatSession session(*m->model, *tok, chat_format_for(m->model->config()), a.system);
+  std::fprintf(stderr, "klinear chat: type a message and press Enter; an empty line or end of input quits.\n");
+  std::string line;
+  while (true) {
+    std::fputs("> ", stderr);
+    if (!std::getline(std::cin, line) || line.empty()) break;
+    auto reply = session.turn(line, a.options, [](const std::string& piece) {
+      std::fputs(piece.c_str(), stdout);
+      std::fflush(stdout);
+    });
+    std::fputs("\n", stdout);
+    if (!reply.ok()) return fail("chat", reply.status());
+  }
+  std::fprintf(stderr, "klinear chat: %lld tokens in the conversation state\n", static_cast<long long>(session.tokens()));
   return 0;
 }
 
@@ -165,10 +268,26 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     auto a = std::make_shared<GenerateArgs>();
     CLI::App* sub = app.add_subcommand("generate", "generate tokens after a prompt");
     add_model_args(sub, a->model);
-    sub->add_option("--prompt-ids", a->prompt_ids, "comma-separated prompt token ids")->required();
+    sub->add_option("--prompt-ids", a->prompt_ids, "comma-separated prompt token ids");
+    sub->add_option("--prompt", a->prompt, "prompt text (encoded with the tokenizer; streamed output)");
+    sub->add_flag("--chat", a->chat, "render --prompt as a user message of the checkpoint's chat format");
+    sub->add_option("--system", a->system, "system message with --chat");
+    sub->add_option("--tokenizer", a->tokenizer, "tokenizer directory (default: the model directory)");
     add_generate_options(sub, a->options);
-    sub->add_flag("--json", a->json, "print one JSON object with the generated ids and timings");
+    sub->add_flag("--json", a->json, "print one JSON object with the generated ids (and text) and timings");
     sub->callback([a, &exit_code] { exit_code = run_generate(*a); });
+  }
+  {
+    auto a = std::make_shared<ChatArgs>();
+    a->options.max_tokens = 256;
+    a->options.sampling.temperature = 0.6f;
+    CLI::App* sub = app.add_subcommand("chat", "interactive multi-turn chat; the sequence state is kept between "
+                                               "turns, so each turn runs only its new tokens");
+    add_model_args(sub, a->model);
+    sub->add_option("--tokenizer", a->tokenizer, "tokenizer directory (default: the model directory)");
+    sub->add_option("--system", a->system, "system message (default: the chat format's own)");
+    add_generate_options(sub, a->options);
+    sub->callback([a, &exit_code] { exit_code = run_chat(*a); });
   }
   {
     auto a = std::make_shared<ModelArgs>();
@@ -185,6 +304,8 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     sub->add_option("--preset", a->preset, "one of: " + presets)->required();
     sub->add_option("--out", a->out, "output directory")->required();
     sub->add_option("--seed", a->seed, "random seed")->capture_default_str();
+    sub->add_option("--tokenizer", a->tokenizer, "tokenizer directory: use its vocabulary and copy its files "
+                                                 "into the checkpoint");
     sub->callback([a, &exit_code] { exit_code = run_init(*a); });
   }
 }

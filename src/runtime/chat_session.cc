@@ -1,0 +1,66 @@
+#include "runtime/chat_session.h"
+
+namespace klinear {
+
+ChatFormat chat_format_for(const ModelConfig& config) {
+  return config.model_type == "kimi_k3" ? ChatFormat::kK3 : ChatFormat::kKimiK2;
+}
+
+ChatSession::ChatSession(Model& model, Tokenizer tokenizer, ChatFormat format, std::string system_prompt)
+    : model_(model), tokenizer_(std::move(tokenizer)), format_(format), state_(model.new_sequence()) {
+  stop_id_ = tokenizer_.special_id(chat_stop_marker(format_)).value_or(-1);
+  if (!system_prompt.empty()) history_.push_back(ChatMessage{"system", std::move(system_prompt), {}, "", ""});
+}
+
+Result<std::string> ChatSession::turn(const std::string& user_text, const GenerateOptions& options,
+                                      const std::function<void(const std::string&)>& on_text) {
+  if (stop_id_ < 0)
+    return Status::NotFound("the tokenizer has no '" + chat_stop_marker(format_) + "' token for this chat format");
+  std::vector<ChatMessage> next = history_;
+  next.push_back(ChatMessage{"user", user_text, {}, "", ""});
+  ChatOptions opts;
+  KL_ASSIGN_OR_RETURN(std::vector<ChatSegment> rendered, render_chat_segments(format_, next, opts));
+  // The previous rendering (without its generation prompt, with the reply) must be a prefix.
+  size_t common = 0;
+  while (common < fed_.size() && common < rendered.size() && fed_[common].kind == rendered[common].kind &&
+         fed_[common].text == rendered[common].text)
+    ++common;
+  if (common != fed_.size())
+    return Status::InvalidArgument("chat template rendering is not prefix-stable at segment " + std::to_string(common));
+  std::vector<ChatSegment> delta(rendered.begin() + static_cast<std::ptrdiff_t>(common), rendered.end());
+  KL_ASSIGN_OR_RETURN(std::vector<int32_t> ids, encode_chat(tokenizer_, delta));
+  if (stop_pending_) ids.insert(ids.begin(), stop_id_);
+
+  GenerateOptions o = options;
+  o.stop_ids.push_back(stop_id_);
+  StreamDecoder decoder(tokenizer_);
+  std::string reply;
+  auto on_token = [&](int32_t id) {
+    if (id == stop_id_ && !o.ignore_eos) return true;
+    std::string piece = decoder.push(id);
+    reply += piece;
+    if (on_text && !piece.empty()) on_text(piece);
+    return true;
+  };
+  KL_ASSIGN_OR_RETURN(GenerateResult r, generate(model_, state_, ids, o, on_token));
+  std::string tail = decoder.finish();
+  reply += tail;
+  if (on_text && !tail.empty()) on_text(tail);
+  // The sampled last token (the end marker, or the last token of a length-limited reply) was
+  // never run through the model: it is fed at the start of the next turn.
+  if (!r.ids.empty() && r.ids.back() != stop_id_) {
+    const int32_t last[1] = {r.ids.back()};
+    KL_ASSIGN_OR_RETURN(Tensor unused, model_.forward(last, state_, LogitsMode::kLast));
+    (void)unused;
+  }
+  stop_pending_ = true;
+
+  next.push_back(ChatMessage{"assistant", reply, {}, "", ""});
+  ChatOptions closed;
+  closed.add_generation_prompt = false;
+  KL_ASSIGN_OR_RETURN(fed_, render_chat_segments(format_, next, closed));
+  history_ = std::move(next);
+  return reply;
+}
+
+}  // namespace klinear

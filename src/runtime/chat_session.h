@@ -1,0 +1,45 @@
+// ChatSession: a multi-turn conversation over one SequenceState. Each turn feeds only what is new
+// since the last turn (the end marker of the previous reply, the new user message and the
+// generation prompt); earlier turns are never re-read, so a turn costs its own tokens only.
+//
+// The new tokens of a turn are the chat-template rendering of the whole history minus the
+// rendering of the history before it (both formats render a message independently of the ones
+// after it, so the earlier rendering is a prefix). The assistant replies in the state are the
+// tokens the model generated, not a re-encoding of their text.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "io/chat_template.h"
+#include "io/tokenizer.h"
+#include "model/model.h"
+#include "runtime/generate.h"
+
+namespace klinear {
+
+class ChatSession {
+ public:
+  ChatSession(Model& model, Tokenizer tokenizer, ChatFormat format, std::string system_prompt);
+
+  // Adds a user message, generates the reply (streamed through `on_text`) and returns it.
+  // Errors leave the session usable only if they happen before anything was fed (bad options).
+  Result<std::string> turn(const std::string& user_text, const GenerateOptions& options,
+                           const std::function<void(const std::string&)>& on_text);
+  int64_t tokens() const { return state_.tokens; }
+
+ private:
+  Model& model_;
+  Tokenizer tokenizer_;
+  ChatFormat format_;
+  int32_t stop_id_;
+  SequenceState state_;
+  std::vector<ChatMessage> history_;
+  std::vector<ChatSegment> fed_;   // the rendering the state corresponds to
+  bool stop_pending_ = false;      // the previous reply's end marker has not been fed yet
+};
+
+// The chat format of a checkpoint: K3 for model_type "kimi_k3", K2 / Kimi Linear otherwise.
+ChatFormat chat_format_for(const ModelConfig& config);
+
+}  // namespace klinear
