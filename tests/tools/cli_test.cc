@@ -1,0 +1,136 @@
+// The klinear CLI end to end: the interfaces the issues spell out (logits, generate --json, info,
+// init, --help everywhere) against the fixtures, and bad input (missing or corrupt files, malformed
+// ids, ids outside the vocabulary) giving a clear message and a non-zero exit, never a crash.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "io/json.h"
+#include "io/npy.h"
+#include "io/safetensors.h"
+#include "test_util.h"
+
+namespace klinear {
+namespace {
+
+struct CliRun {
+  int exit_code;  // -1 when killed by a signal
+  std::string output;  // stdout + stderr
+};
+
+CliRun run(const std::string& args) {
+  const std::string cmd = std::string(KLINEAR_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string join(const Json& ids) {
+  std::string s;
+  for (const auto& id : ids) s += (s.empty() ? "" : ",") + std::to_string(id.get<int>());
+  return s;
+}
+
+const Json& find_case(const Json& cases, const std::string& name) {
+  for (const Json& c : cases["cases"])
+    if (c["name"] == name) return c;
+  KL_CHECK(false, "no case " + name);
+  return cases;
+}
+
+std::string tmp(const std::string& name) { return ::testing::TempDir() + "klinear_cli_" + name; }
+
+TEST(Cli, HelpOnEveryCommand) {
+  for (const char* sub : {"", "logits", "generate", "chat", "info", "init", "tokenize", "detokenize"}) {
+    const CliRun r = run(std::string(sub) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << sub << ": " << r.output;
+    EXPECT_NE(r.output.find("--"), std::string::npos) << sub;
+  }
+}
+
+TEST(Cli, LogitsThenMatchesGolden) {
+  const std::string dir = testing::fixture_path("k3-tiny");
+  const Json cases = read_json_file(dir + "/cases.json").value();
+  const Json& c = find_case(cases, "continue");
+  const std::string out = tmp("logits.npy");
+  const CliRun r = run("logits --model " + dir + "/model --ids " + join(c["first_ids"]) + " --then " +
+                    join(c["second_ids"]) + " --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto got = read_npy(out);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  auto golden = SafetensorsFile::open(dir + "/golden.safetensors");
+  ASSERT_TRUE(golden.ok());
+  EXPECT_TRUE(testing::close_rel(*got, golden->tensor(*golden->find("continue_second")), 1e-4));
+}
+
+TEST(Cli, GenerateGreedyJsonMatchesFixture) {
+  const std::string dir = testing::fixture_path("kimi-linear-tiny");
+  const Json cases = read_json_file(dir + "/cases.json").value();
+  const Json& c = find_case(cases, "greedy");
+  const CliRun r = run("generate --model " + dir + "/model --prompt-ids " + join(c["prompt_ids"]) + " --max-tokens " +
+                    std::to_string(c["expected_tokens"].size()) + " --temperature 0 --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto out = parse_json(r.output, "generate output");
+  ASSERT_TRUE(out.ok()) << r.output;
+  EXPECT_EQ((*out)["ids"], c["expected_tokens"]);
+}
+
+TEST(Cli, InitInfoAndSeededSampling) {
+  const std::string dir = tmp("init_k3");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(run("init --preset k3-tiny-mxfp4 --out " + dir + " --seed 7").exit_code, 0);
+  const CliRun info = run("info --model " + dir);
+  ASSERT_EQ(info.exit_code, 0) << info.output;
+  EXPECT_NE(info.output.find("MXFP4"), std::string::npos) << info.output;
+  EXPECT_NE(info.output.find("(seal)"), std::string::npos) << info.output;
+  const std::string gen = "generate --model " + dir + " --prompt-ids 1,2,3 --max-tokens 6 --temperature 0.9 "
+                          "--top-k 50 --top-p 0.9 --ignore-eos --json --seed ";
+  const CliRun a = run(gen + "5"), b = run(gen + "5");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(parse_json(a.output, "a").value()["ids"], parse_json(b.output, "b").value()["ids"]);
+  EXPECT_EQ(parse_json(a.output, "a").value()["ids"].size(), 6u);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Cli, BadInputIsAClearErrorNotACrash) {
+  const std::string model = testing::fixture_path("kimi-linear-tiny/model");
+  struct Case {
+    std::string args, expect;
+  };
+  const std::string corrupt = tmp("corrupt");
+  std::filesystem::remove_all(corrupt);
+  std::filesystem::create_directories(corrupt);
+  std::filesystem::copy_file(model + "/config.json", corrupt + "/config.json");
+  {
+    // A checkpoint cut in half.
+    std::ifstream in(model + "/model.safetensors", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(corrupt + "/model.safetensors", std::ios::binary).write(bytes.data(), bytes.size() / 2);
+  }
+  const std::vector<Case> cases = {
+      {"logits --model /nonexistent/dir --ids 1 --out /dev/null", "config.json"},
+      {"logits --model " + model + " --ids 1,x,3 --out /dev/null", "'x'"},
+      {"logits --model " + model + " --ids 1,99999 --out /dev/null", "99999"},
+      {"logits --model " + corrupt + " --ids 1 --out /dev/null", "truncated"},
+      {"generate --model " + model + " --prompt-ids 1 --temperature -1", "temperature"},
+      {"generate --model " + model + " --prompt-ids 1 --top-p 0", "top_p"},
+      {"logits --model " + model + " --ids 1 --device tpu --out /dev/null", "tpu"},
+      {"init --preset nope --out " + tmp("nope"), "nope"},
+  };
+  for (const Case& c : cases) {
+    const CliRun r = run(c.args);
+    EXPECT_GT(r.exit_code, 0) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+  }
+  std::filesystem::remove_all(corrupt);
+}
+
+}  // namespace
+}  // namespace klinear
