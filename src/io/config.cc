@@ -1,6 +1,7 @@
 #include "io/config.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 
 namespace klinear {
@@ -249,6 +250,8 @@ Result<ModelConfig> parse_model_config(const Json& doc, const std::string& where
 }
 
 Result<ModelConfig> load_model_config(const std::string& model_dir) {
+  if (!std::filesystem::is_directory(model_dir))
+    return Status::NotFound("model directory '" + model_dir + "' does not exist or is not a directory");
   const std::string path = model_dir + "/config.json";
   KL_ASSIGN_OR_RETURN(Json doc, read_json_file(path));
   return parse_model_config(doc, path);
