@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages klinear builds and tests with. Idempotent; uses sudo when not root.
 set -euo pipefail
-packages=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-dev
+packages=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-openmp-dev
           libgtest-dev python3 python3-jinja2)
 missing=()
 for p in "${packages[@]}"; do

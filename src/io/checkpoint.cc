@@ -11,7 +11,8 @@ namespace fs = std::filesystem;
 
 std::string canonical_tensor_name(const std::string& name) {
   auto starts = [&](const std::string& s, const char* p) { return s.rfind(p, 0) == 0; };
-  if (starts(name, "vision_tower.") || starts(name, "mm_projector.")) return "";
+  for (const char* skip : {"vision_tower.", "mm_projector.", "model.vision_tower.", "model.mm_projector."})
+    if (starts(name, skip)) return "";
   std::string n = name;
   if (starts(n, "model.language_model.")) n = n.substr(std::strlen("model.language_model."));
   else if (starts(n, "language_model.")) n = n.substr(std::strlen("language_model."));
@@ -24,6 +25,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   Checkpoint c;
   c.dir_ = dir;
   std::vector<std::string> shards;
+  std::map<std::string, std::string> weight_map;  // tensor -> shard, when sharded
   const std::string index = dir + "/model.safetensors.index.json";
   if (fs::exists(index)) {
     KL_ASSIGN_OR_RETURN(Json doc, read_json_file(index));
@@ -36,6 +38,7 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
       if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos)
         return Status::Corruption(index + ": shard name '" + shard + "' must be a plain file name");
       if (seen.insert(shard).second) shards.push_back(shard);
+      weight_map[it.key()] = shard;
     }
   } else if (fs::exists(dir + "/model.safetensors")) {
     shards.push_back("model.safetensors");
@@ -47,6 +50,12 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
     c.files_.push_back(std::make_unique<SafetensorsFile>(std::move(f)));
     const SafetensorsFile* file = c.files_.back().get();
     for (const SafetensorsEntry& e : file->entries()) {
+      if (!weight_map.empty()) {
+        auto w = weight_map.find(e.name);
+        if (w == weight_map.end() || w->second != shard)
+          return Status::Corruption(file->path() + ": tensor '" + e.name + "' is not listed for this shard in " + index);
+        weight_map.erase(w);
+      }
       const std::string name = canonical_tensor_name(e.name);
       if (name.empty()) continue;
       auto [it, inserted] = c.tensors_.emplace(name, Ref{file, &e});
@@ -54,31 +63,41 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
         return Status::Corruption(file->path() + ": tensor '" + e.name + "' also appears in " + it->second.file->path());
     }
   }
+  if (!weight_map.empty())
+    return Status::Corruption(index + ": tensor '" + weight_map.begin()->first + "' is listed in shard '" +
+                              weight_map.begin()->second + "' but that shard does not hold it");
   return c;
 }
 
-Result<Checkpoint::Ref> Checkpoint::find(const std::string& name, const Shape* shape) {
+Result<Checkpoint::Ref> Checkpoint::find(const std::string& name, const Shape* shape, StoredAs stored) {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) return Status::NotFound(dir_ + ": missing tensor '" + name + "'");
   const Ref& r = it->second;
   if (shape != nullptr && r.entry->shape != *shape)
     return Status::InvalidArgument(r.file->path() + ": " + r.entry->name + ": shape " +
                                    shape_to_string(r.entry->shape) + ", expected " + shape_to_string(*shape));
+  const DType t = r.entry->dtype;
+  const bool dtype_ok = stored == StoredAs::kU8 ? t == DType::kU8
+                                                : (t == DType::kF32 || t == DType::kBF16 || t == DType::kF16);
+  if (!dtype_ok)
+    return Status::InvalidArgument(r.file->path() + ": " + r.entry->name + ": dtype " + dtype_name(t) + ", expected " +
+                                   (stored == StoredAs::kU8 ? "U8 (packed MXFP4 / E8M0)" : "F32, BF16 or F16"));
   if (used_.count(name)) return Status::InvalidArgument(r.file->path() + ": tensor '" + r.entry->name + "' loaded twice");
   used_.insert(name);
   return r;
 }
 
-Result<Tensor> Checkpoint::take(const std::string& name, const Shape& shape) {
-  KL_ASSIGN_OR_RETURN(Ref r, find(name, &shape));
+Result<Tensor> Checkpoint::take(const std::string& name, const Shape& shape, StoredAs stored) {
+  KL_ASSIGN_OR_RETURN(Ref r, find(name, &shape, stored));
   return r.file->tensor(*r.entry);
 }
 
-Result<Tensor> Checkpoint::take_concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes) {
+Result<Tensor> Checkpoint::take_concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes,
+                                       StoredAs stored) {
   KL_CHECK(parts.size() == shapes.size() && !parts.empty(), "take_concat arguments");
   std::vector<Tensor> views;
   for (size_t i = 0; i < parts.size(); ++i) {
-    auto t = take(parts[i], shapes[i]);
+    auto t = take(parts[i], shapes[i], stored);
     if (!t.ok()) return t.status().with_context("fused tensor part " + std::to_string(i) + " of " + std::to_string(parts.size()));
     views.push_back(std::move(t).value());
   }
@@ -101,16 +120,17 @@ Result<Tensor> Checkpoint::take_concat(const std::vector<std::string>& parts, co
   return out;
 }
 
-Result<Tensor> Checkpoint::take_stacked(const std::vector<std::string>& parts, const Shape& shape) {
+Result<Tensor> Checkpoint::take_stacked(const std::vector<std::string>& parts, const Shape& shape,
+                                        StoredAs stored) {
   std::vector<Shape> shapes(parts.size(), shape);
-  KL_ASSIGN_OR_RETURN(Tensor cat, take_concat(parts, shapes));
+  KL_ASSIGN_OR_RETURN(Tensor cat, take_concat(parts, shapes, stored));
   Shape stacked = {static_cast<int64_t>(parts.size())};
   stacked.insert(stacked.end(), shape.begin(), shape.end());
   return cat.view(stacked);
 }
 
 Result<Tensor> Checkpoint::take_head_vector(const std::string& name, int64_t heads) {
-  KL_ASSIGN_OR_RETURN(Ref r, find(name, nullptr));
+  KL_ASSIGN_OR_RETURN(Ref r, find(name, nullptr, StoredAs::kFloat));
   const Shape& s = r.entry->shape;
   const int64_t n = shape_numel(s);
   const bool flat_ok = s.size() == 1 && s[0] >= heads;

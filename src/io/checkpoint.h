@@ -23,20 +23,26 @@
 
 namespace klinear {
 
+// What a parameter's stored dtype may be: a float weight (F32, BF16, F16), or the U8 bytes of a
+// packed format (MXFP4 nibbles and E8M0 scales).
+enum class StoredAs { kFloat, kU8 };
+
 class Checkpoint {
  public:
   // Opens `dir`/model.safetensors.index.json (sharded) or `dir`/model.safetensors.
   static Result<Checkpoint> open(const std::string& dir);
 
-  // The tensor `name`, which must have `shape`.
-  Result<Tensor> take(const std::string& name, const Shape& shape);
+  // The tensor `name`, which must have `shape` and a dtype of the `stored` kind.
+  Result<Tensor> take(const std::string& name, const Shape& shape, StoredAs stored = StoredAs::kFloat);
   // Whether the checkpoint holds `name` (does not mark it used).
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
   // Concatenation along dim 0 of `parts`, each with its expected shape (same trailing dims).
   // Parts of one dtype keep it; mixed dtypes are converted to F32.
-  Result<Tensor> take_concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes);
+  Result<Tensor> take_concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes,
+                             StoredAs stored = StoredAs::kFloat);
   // Stacks `parts` (all of `shape`) into one [parts.size(), shape...] tensor.
-  Result<Tensor> take_stacked(const std::vector<std::string>& parts, const Shape& shape);
+  Result<Tensor> take_stacked(const std::vector<std::string>& parts, const Shape& shape,
+                              StoredAs stored = StoredAs::kFloat);
   // A per-head vector stored as [H], [1, 1, H, 1] or zero-padded [>H] (KDA A_log, SPEC 9 D7):
   // returns the first H entries as F32 [H]; a non-zero padding entry is an error.
   Result<Tensor> take_head_vector(const std::string& name, int64_t heads);
@@ -53,7 +59,7 @@ class Checkpoint {
     const SafetensorsFile* file;
     const SafetensorsEntry* entry;
   };
-  Result<Ref> find(const std::string& name, const Shape* shape);
+  Result<Ref> find(const std::string& name, const Shape* shape, StoredAs stored);
 
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

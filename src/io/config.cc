@@ -101,17 +101,17 @@ Status validate(const ModelConfig& c, const std::string& w) {
     if (c.qk_rope_dim < 0) return Status::InvalidArgument(w + ": qk_rope_head_dim must be >= 0");
     if (c.q_lora_rank < 0) return Status::InvalidArgument(w + ": q_lora_rank must be null or positive");
   }
+  if (c.moe_layer_freq <= 0) return Status::InvalidArgument(w + ": moe_layer_freq must be positive");
   bool any_dense = false, any_moe = false;
   for (int64_t l = 0; l < c.num_layers; ++l) (c.ffn(l) == Ffn::kMoe ? any_moe : any_dense) = true;
   if (any_dense) KL_RETURN_IF_ERROR(positive(w, "intermediate_size", c.intermediate_size));
-  if (c.moe_layer_freq <= 0) return Status::InvalidArgument(w + ": moe_layer_freq must be positive");
   if (any_moe) {
     KL_RETURN_IF_ERROR(positive(w, "num_experts_per_token", c.experts_per_token));
     KL_RETURN_IF_ERROR(positive(w, "moe_intermediate_size", c.moe_intermediate_size));
     if (c.experts_per_token > c.num_experts)
       return Status::InvalidArgument(w + ": num_experts_per_token " + std::to_string(c.experts_per_token) +
                                      " exceeds num_experts " + std::to_string(c.num_experts));
-    KL_RETURN_IF_ERROR(positive(w, "n_group", c.num_expert_group));
+    KL_RETURN_IF_ERROR(positive(w, "num_expert_group", c.num_expert_group));
     if (c.num_experts % c.num_expert_group != 0)
       return Status::InvalidArgument(w + ": num_experts " + std::to_string(c.num_experts) +
                                      " is not divisible by num_expert_group " + std::to_string(c.num_expert_group));

@@ -1,5 +1,6 @@
 #include "io/json.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -45,8 +46,9 @@ Result<std::optional<int64_t>> json_opt_int(const Json& obj, const std::string& 
   if (!v) return std::optional<int64_t>{};
   if (v->is_number_integer()) return std::optional<int64_t>{v->get<int64_t>()};
   if (v->is_number_float()) {
-    double d = v->get<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d))) return std::optional<int64_t>{static_cast<int64_t>(d)};
+    const double d = v->get<double>();
+    if (std::isfinite(d) && d >= -0x1p63 && d < 0x1p63 && d == std::trunc(d))
+      return std::optional<int64_t>{static_cast<int64_t>(d)};
   }
   return wrong_type(where, key, "an integer", *v);
 }

@@ -58,9 +58,12 @@ Status parse_entry(const std::string& file, const std::string& name, const Json&
     return Status::Corruption(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                               "] end before begin");
   uint64_t bytes;
-  if (mul_overflows(numel, dtype_size(e->dtype), &bytes) || bytes != end - begin)
+  if (mul_overflows(numel, dtype_size(e->dtype), &bytes))
     return Status::Corruption(where + ": shape " + shape_to_string(e->shape) + " of " + dtype_name(e->dtype) +
-                              " needs " + std::to_string(numel * dtype_size(e->dtype)) + " bytes, data_offsets give " +
+                              " overflows a 64-bit byte count");
+  if (bytes != end - begin)
+    return Status::Corruption(where + ": shape " + shape_to_string(e->shape) + " of " + dtype_name(e->dtype) +
+                              " needs " + std::to_string(bytes) + " bytes, data_offsets give " +
                               std::to_string(end - begin));
   e->name = name;
   e->begin = begin;
@@ -137,7 +140,8 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   if (expected != data_size)
     return Status::Corruption(path + ": tensors cover " + std::to_string(expected) + " bytes but the data region has " +
                               std::to_string(data_size) + (expected > data_size ? " (truncated file?)" : " (trailing bytes)"));
-  // std::map keeps insertion-independent lookup; JSON object keys are unique after parsing.
+  // Entries in file (offset) order; JSON object keys come back sorted by name.
+  std::sort(f.entries_.begin(), f.entries_.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
   for (size_t i = 0; i < f.entries_.size(); ++i) f.index_[f.entries_[i].name] = i;
   f.mapping_ = std::move(mapping);
   return f;
@@ -159,6 +163,8 @@ Status write_safetensors(const std::string& path, const std::vector<std::pair<st
   size_t offset = 0;
   for (const auto& [name, t] : tensors) {
     KL_CHECK(t.device() == Device::kCpu, "write_safetensors needs host tensors");
+    if (name == "__metadata__" || header.contains(name))
+      return Status::InvalidArgument(path + ": tensor name '" + name + "' is reserved or repeated");
     header[name] = {{"dtype", dtype_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }

@@ -36,8 +36,10 @@ class Loader {
         KL_ASSIGN_OR_RETURN(Tensor t, ckpt_.take_stacked(names(mats, ".weight"), {rows, in}));
         *out = backend_.upload(t.view({num_experts, rows_all, in}));
       } else {
-        KL_ASSIGN_OR_RETURN(Tensor packed, ckpt_.take_stacked(names(mats, ".weight_packed"), {rows, in / 2}));
-        KL_ASSIGN_OR_RETURN(Tensor scale, ckpt_.take_stacked(names(mats, ".weight_scale"), {rows, in / 32}));
+        KL_ASSIGN_OR_RETURN(Tensor packed,
+                            ckpt_.take_stacked(names(mats, ".weight_packed"), {rows, in / 2}, StoredAs::kU8));
+        KL_ASSIGN_OR_RETURN(Tensor scale,
+                            ckpt_.take_stacked(names(mats, ".weight_scale"), {rows, in / 32}, StoredAs::kU8));
         *out = backend_.upload_mxfp4(packed.view({num_experts, rows_all, in / 2}),
                                      scale.view({num_experts, rows_all, in / 32}));
       }

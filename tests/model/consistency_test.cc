@@ -15,6 +15,10 @@
 namespace klinear {
 namespace {
 
+// Both sides are fp32 evaluations of the same math in different orders (chunked vs recurrent KDA,
+// expanded vs absorbed MLA) through up to 7 layers of a random network; seen up to ~1.0e-4.
+constexpr double kTol = 5e-4;
+
 struct Variant {
   const char* name;
   const char* preset;
@@ -33,7 +37,7 @@ class ModelConsistency : public ::testing::TestWithParam<Variant> {};
 TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   const Variant& v = GetParam();
   const uint64_t seed = testing::fresh_seed();
-  const std::string dir = ::testing::TempDir() + "klinear_consistency_" + v.name;
+  const std::string dir = ::testing::TempDir() + "klinear_consistency_" + v.name + "_" + std::to_string(seed);
   ASSERT_TRUE(write_random_checkpoint(patched(v), dir, seed).ok());
   auto be = make_backend(DeviceKind::kCpu);
   ASSERT_TRUE(be.ok());
@@ -56,7 +60,7 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   ASSERT_TRUE(m.forward(std::span(ids).first(70), pieces, LogitsMode::kAll).ok());
   auto tail = m.forward(std::span(ids).subspan(70), pieces, LogitsMode::kAll);
   ASSERT_TRUE(tail.ok());
-  EXPECT_TRUE(testing::close_rel(*tail, all->rows(70, 75), 1e-4)) << "piecewise prefill";
+  EXPECT_TRUE(testing::close_rel(*tail, all->rows(70, 75), kTol)) << "piecewise prefill";
 
   // Decode: prefill 3 tokens, then one token at a time.
   SequenceState dec = m.new_sequence();
@@ -64,7 +68,7 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   for (int64_t i = 3; i < static_cast<int64_t>(ids.size()); ++i) {
     auto step = m.forward(std::span(ids).subspan(i, 1), dec, LogitsMode::kLast);
     ASSERT_TRUE(step.ok());
-    ASSERT_TRUE(testing::close_rel(*step, all->rows(i, i + 1), 1e-4)) << "decode position " << i;
+    ASSERT_TRUE(testing::close_rel(*step, all->rows(i, i + 1), kTol)) << "decode position " << i;
   }
   EXPECT_EQ(dec.tokens, 75);
   std::filesystem::remove_all(dir);

@@ -115,7 +115,7 @@ TEST(Cli, BadInputIsAClearErrorNotACrash) {
     std::ofstream(corrupt + "/model.safetensors", std::ios::binary).write(bytes.data(), bytes.size() / 2);
   }
   const std::vector<Case> cases = {
-      {"logits --model /nonexistent/dir --ids 1 --out /dev/null", "config.json"},
+      {"logits --model /nonexistent/dir --ids 1 --out /dev/null", "/nonexistent/dir"},
       {"logits --model " + model + " --ids 1,x,3 --out /dev/null", "'x'"},
       {"logits --model " + model + " --ids 1,99999 --out /dev/null", "99999"},
       {"logits --model " + corrupt + " --ids 1 --out /dev/null", "truncated"},

@@ -62,7 +62,7 @@ class CpuBackend final : public Backend {
 // C [m, n] ← alpha · A [m, k] · op(B) + beta · C, row-major with leading dimensions; op(B) = Bᵀ
 // when b_transposed (B stored [n, k]) else B (stored [k, n]). The only BLAS caller.
 void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-          bool b_transposed, float* c, int64_t ldc, float beta = 0.0f);
+          bool b_transposed, float* c, int64_t ldc, float beta = 0.0f, float alpha = 1.0f);
 // out [n, f] ← glu(gate_up [n, 2f]) (SPEC 3.2).
 void glu_rows(const float* gate_up, int64_t n, int64_t f, const GluParams& p, float* out);
 // In-place causal softmax of scores [t, tc] where query row i sees keys [0, past + i].

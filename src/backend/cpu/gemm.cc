@@ -6,10 +6,10 @@
 namespace klinear::cpu {
 
 void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-          bool b_transposed, float* c, int64_t ldc, float beta) {
+          bool b_transposed, float* c, int64_t ldc, float beta, float alpha) {
   if (m == 0 || n == 0) return;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), 1.0f, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
               c, static_cast<int>(ldc));
 }
 

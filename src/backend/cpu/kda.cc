@@ -108,7 +108,7 @@ void CpuBackend::kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, 
     normalized_head(q.f32(), s.t_len, s.heads, h, dk, scale, qn.data());
     normalized_head(k.f32(), s.t_len, s.heads, h, dk, 1.0f, kn.data());
     std::vector<float> G(kChunk * dk), lm(kChunk * kChunk), aqk(kChunk * kChunk), W(kChunk * dk), U(kChunk * dv),
-        vn(kChunk * dv), kdec(kChunk * dk), qdec(kChunk * dk);
+        vn(kChunk * dv), kdec(dk * kChunk), qdec(kChunk * dk);
     float* S = state.f32() + h * dk * dv;
     for (int64_t c0 = 0; c0 < s.t_len; c0 += kChunk) {
       const int64_t L = std::min(kChunk, s.t_len - c0);
@@ -143,33 +143,22 @@ void CpuBackend::kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, 
       }
       // Vn = U − W·S
       std::copy(U.begin(), U.begin() + L * dv, vn.begin());
-      for (int64_t i = 0; i < L; ++i)
-        for (int64_t j = 0; j < dk; ++j)
-          for (int64_t c = 0; c < dv; ++c) vn[i * dv + c] -= W[i * dk + j] * S[j * dv + c];
+      gemm(L, dv, dk, W.data(), dk, S, dv, /*b_transposed=*/false, vn.data(), dv, /*beta=*/1.0f, /*alpha=*/-1.0f);
       // O = (Q⊙e^G)·S + Aqk·Vn
-      for (int64_t i = 0; i < L; ++i) {
-        float* oi = out.f32() + ((c0 + i) * s.heads + h) * dv;
-        for (int64_t c = 0; c < dv; ++c) oi[c] = 0.0f;
-        for (int64_t j = 0; j < dk; ++j) {
-          const float qd = qc[i * dk + j] * std::exp(G[i * dk + j]);
-          for (int64_t c = 0; c < dv; ++c) oi[c] += qd * S[j * dv + c];
-        }
-        for (int64_t m = 0; m <= i; ++m) {
-          const float a = aqk[i * kChunk + m];
-          for (int64_t c = 0; c < dv; ++c) oi[c] += a * vn[m * dv + c];
-        }
-      }
-      // S ← diag(e^{G_last})·S + (K⊙e^{G_last−G})ᵀ·Vn
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t j = 0; j < dk; ++j) qdec[i * dk + j] = qc[i * dk + j] * std::exp(G[i * dk + j]);
+      float* oc = out.f32() + (c0 * s.heads + h) * dv;
+      const int64_t ldo = s.heads * dv;
+      gemm(L, dv, dk, qdec.data(), dk, S, dv, /*b_transposed=*/false, oc, ldo);
+      gemm(L, dv, L, aqk.data(), kChunk, vn.data(), dv, /*b_transposed=*/false, oc, ldo, /*beta=*/1.0f);
+      // S ← diag(e^{G_last})·S + (K⊙e^{G_last−G})ᵀ·Vn, with the decayed keys stored transposed.
       const float* glast = G.data() + (L - 1) * dk;
       for (int64_t j = 0; j < dk; ++j) {
         const float d = std::exp(glast[j]);
         for (int64_t c = 0; c < dv; ++c) S[j * dv + c] *= d;
+        for (int64_t m = 0; m < L; ++m) kdec[j * kChunk + m] = kc[m * dk + j] * std::exp(glast[j] - G[m * dk + j]);
       }
-      for (int64_t m = 0; m < L; ++m)
-        for (int64_t j = 0; j < dk; ++j) {
-          const float kd = kc[m * dk + j] * std::exp(glast[j] - G[m * dk + j]);
-          for (int64_t c = 0; c < dv; ++c) S[j * dv + c] += kd * vn[m * dv + c];
-        }
+      gemm(dk, dv, L, kdec.data(), kChunk, vn.data(), dv, /*b_transposed=*/false, S, dv, /*beta=*/1.0f);
     }
   }
 }
