@@ -3,8 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <random>
 #include <string>
 
@@ -47,5 +52,32 @@ inline ::testing::AssertionResult close_rel(const Tensor& a, const Tensor& b, do
   if (rel > tol) return ::testing::AssertionFailure() << "max|a-b|/max|b| = " << rel << " > " << tol;
   return ::testing::AssertionSuccess() << "rel " << rel;
 }
+
+// A fresh directory under the system temp dir (named after the running test and unique per
+// process), removed with everything in it at the end of the scope.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    static std::atomic<int> counter{0};
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string tag = info ? info->name() : "x";
+    std::replace(tag.begin(), tag.end(), '/', '_');
+    path_ = std::filesystem::temp_directory_path() /
+            ("klinear_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  std::string str() const { return path_.string(); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
 
 }  // namespace klinear::testing

@@ -23,28 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using TensorList = std::vector<std::pair<std::string, Tensor>>;
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    static std::atomic<int> counter{0};
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string tag = info ? info->name() : "x";
-    std::replace(tag.begin(), tag.end(), '/', '_');
-    path_ = fs::temp_directory_path() / ("klinear_checkpoint_" + tag + "_" +
-                                         std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string str() const { return path_.string(); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using testing::ScratchDir;
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;

@@ -5,8 +5,6 @@
 // absorbed MLA over the latent cache, conv state carried).
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
 #include "backend/backend.h"
 #include "model/model.h"
 #include "model/presets.h"
@@ -37,7 +35,8 @@ class ModelConsistency : public ::testing::TestWithParam<Variant> {};
 TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   const Variant& v = GetParam();
   const uint64_t seed = testing::fresh_seed();
-  const std::string dir = ::testing::TempDir() + "klinear_consistency_" + v.name + "_" + std::to_string(seed);
+  const testing::ScratchDir scratch;
+  const std::string dir = scratch.str();
   ASSERT_TRUE(write_random_checkpoint(patched(v), dir, seed).ok());
   auto be = make_backend(DeviceKind::kCpu);
   ASSERT_TRUE(be.ok());
@@ -71,7 +70,6 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
     ASSERT_TRUE(testing::close_rel(*step, all->rows(i, i + 1), kTol)) << "decode position " << i;
   }
   EXPECT_EQ(dec.tokens, 75);
-  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(
