@@ -18,7 +18,6 @@ namespace klinear {
 
 namespace {
 
-using OrderedJson = nlohmann::ordered_json;
 
 // ---- Python json.dumps ------------------------------------------------------------------------
 
@@ -139,14 +138,6 @@ std::string py_dumps(const OrderedJson& v, const PyJsonStyle& style) {
   std::string out;
   py_dump(v, style, out);
   return out;
-}
-
-Result<OrderedJson> parse_ordered_json(std::string_view text, const std::string& what) {
-  try {
-    return OrderedJson::parse(text.begin(), text.end());
-  } catch (const OrderedJson::exception& e) {
-    return Status::InvalidArgument(what + ": expected valid JSON: " + e.what());
-  }
 }
 
 // The tools array of `options`, or nullopt when there are none.

@@ -14,6 +14,14 @@ Result<Json> parse_json(std::string_view text, const std::string& what) {
   }
 }
 
+Result<OrderedJson> parse_ordered_json(std::string_view text, const std::string& what) {
+  try {
+    return OrderedJson::parse(text.begin(), text.end());
+  } catch (const OrderedJson::exception& e) {
+    return Status::InvalidArgument(what + ": invalid JSON: " + e.what());
+  }
+}
+
 Result<std::string> read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::IOError(path + ": cannot open for reading");

@@ -15,9 +15,12 @@
 namespace klinear {
 
 using Json = nlohmann::json;
+// Keeps object keys in document order (chat templates must re-serialize tools byte for byte).
+using OrderedJson = nlohmann::ordered_json;
 
 // Parses `text`; `what` names the document in error messages ("config.json").
 Result<Json> parse_json(std::string_view text, const std::string& what);
+Result<OrderedJson> parse_ordered_json(std::string_view text, const std::string& what);
 // Reads and parses a whole file.
 Result<Json> read_json_file(const std::string& path);
 // Reads a whole file into a string.

@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
-#include <queue>
 #include <unordered_map>
 
 #include "io/json.h"
@@ -261,43 +260,62 @@ inline uint64_t hash_bytes(const char* p, size_t n) {
 
 }  // namespace
 
-// Byte strings -> BPE rank: open addressing, linear probing, keys stored in the shared byte arena.
+// Byte strings -> BPE rank: open addressing with linear probing over 16-byte slots. A slot keeps
+// the key's first 8 bytes inline, so a lookup of a key of at most 8 bytes (most BPE pairs) touches
+// one cache line; longer keys are confirmed against the byte arena.
 struct RankTable {
   struct Slot {
-    uint32_t offset = 0;
-    uint32_t length = 0;
-    uint32_t tag = 0;   // high hash bits: most mismatches are rejected without memcmp
-    int32_t rank = -1;  // -1: empty slot
+    uint64_t prefix = 0;  // first 8 key bytes, zero-padded
+    int32_t rank = -1;    // -1: empty slot
+    uint16_t length = 0;  // key length (tokens are shorter than 64 KiB)
+    uint16_t tag = 0;     // high hash bits
   };
   const std::string* arena = nullptr;
+  const std::vector<uint32_t>* offsets = nullptr;
   std::vector<Slot> slots;
   uint64_t mask = 0;
 
-  void build(const std::string& bytes, const std::vector<uint32_t>& offsets, int32_t count) {
+  static uint64_t prefix_of(const char* p, size_t n) {
+    uint64_t v = 0;
+    std::memcpy(&v, p, n < 8 ? n : 8);
+    return v;
+  }
+
+  void build(const std::string& bytes, const std::vector<uint32_t>& token_offsets, int32_t count) {
     arena = &bytes;
+    offsets = &token_offsets;
     size_t cap = 16;
-    while (cap < static_cast<size_t>(count) * 3) cap <<= 1;  // load factor <= 1/3
+    while (cap < static_cast<size_t>(count) * 2) cap <<= 1;  // load factor <= 1/2
     slots.assign(cap, Slot{});
     mask = cap - 1;
     for (int32_t r = 0; r < count; ++r) {
-      uint32_t off = offsets[r], len = offsets[r + 1] - offsets[r];
-      uint64_t h = hash_bytes(bytes.data() + off, len);
+      const char* key = bytes.data() + token_offsets[r];
+      size_t len = token_offsets[r + 1] - token_offsets[r];
+      uint64_t h = hash_bytes(key, len);
       size_t i = h & mask;
       while (slots[i].rank >= 0) i = (i + 1) & mask;
-      slots[i] = Slot{off, len, static_cast<uint32_t>(h >> 32), r};
+      slots[i] = Slot{prefix_of(key, len), r, static_cast<uint16_t>(len), static_cast<uint16_t>(h >> 48)};
     }
   }
 
   // Rank of `key`, or -1.
   int32_t find(const char* key, size_t n) const {
     uint64_t h = hash_bytes(key, n);
-    uint32_t tag = static_cast<uint32_t>(h >> 32);
+    uint64_t prefix = prefix_of(key, n);
+    uint16_t tag = static_cast<uint16_t>(h >> 48);
     for (size_t i = h & mask;; i = (i + 1) & mask) {
       const Slot& s = slots[i];
       if (s.rank < 0) return -1;
-      if (s.tag == tag && s.length == n && std::memcmp(arena->data() + s.offset, key, n) == 0) return s.rank;
+      if (s.tag != tag || s.length != n || s.prefix != prefix) continue;
+      if (n <= 8 || std::memcmp(arena->data() + (*offsets)[s.rank] + 8, key + 8, n - 8) == 0) return s.rank;
     }
   }
+};
+
+// Lets the special-name map be searched with a string_view, without building a std::string.
+struct NameHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 
 struct Tokenizer::Tables {
@@ -305,7 +323,7 @@ struct Tokenizer::Tables {
   std::vector<uint32_t> offsets;  // id -> [offsets[id], offsets[id + 1]) in `bytes`
   int32_t num_bpe = 0;
   RankTable ranks;
-  std::unordered_map<std::string, int32_t> special_by_name;
+  std::unordered_map<std::string, int32_t, NameHash, std::equal_to<>> special_by_name;
   std::vector<size_t> special_lengths;         // distinct name lengths, longest first
   std::array<bool, 256> special_first_byte{};  // bytes that can start a special name
   std::optional<int32_t> bos, eos;
@@ -609,7 +627,7 @@ std::optional<std::pair<size_t, int32_t>> find_special(const Tables& t, std::str
     if (!t.special_first_byte[static_cast<uint8_t>(text[i])]) continue;
     for (size_t len : t.special_lengths) {
       if (i + len > text.size()) continue;
-      auto it = t.special_by_name.find(std::string(text.substr(i, len)));
+      auto it = t.special_by_name.find(text.substr(i, len));
       if (it != t.special_by_name.end()) return std::make_pair(i, it->second);
     }
   }
@@ -687,7 +705,7 @@ std::string Tokenizer::token_bytes(int32_t id) const {
 }
 
 std::optional<int32_t> Tokenizer::special_id(std::string_view name) const {
-  auto it = t_->special_by_name.find(std::string(name));
+  auto it = t_->special_by_name.find(name);
   if (it == t_->special_by_name.end()) return std::nullopt;
   return it->second;
 }

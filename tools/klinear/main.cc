@@ -12,7 +12,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; any malformed command line is bad input (2).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   return exit_code;
 }
