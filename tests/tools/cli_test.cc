@@ -22,7 +22,7 @@ struct CliRun {
 };
 
 CliRun run(const std::string& args) {
-  const std::string cmd = std::string(KLINEAR_CLI_PATH) + " " + args + " 2>&1";
+  const std::string cmd = "bash -c \"" + std::string(KLINEAR_CLI_PATH) + " " + args + "\" 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -97,6 +97,31 @@ TEST(Cli, InitInfoAndSeededSampling) {
   EXPECT_EQ(parse_json(a.output, "a").value()["ids"], parse_json(b.output, "b").value()["ids"]);
   EXPECT_EQ(parse_json(a.output, "a").value()["ids"].size(), 6u);
   std::filesystem::remove_all(dir);
+}
+
+// The README flow: a demo checkpoint carrying the real tokenizer, text in and text out.
+TEST(Cli, InitWithTokenizerThenPromptAndChat) {
+  const testing::ScratchDir dir;
+  const std::string model = dir.file("demo");
+  ASSERT_EQ(run("init --preset kimi-linear-tiny --out " + model + " --tokenizer " +
+                testing::source_path("tokenizers/kimi-k2")).exit_code, 0);
+  EXPECT_TRUE(std::filesystem::exists(model + "/tiktoken.model"));
+  const CliRun info = run("info --model " + model);
+  EXPECT_NE(info.output.find("vocab 163840"), std::string::npos) << info.output;
+
+  const CliRun gen = run("generate --model " + model + " --prompt 'Hello, world!' --max-tokens 5 --json --ignore-eos");
+  ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  const Json out = parse_json(gen.output, "generate output").value();
+  EXPECT_EQ(out["ids"].size(), 5u);
+  EXPECT_EQ(out["prompt_tokens"], 4);  // "Hello", ",", " world", "!"
+  EXPECT_TRUE(out["text"].is_string());
+
+  const CliRun chat = run("chat --model " + model + " --max-tokens 4 < <(printf 'Hi\\nMore\\n')");
+  EXPECT_EQ(chat.exit_code, 0) << chat.output;
+  // Two turns of the K2 format: at least both user turns, their markers and 4 reply tokens each.
+  const size_t at = chat.output.rfind("klinear chat: ");
+  ASSERT_NE(at, std::string::npos) << chat.output;
+  EXPECT_GT(std::stoi(chat.output.substr(at + 14)), 20) << chat.output;
 }
 
 TEST(Cli, BadInputIsAClearErrorNotACrash) {
