@@ -9,11 +9,14 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <random>
 #include <string>
 
 #include "core/tensor.h"
+#include "io/safetensors.h"
 
 namespace klinear::testing {
 
@@ -79,5 +82,48 @@ class ScratchDir {
  private:
   std::filesystem::path path_;
 };
+
+// A router decision is discontinuous: two experts within ~1e-6 of each other at the top-k boundary
+// can be picked differently by two fp32 evaluation orders, and then the logits legitimately differ.
+// So every router here gets biases 0.05 apart (a random order) and gate weights scaled down to
+// std 0.002, which keeps token-dependent routing weights but never puts a selection on a tie.
+// Routing itself is covered by the fixtures and router_test. Rewrites `dir`/model.safetensors.
+inline void separate_router_choices(const std::string& dir, uint64_t seed) {
+  const std::string path = dir + "/model.safetensors";
+  auto file = SafetensorsFile::open(path);
+  KL_CHECK(file.ok(), file.status().to_string());
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  auto ends_with = [](const std::string& s, const std::string& t) {
+    return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+  };
+  for (const SafetensorsEntry& e : file->entries()) {
+    Tensor src = file->tensor(e);
+    Tensor t = Tensor::empty(src.dtype(), src.shape());
+    std::memcpy(t.data(), src.data(), src.nbytes());
+    const bool gate = ends_with(e.name, "block_sparse_moe.gate.weight");
+    const bool bias = ends_with(e.name, "gate.e_score_correction_bias");
+    if (gate || bias) {
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      convert_to_f32(t.dtype(), t.data(), v.data(), v.size());
+      if (gate) {
+        for (float& x : v) x *= 0.1f;
+      } else {
+        std::vector<int> order(v.size());
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+        for (size_t i = 0; i < v.size(); ++i) v[i] = 0.05f * static_cast<float>(order[i]);
+      }
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (t.dtype() == DType::kF32) t.f32()[i] = v[i];
+        else t.data_as<uint16_t>()[i] = f32_to_bf16(v[i]);
+      }
+    }
+    tensors.emplace_back(e.name, t);
+  }
+  // Written beside and renamed over: the mapping of the old file stays valid until it is dropped.
+  KL_CHECK(write_safetensors(path + ".tmp", tensors).ok(), "rewrite " + path);
+  std::filesystem::rename(path + ".tmp", path);
+}
 
 }  // namespace klinear::testing

@@ -13,6 +13,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -36,6 +37,11 @@ class Checkpoint {
   Result<Tensor> take(const std::string& name, const Shape& shape, StoredAs stored = StoredAs::kFloat);
   // Whether the checkpoint holds `name` (does not mark it used).
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  // The stored shape of `name`, if present (does not mark it used).
+  std::optional<Shape> shape_of(const std::string& name) const {
+    auto it = tensors_.find(name);
+    return it == tensors_.end() ? std::nullopt : std::optional<Shape>(it->second.entry->shape);
+  }
   // Concatenation along dim 0 of `parts`, each with its expected shape (same trailing dims).
   // Parts of one dtype keep it; mixed dtypes are converted to F32.
   Result<Tensor> take_concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes,

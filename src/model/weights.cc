@@ -85,7 +85,10 @@ Status load_kda(Loader& ld, const ModelConfig& c, const std::string& p, KdaWeigh
   }
   KL_RETURN_IF_ERROR(ld.take(p + "f_a_proj.weight", {d, D}, &w->f_a));
   KL_RETURN_IF_ERROR(ld.take(p + "f_b_proj.weight", {P, d}, &w->f_b));
-  KL_RETURN_IF_ERROR(ld.take(p + "dt_bias", {P}, &w->dt_bias));
+  // dt_bias is [P] in the published checkpoints; per-head [H, d] layouts are the same numbers.
+  const Shape dt_shape = ld.ckpt().shape_of(p + "dt_bias") == Shape{H, d} ? Shape{H, d} : Shape{P};
+  KL_RETURN_IF_ERROR(ld.take(p + "dt_bias", dt_shape, &w->dt_bias));
+  w->dt_bias = w->dt_bias.view({P});
   {
     KL_ASSIGN_OR_RETURN(Tensor a_log, ld.ckpt().take_head_vector(p + "A_log", H));
     w->a_log = ld.backend().upload(a_log);

@@ -38,6 +38,7 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   const testing::ScratchDir scratch;
   const std::string dir = scratch.str();
   ASSERT_TRUE(write_random_checkpoint(patched(v), dir, seed).ok());
+  testing::separate_router_choices(dir, seed);
   auto be = make_backend(DeviceKind::kCpu);
   ASSERT_TRUE(be.ok());
   auto model = Model::load(dir, **be);

@@ -17,7 +17,9 @@ TEST(ChatSession, SecondTurnEqualsFreshPrefillOfTheConversation) {
   ASSERT_TRUE(tok.ok()) << tok.status().to_string();
   Json cfg = preset_config("kimi-linear-tiny").value();
   cfg["vocab_size"] = tok->vocab_size();
-  ASSERT_TRUE(write_random_checkpoint(cfg, dir.str(), testing::fresh_seed()).ok());
+  const uint64_t seed = testing::fresh_seed();
+  ASSERT_TRUE(write_random_checkpoint(cfg, dir.str(), seed).ok());
+  testing::separate_router_choices(dir.str(), seed);
   auto be = make_backend(DeviceKind::kCpu);
   ASSERT_TRUE(be.ok());
   auto model = Model::load(dir.str(), **be);

@@ -90,7 +90,7 @@ int run_info(const ModelArgs& a) {
               (long long)c.vocab_size, c.rms_norm_eps);
   std::printf("KDA: %lld heads x %lld, conv %lld, gate %s, output gate %s\n", (long long)c.kda_heads,
               (long long)c.kda_head_dim, (long long)c.conv_kernel,
-              c.kda_gate == KdaGate::kSoftplus ? "softplus" : ("lower-bound " + std::to_string(c.gate_lower_bound)).c_str(),
+              c.kda_gate == KdaGate::kSoftplus ? "softplus" : ("lower-bound " + Json(c.gate_lower_bound).dump()).c_str(),
               c.kda_output_gate == KdaOutputGate::kFullRank ? "full-rank" : "low-rank");
   std::printf("MLA: %lld heads, q_lora %lld, kv_lora %lld, nope/rope/v %lld/%lld/%lld, output gate %s\n",
               (long long)c.mla_heads, (long long)c.q_lora_rank, (long long)c.kv_lora_rank, (long long)c.qk_nope_dim,
