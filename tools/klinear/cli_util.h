@@ -14,30 +14,41 @@
 
 namespace klinear::cli {
 
-// Prints "klinear <cmd>: <status>" and returns the exit code: 2 for bad input, 1 otherwise.
+// Prints "klinear <cmd>: <status>" and returns the exit code: 2 for bad input (a missing or
+// malformed file, directory, flag or id), 1 for anything else.
 inline int fail(const char* cmd, const Status& s) {
   std::fprintf(stderr, "klinear %s: %s\n", cmd, s.to_string().c_str());
-  const bool input = s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kNotFound ||
-                     s.code() == StatusCode::kCorruption || s.code() == StatusCode::kNotSupported;
-  return input ? 2 : 1;
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kNotFound:
+    case StatusCode::kCorruption:
+    case StatusCode::kNotSupported:
+    case StatusCode::kIOError: return 2;
+    default: return 1;
+  }
 }
 
-// "1,2,3" → {1, 2, 3}; InvalidArgument naming `flag` and the bad element otherwise.
+// "1,2,3", "1, 2, 3" or "[1, 2, 3]" (tokenize's own output) → ids; "" or "[]" → no ids.
+// InvalidArgument naming `flag`, the item and its position otherwise.
 inline Result<std::vector<int32_t>> parse_id_list(const std::string& text, const std::string& flag) {
+  auto trim = [](std::string v) {
+    const size_t b = v.find_first_not_of(" \t\r\n"), e = v.find_last_not_of(" \t\r\n");
+    return b == std::string::npos ? std::string() : v.substr(b, e - b + 1);
+  };
+  std::string s = trim(text);
+  if (s.size() >= 2 && s.front() == '[' && s.back() == ']') s = trim(s.substr(1, s.size() - 2));
   std::vector<int32_t> ids;
+  if (s.empty()) return ids;
   size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t comma = text.find(',', pos);
-    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size() || v < 0 || v > INT32_MAX)
-      return Status::InvalidArgument(flag + ": '" + item + "' is not a non-negative token id (expected e.g. 1,2,3)");
+  for (size_t item = 0;; ++item) {
+    const size_t comma = s.find(',', pos);
+    const std::string field = trim(s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    bool ok = !field.empty() && field.size() <= 10;
+    for (char ch : field) ok = ok && ch >= '0' && ch <= '9';
+    const long long v = ok ? std::stoll(field) : -1;
+    if (!ok || v > INT32_MAX)
+      return Status::InvalidArgument(flag + ": item " + std::to_string(item) + " is '" + field +
+                                     "', expected a non-negative token id (a list like 1,2,3)");
     ids.push_back(static_cast<int32_t>(v));
     if (comma == std::string::npos) break;
     pos = comma + 1;

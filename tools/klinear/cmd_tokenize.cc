@@ -3,12 +3,12 @@
 // Decision: output is exact, for scripts: tokenize prints one compact JSON array line, and
 // detokenize prints the decoded text with no newline added, so the pair round-trips byte for byte
 // (tools/tokenizer_crosscheck.py relies on it).
-#include <cctype>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "io/json.h"
 #include "io/tokenizer.h"
@@ -16,55 +16,10 @@
 namespace klinear::cli {
 namespace {
 
-// Input problems (a missing directory, a bad file, a malformed id list) exit 2; the rest exit 1.
-int report(const char* command, const Status& status) {
-  std::fprintf(stderr, "klinear %s: %s\n", command, status.to_string().c_str());
-  switch (status.code()) {
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kNotFound:
-    case StatusCode::kCorruption:
-    case StatusCode::kIOError: return 2;
-    default: return 1;
-  }
-}
-
 Status write_stdout(const std::string& s) {
   if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
     return Status::IOError("stdout: write failed");
   return Status();
-}
-
-// "1,2,3", "1, 2, 3" or "[1, 2, 3]" (tokenize's own output) -> ids. Empty list -> no ids.
-Result<std::vector<int32_t>> parse_id_list(const std::string& text) {
-  std::string s = text;
-  auto trim = [](std::string& v) {
-    size_t b = v.find_first_not_of(" \t\r\n"), e = v.find_last_not_of(" \t\r\n");
-    v = b == std::string::npos ? std::string() : v.substr(b, e - b + 1);
-  };
-  trim(s);
-  if (s.size() >= 2 && s.front() == '[' && s.back() == ']') {
-    s = s.substr(1, s.size() - 2);
-    trim(s);
-  }
-  std::vector<int32_t> ids;
-  if (s.empty()) return ids;
-  size_t pos = 0;
-  for (size_t item = 0;; ++item) {
-    size_t comma = s.find(',', pos);
-    std::string field = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    trim(field);
-    bool ok = !field.empty() && field.size() <= 11;
-    for (size_t i = 0; ok && i < field.size(); ++i)
-      ok = std::isdigit(static_cast<unsigned char>(field[i])) || (i == 0 && field[i] == '-' && field.size() > 1);
-    long long v = ok ? std::stoll(field) : 0;
-    if (!ok || v < INT32_MIN || v > INT32_MAX)
-      return Status::InvalidArgument("--ids: item " + std::to_string(item) + " is '" + field +
-                                     "', expected an integer token id (a list like 1,2,3)");
-    ids.push_back(static_cast<int32_t>(v));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return ids;
 }
 
 struct TokenizeArgs {
@@ -98,7 +53,7 @@ struct DetokenizeArgs {
 };
 
 Status run_detokenize(const DetokenizeArgs& a) {
-  KL_ASSIGN_OR_RETURN(std::vector<int32_t> ids, parse_id_list(a.ids));
+  KL_ASSIGN_OR_RETURN(std::vector<int32_t> ids, parse_id_list(a.ids, "--ids"));
   KL_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(a.dir));
   KL_RETURN_IF_ERROR(tok.check_ids(ids).with_context("--ids"));
   return write_stdout(tok.decode(ids));
@@ -120,7 +75,7 @@ void add_tokenize_commands(CLI::App& app, int& exit_code) {
   targs->text_option->excludes(targs->file_option);
   tok->callback([targs, &exit_code] {
     Status s = run_tokenize(*targs);
-    exit_code = s.ok() ? 0 : report("tokenize", s);
+    exit_code = s.ok() ? 0 : fail("tokenize", s);
   });
 
   auto dargs = std::make_shared<DetokenizeArgs>();
@@ -133,7 +88,7 @@ void add_tokenize_commands(CLI::App& app, int& exit_code) {
   detok->add_option("--ids", dargs->ids, "Token ids: 1,2,3 or a JSON array such as [1, 2, 3]")->required();
   detok->callback([dargs, &exit_code] {
     Status s = run_detokenize(*dargs);
-    exit_code = s.ok() ? 0 : report("detokenize", s);
+    exit_code = s.ok() ? 0 : fail("detokenize", s);
   });
 }
 
