@@ -11,17 +11,41 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <numeric>
 #include <random>
 #include <string>
 
+#include <sys/wait.h>
+
 #include "core/tensor.h"
+#include "io/json.h"
 #include "io/safetensors.h"
+#include "io/tokenizer.h"
 
 namespace klinear::testing {
 
 inline std::string source_path(const std::string& rel) { return std::string(KLINEAR_SOURCE_DIR) + "/" + rel; }
 inline std::string fixture_path(const std::string& rel) { return source_path("tests/fixtures/" + rel); }
+
+inline const std::string& kimi_tokenizer_dir() {
+  static const std::string dir = source_path("tokenizers/kimi-k2");
+  return dir;
+}
+
+// The real Kimi tokenizer, loaded once per test binary (null, with a test failure, if it cannot).
+inline const Tokenizer* kimi_tokenizer() {
+  static const std::optional<Tokenizer> tok = []() -> std::optional<Tokenizer> {
+    auto r = Tokenizer::load(kimi_tokenizer_dir());
+    if (!r.ok()) {
+      ADD_FAILURE() << "cannot load " << kimi_tokenizer_dir() << ": " << r.status().to_string();
+      return std::nullopt;
+    }
+    return std::move(r).value();
+  }();
+  return tok ? &*tok : nullptr;
+}
 
 // A fresh seed per call (printed, so a failure can be replayed with KLINEAR_TEST_SEED).
 inline uint64_t fresh_seed() {
@@ -124,6 +148,25 @@ inline void separate_router_choices(const std::string& dir, uint64_t seed) {
   // Written beside and renamed over: the mapping of the old file stays valid until it is dropped.
   KL_CHECK(write_safetensors(path + ".tmp", tensors).ok(), "rewrite " + path);
   std::filesystem::rename(path + ".tmp", path);
+}
+
+// The klinear binary run through bash (so arguments may use quotes and redirections).
+struct CliRun {
+  int exit_code;  // -1 when killed by a signal
+  std::string out, err;
+  std::string all() const { return out + err; }
+};
+
+inline CliRun run_cli(const std::string& args) {
+  const ScratchDir dir;
+  const std::string out = dir.file("out"), err = dir.file("err");
+  const std::string script = dir.file("cmd.sh");
+  std::ofstream(script) << KLINEAR_CLI_PATH << " " << args << " >" << out << " 2>" << err << "\n";
+  const int status = std::system(("bash " + script).c_str());
+  CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, "", ""};
+  r.out = read_text_file(out).value();
+  r.err = read_text_file(err).value();
+  return r;
 }
 
 }  // namespace klinear::testing

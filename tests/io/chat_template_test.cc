@@ -6,6 +6,7 @@
 // test fails and says what to install (CI installs python3-jinja2), so a green run always means
 // the comparison ran. Random lists print their seed; KLINEAR_TEST_SEED replays one.
 #include "io/chat_template.h"
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -23,35 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::string kSourceDir = KLINEAR_SOURCE_DIR;
-const std::string kTokenizerDir = kSourceDir + "/tokenizers/kimi-k2";
-
-const Tokenizer* kimi() {
-  static const std::optional<Tokenizer> tok = []() -> std::optional<Tokenizer> {
-    auto r = Tokenizer::load(kTokenizerDir);
-    if (!r.ok()) {
-      ADD_FAILURE() << "cannot load " << kTokenizerDir << ": " << r.status().to_string();
-      return std::nullopt;
-    }
-    return std::move(r).value();
-  }();
-  return tok ? &*tok : nullptr;
-}
-
-uint64_t test_seed() {
-  if (const char* s = std::getenv("KLINEAR_TEST_SEED")) return std::strtoull(s, nullptr, 10);
-  return std::random_device{}();
-}
-
-// A scratch directory removed at the end of the scope.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("klinear_chat_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+const std::string& kTokenizerDir = testing::kimi_tokenizer_dir();
+const Tokenizer* kimi() { return testing::kimi_tokenizer(); }
+using TempDir = testing::ScratchDir;
 
 struct K2Case {
   Json messages;
@@ -174,7 +149,7 @@ Result<std::vector<std::string>> render_with_jinja(const std::vector<K2Case>& ca
   Json list = Json::array();
   for (const K2Case& c : cases)
     list.push_back(Json{{"messages", c.messages}, {"tools_json", c.tools_json}, {"add_generation_prompt", c.add_generation_prompt}});
-  fs::path cases_path = dir.path / "cases.json", out_path = dir.path / "out.json", err_path = dir.path / "err.txt";
+  fs::path cases_path = fs::path(dir.str()) / "cases.json", out_path = fs::path(dir.str()) / "out.json", err_path = fs::path(dir.str()) / "err.txt";
   std::ofstream(cases_path) << list.dump();
   std::string cmd = "python3 '" + kSourceDir + "/tests/io/render_chat_template.py' '" + kTokenizerDir +
                     "/tokenizer_config.json' '" + cases_path.string() + "' '" + out_path.string() + "' 2>'" +
@@ -204,7 +179,7 @@ Result<std::string> render_k2(const K2Case& c) {
 // ---- Kimi K2 / Kimi Linear --------------------------------------------------------------------
 
 TEST(ChatK2, MatchesJinjaRenderingOfTheTemplate) {
-  uint64_t seed = test_seed();
+  uint64_t seed = testing::fresh_seed();
   std::cout << "[ seed     ] KLINEAR_TEST_SEED=" << seed << "\n";
   RecordProperty("seed", std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -379,11 +354,11 @@ TEST(ChatK3, Errors) {
 // names), text segments are encoded separately, and a marker typed by the user stays text.
 TEST(ChatK3, EncodesWithAK3Tokenizer) {
   TempDir dir;
-  fs::create_symlink(kTokenizerDir + "/tiktoken.model", dir.path / "tiktoken.model");
-  std::ofstream(dir.path / "tokenizer_config.json")
+  fs::create_symlink(kTokenizerDir + "/tiktoken.model", fs::path(dir.str()) / "tiktoken.model");
+  std::ofstream(fs::path(dir.str()) / "tokenizer_config.json")
       << R"({"added_tokens_decoder": {"163586": {"content": "<|end_of_msg|>"}, "163587": {"content": "<|open|>"},
             "163588": {"content": "<|close|>"}, "163589": {"content": "<|sep|>"}}})";
-  auto k3 = Tokenizer::load(dir.path.string());
+  auto k3 = Tokenizer::load(dir.str());
   ASSERT_TRUE(k3.ok()) << k3.status().to_string();
   std::vector<ChatMessage> messages{{"user", "<|open|>hi", {}, "", ""}};
   auto segments = render_chat_segments(ChatFormat::kK3, messages, ChatOptions{});

@@ -20,31 +20,17 @@
 #include <unordered_map>
 
 #include "io/json.h"
+#include "test_util.h"
 
 namespace klinear {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kTokenizerDir = std::string(KLINEAR_SOURCE_DIR) + "/tokenizers/kimi-k2";
-
-// The real Kimi tokenizer, loaded once for the whole binary (loading takes ~0.1 s).
-const Tokenizer* kimi() {
-  static const std::optional<Tokenizer> tok = []() -> std::optional<Tokenizer> {
-    auto r = Tokenizer::load(kTokenizerDir);
-    if (!r.ok()) {
-      ADD_FAILURE() << "cannot load " << kTokenizerDir << ": " << r.status().to_string();
-      return std::nullopt;
-    }
-    return std::move(r).value();
-  }();
-  return tok ? &*tok : nullptr;
-}
-
-uint64_t test_seed() {
-  if (const char* s = std::getenv("KLINEAR_TEST_SEED")) return std::strtoull(s, nullptr, 10);
-  return std::random_device{}();
-}
+using testing::CliRun;
+using testing::run_cli;
+const std::string& kTokenizerDir = testing::kimi_tokenizer_dir();
+const Tokenizer* kimi() { return testing::kimi_tokenizer(); }
 
 void append_utf8(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
@@ -189,7 +175,7 @@ TEST(Tokenizer, SpecialsAsTextVersusParsed) {
 TEST(Tokenizer, RandomTextRoundTrips) {
   const Tokenizer* tok = kimi();
   ASSERT_NE(tok, nullptr);
-  uint64_t seed = test_seed();
+  uint64_t seed = testing::fresh_seed();
   std::cout << "[ seed     ] KLINEAR_TEST_SEED=" << seed << "\n";
   RecordProperty("seed", std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -203,7 +189,7 @@ TEST(Tokenizer, RandomTextRoundTrips) {
 TEST(Tokenizer, StreamingDecodeEqualsWholeDecode) {
   const Tokenizer* tok = kimi();
   ASSERT_NE(tok, nullptr);
-  uint64_t seed = test_seed();
+  uint64_t seed = testing::fresh_seed();
   std::cout << "[ seed     ] KLINEAR_TEST_SEED=" << seed << "\n";
   RecordProperty("seed", std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -387,7 +373,7 @@ TEST(Tokenizer, LongPiecesMatchNaiveBpe) {
   ASSERT_NE(tok, nullptr);
   NaiveBpe naive(kTokenizerDir + "/tiktoken.model");
   ASSERT_EQ(naive.size(), static_cast<size_t>(tok->num_bpe_tokens()));
-  uint64_t seed = test_seed();
+  uint64_t seed = testing::fresh_seed();
   std::cout << "[ seed     ] KLINEAR_TEST_SEED=" << seed << "\n";
   RecordProperty("seed", std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -424,11 +410,9 @@ TEST(Tokenizer, CopiesShareTablesAcrossThreads) {
 class TokenizerLoadErrors : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("klinear_tok_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
-    fs::create_directories(dir_);
+    scratch_ = std::make_unique<testing::ScratchDir>();
+    dir_ = scratch_->str();
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   static std::string base64(const std::string& in) {
     const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -467,6 +451,7 @@ class TokenizerLoadErrors : public ::testing::Test {
     EXPECT_NE(s.message().find(fragment), std::string::npos) << "'" << fragment << "' not in: " << s.message();
   }
 
+  std::unique_ptr<testing::ScratchDir> scratch_;
   fs::path dir_;
 };
 
@@ -563,27 +548,8 @@ TEST_F(TokenizerLoadErrors, EosThatIsNotASpecial) {
 
 // ---- CLI --------------------------------------------------------------------------------------
 
-struct CliResult {
-  int exit_code;
-  std::string out, err;
-};
-
-CliResult run_cli(const std::string& args) {
-  fs::path dir = fs::temp_directory_path();
-  std::string tag = std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}());
-  fs::path out = dir / ("klinear_cli_out_" + tag), err = dir / ("klinear_cli_err_" + tag);
-  std::string cmd = std::string(KLINEAR_CLI_PATH) + " " + args + " >" + out.string() + " 2>" + err.string();
-  int status = std::system(cmd.c_str());
-  CliResult r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, "", ""};
-  r.out = read_text_file(out.string()).value();
-  r.err = read_text_file(err.string()).value();
-  fs::remove(out);
-  fs::remove(err);
-  return r;
-}
-
 TEST(TokenizerCli, TokenizeAndDetokenize) {
-  CliResult r = run_cli("tokenize --tokenizer " + kTokenizerDir + " --text 'Hello, world! 你好，世界！'");
+  CliRun r = run_cli("tokenize --tokenizer " + kTokenizerDir + " --text 'Hello, world! 你好，世界！'");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "[19180,11,2695,0,220,33845,378,2243,856]\n");
   r = run_cli("tokenize --tokenizer " + kTokenizerDir + " --text '<|im_end|>'");
@@ -598,7 +564,7 @@ TEST(TokenizerCli, TokenizeAndDetokenize) {
 }
 
 TEST(TokenizerCli, BadInputExitsWithTwo) {
-  CliResult r = run_cli("tokenize --tokenizer /nonexistent/tok --text hi");
+  CliRun r = run_cli("tokenize --tokenizer /nonexistent/tok --text hi");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err.rfind("klinear tokenize: NotFound", 0), 0u) << r.err;
   r = run_cli("detokenize --tokenizer " + kTokenizerDir + " --ids 1,x,3");

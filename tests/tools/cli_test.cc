@@ -2,7 +2,6 @@
 // init, --help everywhere) against the fixtures, and bad input (missing or corrupt files, malformed
 // ids, ids outside the vocabulary) giving a clear message and a non-zero exit, never a crash.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -16,21 +15,9 @@
 namespace klinear {
 namespace {
 
-struct CliRun {
-  int exit_code;  // -1 when killed by a signal
-  std::string output;  // stdout + stderr
-};
+using testing::CliRun;
 
-CliRun run(const std::string& args) {
-  const std::string cmd = "bash -c \"" + std::string(KLINEAR_CLI_PATH) + " " + args + "\" 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+CliRun run(const std::string& args) { return testing::run_cli(args); }
 
 std::string join(const Json& ids) {
   std::string s;
@@ -50,8 +37,8 @@ std::string tmp(const std::string& name) { return ::testing::TempDir() + "klinea
 TEST(Cli, HelpOnEveryCommand) {
   for (const char* sub : {"", "logits", "generate", "chat", "info", "init", "tokenize", "detokenize"}) {
     const CliRun r = run(std::string(sub) + " --help");
-    EXPECT_EQ(r.exit_code, 0) << sub << ": " << r.output;
-    EXPECT_NE(r.output.find("--"), std::string::npos) << sub;
+    EXPECT_EQ(r.exit_code, 0) << sub << ": " << r.all();
+    EXPECT_NE(r.all().find("--"), std::string::npos) << sub;
   }
 }
 
@@ -62,7 +49,7 @@ TEST(Cli, LogitsThenMatchesGolden) {
   const std::string out = tmp("logits.npy");
   const CliRun r = run("logits --model " + dir + "/model --ids " + join(c["first_ids"]) + " --then " +
                     join(c["second_ids"]) + " --out " + out);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.all();
   auto got = read_npy(out);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   auto golden = SafetensorsFile::open(dir + "/golden.safetensors");
@@ -76,9 +63,9 @@ TEST(Cli, GenerateGreedyJsonMatchesFixture) {
   const Json& c = find_case(cases, "greedy");
   const CliRun r = run("generate --model " + dir + "/model --prompt-ids " + join(c["prompt_ids"]) + " --max-tokens " +
                     std::to_string(c["expected_tokens"].size()) + " --temperature 0 --ignore-eos --json");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto out = parse_json(r.output, "generate output");
-  ASSERT_TRUE(out.ok()) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.all();
+  auto out = parse_json(r.all(), "generate output");
+  ASSERT_TRUE(out.ok()) << r.all();
   EXPECT_EQ((*out)["ids"], c["expected_tokens"]);
 }
 
@@ -87,15 +74,15 @@ TEST(Cli, InitInfoAndSeededSampling) {
   std::filesystem::remove_all(dir);
   ASSERT_EQ(run("init --preset k3-tiny-mxfp4 --out " + dir + " --seed 7").exit_code, 0);
   const CliRun info = run("info --model " + dir);
-  ASSERT_EQ(info.exit_code, 0) << info.output;
-  EXPECT_NE(info.output.find("MXFP4"), std::string::npos) << info.output;
-  EXPECT_NE(info.output.find("(seal)"), std::string::npos) << info.output;
+  ASSERT_EQ(info.exit_code, 0) << info.all();
+  EXPECT_NE(info.all().find("MXFP4"), std::string::npos) << info.all();
+  EXPECT_NE(info.all().find("(seal)"), std::string::npos) << info.all();
   const std::string gen = "generate --model " + dir + " --prompt-ids 1,2,3 --max-tokens 6 --temperature 0.9 "
                           "--top-k 50 --top-p 0.9 --ignore-eos --json --seed ";
   const CliRun a = run(gen + "5"), b = run(gen + "5");
-  ASSERT_EQ(a.exit_code, 0) << a.output;
-  EXPECT_EQ(parse_json(a.output, "a").value()["ids"], parse_json(b.output, "b").value()["ids"]);
-  EXPECT_EQ(parse_json(a.output, "a").value()["ids"].size(), 6u);
+  ASSERT_EQ(a.exit_code, 0) << a.all();
+  EXPECT_EQ(parse_json(a.all(), "a").value()["ids"], parse_json(b.all(), "b").value()["ids"]);
+  EXPECT_EQ(parse_json(a.all(), "a").value()["ids"].size(), 6u);
   std::filesystem::remove_all(dir);
 }
 
@@ -107,21 +94,21 @@ TEST(Cli, InitWithTokenizerThenPromptAndChat) {
                 testing::source_path("tokenizers/kimi-k2")).exit_code, 0);
   EXPECT_TRUE(std::filesystem::exists(model + "/tiktoken.model"));
   const CliRun info = run("info --model " + model);
-  EXPECT_NE(info.output.find("vocab 163840"), std::string::npos) << info.output;
+  EXPECT_NE(info.all().find("vocab 163840"), std::string::npos) << info.all();
 
   const CliRun gen = run("generate --model " + model + " --prompt 'Hello, world!' --max-tokens 5 --json --ignore-eos");
-  ASSERT_EQ(gen.exit_code, 0) << gen.output;
-  const Json out = parse_json(gen.output, "generate output").value();
+  ASSERT_EQ(gen.exit_code, 0) << gen.all();
+  const Json out = parse_json(gen.all(), "generate output").value();
   EXPECT_EQ(out["ids"].size(), 5u);
   EXPECT_EQ(out["prompt_tokens"], 4);  // "Hello", ",", " world", "!"
   EXPECT_TRUE(out["text"].is_string());
 
   const CliRun chat = run("chat --model " + model + " --max-tokens 4 < <(printf 'Hi\\nMore\\n')");
-  EXPECT_EQ(chat.exit_code, 0) << chat.output;
+  EXPECT_EQ(chat.exit_code, 0) << chat.all();
   // Two turns of the K2 format: at least both user turns, their markers and 4 reply tokens each.
-  const size_t at = chat.output.rfind("klinear chat: ");
-  ASSERT_NE(at, std::string::npos) << chat.output;
-  EXPECT_GT(std::stoi(chat.output.substr(at + 14)), 20) << chat.output;
+  const size_t at = chat.all().rfind("klinear chat: ");
+  ASSERT_NE(at, std::string::npos) << chat.all();
+  EXPECT_GT(std::stoi(chat.all().substr(at + 14)), 20) << chat.all();
 }
 
 TEST(Cli, BadInputIsAClearErrorNotACrash) {
@@ -151,8 +138,8 @@ TEST(Cli, BadInputIsAClearErrorNotACrash) {
   };
   for (const Case& c : cases) {
     const CliRun r = run(c.args);
-    EXPECT_GT(r.exit_code, 0) << c.args << "\n" << r.output;
-    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_GT(r.exit_code, 0) << c.args << "\n" << r.all();
+    EXPECT_NE(r.all().find(c.expect), std::string::npos) << c.args << "\n" << r.all();
   }
   std::filesystem::remove_all(corrupt);
 }
