@@ -108,7 +108,7 @@ void CpuBackend::kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, 
     normalized_head(q.f32(), s.t_len, s.heads, h, dk, scale, qn.data());
     normalized_head(k.f32(), s.t_len, s.heads, h, dk, 1.0f, kn.data());
     std::vector<float> G(kChunk * dk), lm(kChunk * kChunk), aqk(kChunk * kChunk), W(kChunk * dk), U(kChunk * dv),
-        vn(kChunk * dv), kdec(dk * kChunk), qdec(kChunk * dk);
+        vn(kChunk * dv), kdec(dk * kChunk), qdec(kChunk * dk), eg(kChunk * dk), dec(dk);
     float* S = state.f32() + h * dk * dv;
     for (int64_t c0 = 0; c0 < s.t_len; c0 += kChunk) {
       const int64_t L = std::min(kChunk, s.t_len - c0);
@@ -117,16 +117,25 @@ void CpuBackend::kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, 
       for (int64_t i = 0; i < L; ++i)
         for (int64_t j = 0; j < dk; ++j)
           G[i * dk + j] = g.f32()[((c0 + i) * s.heads + h) * dk + j] + (i > 0 ? G[(i - 1) * dk + j] : 0.0f);
-      auto decayed_dot = [&](const float* a, int64_t i, int64_t m) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j < dk; ++j) acc += a[i * dk + j] * kc[m * dk + j] * std::exp(G[i * dk + j] - G[m * dk + j]);
-        return acc;
-      };
-      for (int64_t i = 0; i < L; ++i) {
-        const float bi = beta.f32()[(c0 + i) * s.heads + h];
-        for (int64_t m = 0; m < L; ++m) {
-          lm[i * kChunk + m] = m < i ? bi * decayed_dot(kc, i, m) : 0.0f;
-          aqk[i * kChunk + m] = m <= i ? decayed_dot(qc, i, m) : 0.0f;
+      // Decayed dots over pairs m ≤ i. e^{G_i − G_m} = Π_{m<t≤i} e^{g_t} is built as a running
+      // product down the column (factors ≤ 1, so it underflows gracefully and never overflows).
+      std::fill(lm.begin(), lm.end(), 0.0f);
+      std::fill(aqk.begin(), aqk.end(), 0.0f);
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t j = 0; j < dk; ++j) eg[i * dk + j] = std::exp(g.f32()[((c0 + i) * s.heads + h) * dk + j]);
+      for (int64_t m = 0; m < L; ++m) {
+        const float* km = kc + m * dk;
+        for (int64_t j = 0; j < dk; ++j) dec[j] = km[j];  // k_m ⊙ e^{G_i − G_m}, starting at i = m
+        for (int64_t i = m; i < L; ++i) {
+          if (i > m)
+            for (int64_t j = 0; j < dk; ++j) dec[j] *= eg[i * dk + j];
+          float kk = 0.0f, qk = 0.0f;
+          for (int64_t j = 0; j < dk; ++j) {
+            kk += kc[i * dk + j] * dec[j];
+            qk += qc[i * dk + j] * dec[j];
+          }
+          if (i > m) lm[i * kChunk + m] = beta.f32()[(c0 + i) * s.heads + h] * kk;
+          aqk[i * kChunk + m] = qk;
         }
       }
       // Forward substitution: row i of [W | U] = β_i·[e^{G_i}⊙k_i | v_i] − Σ_{m<i} Lm[i,m]·row m.
