@@ -1,6 +1,7 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <numeric>
 #include <string>
@@ -23,27 +24,45 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
+// Candidates are found without sorting the whole vocabulary: top-k by nth_element, the top-p
+// nucleus by sorting a growing prefix (×4 each round) until it holds p of the probability mass,
+// and plain temperature sampling draws from all ids directly.
 int32_t Sampler::sample(std::span<const float> logits) {
   if (params_.temperature <= 0) return argmax(logits);
-  std::vector<int32_t> order(logits.size());
+  const size_t vocab = logits.size();
+  const double inv_t = 1.0 / params_.temperature;
+  const double mx = logits[argmax(logits)];
+  auto weight = [&](int32_t id) { return std::exp((logits[id] - mx) * inv_t); };
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
+
+  std::vector<int32_t> order(vocab);
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
-  size_t keep = order.size();
-  if (params_.top_k > 0) keep = std::min(keep, static_cast<size_t>(params_.top_k));
-  std::vector<double> prob(keep);
-  const double mx = logits[order[0]];
+  size_t pool = vocab;  // candidates are order[0, pool)
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab) {
+    pool = static_cast<size_t>(params_.top_k);
+    std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(pool), order.end(), by_logit);
+  }
   double z = 0;
-  for (size_t i = 0; i < keep; ++i) z += (prob[i] = std::exp((logits[order[i]] - mx) / params_.temperature));
-  double cum = 0;
-  size_t nucleus = keep;
-  for (size_t i = 0; i < keep; ++i) {
-    cum += prob[i] / z;
-    if (cum >= params_.top_p) {
-      nucleus = i + 1;
-      break;
+  for (size_t i = 0; i < pool; ++i) z += weight(order[i]);
+
+  size_t keep = pool;
+  if (params_.top_p < 1.0f) {
+    for (size_t sorted = std::min<size_t>(pool, 256);; sorted = std::min(pool, sorted * 4)) {
+      const auto mid = order.begin() + static_cast<std::ptrdiff_t>(sorted);
+      std::nth_element(order.begin(), mid, order.begin() + static_cast<std::ptrdiff_t>(pool), by_logit);
+      std::sort(order.begin(), mid, by_logit);
+      double cum = 0;
+      size_t i = 0;
+      while (i < sorted && cum < params_.top_p * z) cum += weight(order[i++]);
+      if (cum >= params_.top_p * z || sorted == pool) {
+        keep = i;
+        break;
+      }
     }
   }
-  std::discrete_distribution<size_t> dist(prob.begin(), prob.begin() + static_cast<std::ptrdiff_t>(nucleus));
+  std::vector<double> w(keep);
+  for (size_t i = 0; i < keep; ++i) w[i] = weight(order[i]);
+  std::discrete_distribution<size_t> dist(w.begin(), w.end());
   return order[dist(rng_)];
 }
 
