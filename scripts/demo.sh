@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh
+bash scripts/build.sh klinear
 preset=${1:-kimi-linear-demo}
 [ -f demo-model/config.json ] || ./build/klinear init --preset "$preset" --tokenizer tokenizers/kimi-k2 --out demo-model
 ./build/klinear info --model demo-model | head -20

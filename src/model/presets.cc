@@ -13,7 +13,7 @@ namespace klinear {
 namespace {
 
 Json kimi_linear_text(int64_t vocab) {
-  return Json{{"vocab_size", vocab}, {"hidden_size", 128}, {"intermediate_size", 256},
+  return Json{{"model_type", "kimi_linear"}, {"architectures", {"KimiLinearForCausalLM"}}, {"vocab_size", vocab}, {"hidden_size", 128}, {"intermediate_size", 256},
               {"moe_intermediate_size", 64}, {"num_hidden_layers", 5}, {"num_attention_heads", 4},
               {"num_key_value_heads", 4}, {"q_lora_rank", nullptr}, {"kv_lora_rank", 64},
               {"qk_nope_head_dim", 32}, {"qk_rope_head_dim", 16}, {"v_head_dim", 32}, {"mla_use_nope", true},

@@ -21,7 +21,10 @@ CliRun run(const std::string& args) { return testing::run_cli(args); }
 
 std::string join(const Json& ids) {
   std::string s;
-  for (const auto& id : ids) s += (s.empty() ? "" : ",") + std::to_string(id.get<int>());
+  for (const auto& id : ids) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(id.get<int>());
+  }
   return s;
 }
 

@@ -211,6 +211,7 @@ int run_generate(const GenerateArgs& a) {
   if (!result.ok()) return fail("generate", result.status());
   if (stream_text) {
     std::printf("%s\n", stream->finish().c_str());
+    std::fflush(stdout);
     std::fprintf(stderr, "klinear generate: %lld prompt tokens, %zu generated, prefill %.3f s, decode %.1f tokens/s\n",
                  static_cast<long long>(result->prompt_tokens), result->ids.size(), result->prefill_seconds,
                  result->ids.size() / std::max(result->decode_seconds, 1e-9));
