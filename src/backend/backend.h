@@ -48,6 +48,10 @@ class Backend {
   virtual const char* name() const = 0;
 
   // ---- memory
+  // Bytes one weight element occupies after upload (4 on the CPU, which widens to F32).
+  virtual size_t weight_element_bytes() const = 0;
+  // Memory available now for weights and caches.
+  virtual uint64_t available_bytes() const = 0;
   // Uninitialised activation tensor of `shape` (F32 on the CPU).
   virtual Tensor alloc(const Shape& shape) = 0;
   virtual Tensor zeros(const Shape& shape) = 0;

@@ -114,6 +114,27 @@ TEST(Cli, InitWithTokenizerThenPromptAndChat) {
   EXPECT_GT(std::stoi(chat.all().substr(at + 14)), 20) << chat.all();
 }
 
+// A checkpoint larger than memory is refused before loading starts (a sparse 256 GiB file).
+TEST(Cli, CheckpointLargerThanMemoryIsRefused) {
+  const testing::ScratchDir dir;
+  std::filesystem::copy_file(testing::fixture_path("kimi-linear-tiny/model/config.json"), dir.file("config.json"));
+  const uint64_t bytes = uint64_t{1} << 38;
+  std::string header = Json{{"huge", {{"dtype", "F32"}, {"shape", {uint64_t{1} << 18, uint64_t{1} << 18}},
+                                      {"data_offsets", {0, bytes}}}}}.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  {
+    std::ofstream out(dir.file("model.safetensors"), std::ios::binary);
+    const uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>(n >> (8 * i)));
+    out << header;
+  }
+  std::filesystem::resize_file(dir.file("model.safetensors"), 8 + header.size() + bytes);
+  const CliRun r = run("logits --model " + dir.str() + " --ids 1 --out /dev/null");
+  EXPECT_EQ(r.exit_code, 1) << r.all();
+  EXPECT_NE(r.all().find("ResourceExhausted"), std::string::npos) << r.all();
+  EXPECT_NE(r.all().find("GiB is available"), std::string::npos) << r.all();
+}
+
 TEST(Cli, BadInputIsAClearErrorNotACrash) {
   const std::string model = testing::fixture_path("kimi-linear-tiny/model");
   struct Case {

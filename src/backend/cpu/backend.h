@@ -17,6 +17,8 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kCpu; }
   const char* name() const override { return "cpu"; }
 
+  size_t weight_element_bytes() const override { return 4; }
+  uint64_t available_bytes() const override;
   Tensor alloc(const Shape& shape) override;
   Tensor zeros(const Shape& shape) override;
   Tensor alloc_i32(const Shape& shape) override;

@@ -1,9 +1,24 @@
 // CPU memory ops: everything is host F32; uploads widen other float dtypes and dequantize MXFP4.
+#include <unistd.h>
+
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "backend/cpu/backend.h"
 
 namespace klinear::cpu {
+
+// MemAvailable from /proc/meminfo (what can be allocated without swapping), else free pages.
+uint64_t CpuBackend::available_bytes() const {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return static_cast<uint64_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
 
 Tensor CpuBackend::alloc(const Shape& shape) { return Tensor::empty(DType::kF32, shape); }
 Tensor CpuBackend::zeros(const Shape& shape) { return Tensor::zeros(DType::kF32, shape); }
