@@ -36,7 +36,7 @@ Result<std::string> ChatSession::turn(const std::string& user_text, const Genera
   StreamDecoder decoder(tokenizer_);
   std::string reply;
   auto on_token = [&](int32_t id) {
-    if (id == stop_id_ && !o.ignore_eos) return true;
+    if (is_stop_token(model_.config(), o, id)) return true;
     std::string piece = decoder.push(id);
     reply += piece;
     if (on_text && !piece.empty()) on_text(piece);

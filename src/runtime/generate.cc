@@ -5,6 +5,11 @@
 
 namespace klinear {
 
+bool is_stop_token(const ModelConfig& config, const GenerateOptions& options, int32_t id) {
+  return !options.ignore_eos &&
+         (config.is_eos(id) || std::find(options.stop_ids.begin(), options.stop_ids.end(), id) != options.stop_ids.end());
+}
+
 Result<GenerateResult> generate(Model& model, SequenceState& state, std::span<const int32_t> prompt,
                                 const GenerateOptions& options, const TokenCallback& on_token) {
   KL_RETURN_IF_ERROR(validate_sampling(options.sampling));
@@ -21,9 +26,7 @@ Result<GenerateResult> generate(Model& model, SequenceState& state, std::span<co
   for (int i = 0; i < options.max_tokens; ++i) {
     const int32_t next = sampler.sample(std::span<const float>(logits.f32(), static_cast<size_t>(vocab)));
     r.ids.push_back(next);
-    const bool stop = !options.ignore_eos &&
-                      (model.config().is_eos(next) ||
-                       std::find(options.stop_ids.begin(), options.stop_ids.end(), next) != options.stop_ids.end());
+    const bool stop = is_stop_token(model.config(), options, next);
     if (on_token && !on_token(next)) break;
     if (stop) {
       r.finish = FinishReason::kStop;

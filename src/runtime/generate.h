@@ -29,7 +29,11 @@ struct GenerateResult {
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
-// Called after each generated token; returning false stops generation early.
+// Whether `id` ends generation under `options`: the config's eos or one of the stop ids, unless
+// ignore_eos.
+bool is_stop_token(const ModelConfig& config, const GenerateOptions& options, int32_t id);
+
+// Called after each generated token (a stop token too); returning false stops generation early.
 using TokenCallback = std::function<bool(int32_t id)>;
 
 // Runs `prompt` from `state` (continuing whatever it holds) and generates up to max_tokens.

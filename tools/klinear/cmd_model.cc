@@ -184,6 +184,7 @@ Result<std::vector<int32_t>> prompt_ids(const GenerateArgs& a, const Tokenizer* 
 int run_generate(const GenerateArgs& a) {
   if (a.prompt_ids.empty() == a.prompt.empty())
     return fail("generate", Status::InvalidArgument("give exactly one of --prompt-ids and --prompt"));
+  if (a.chat && a.prompt.empty()) return fail("generate", Status::InvalidArgument("--chat renders --prompt text"));
   auto m = load(a.model);
   if (!m.ok()) return fail("generate", m.status());
   std::optional<Tokenizer> tok;
@@ -201,7 +202,7 @@ int run_generate(const GenerateArgs& a) {
   const bool stream_text = tok && !a.json;
   if (stream_text) stream.emplace(*tok);
   auto on_token = [&](int32_t id) {
-    if (stream_text && !(options.stop_ids.size() && id == options.stop_ids.back() && !options.ignore_eos)) {
+    if (stream_text && !is_stop_token(m->model->config(), options, id)) {
       std::fputs(stream->push(id).c_str(), stdout);
       std::fflush(stdout);
     }
