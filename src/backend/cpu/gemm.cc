@@ -8,6 +8,11 @@ namespace klinear::cpu {
 void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
           bool b_transposed, float* c, int64_t ldc, float beta, float alpha) {
   if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty product (e.g. no rope part): C ← beta·C; BLAS would reject ld = 0
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, b_transposed ? CblasTrans : CblasNoTrans, static_cast<int>(m),
               static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
               c, static_cast<int>(ldc));
