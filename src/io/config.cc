@@ -240,8 +240,6 @@ Result<ModelConfig> parse_model_config(const Json& doc, const std::string& where
   KL_ASSIGN_OR_RETURN(auto router_act, json_opt_string(*text, "moe_router_activation_func", w));
   if (router_act && *router_act != "sigmoid")
     return Status::NotSupported(w + ": moe_router_activation_func '" + *router_act + "' is not supported (expected sigmoid)");
-  if (c.has_latent_moe() && !c.latent_moe_use_norm)
-    return Status::NotSupported(w + ": latent MoE without latent_moe_use_norm is not supported");
   KL_RETURN_IF_ERROR(r.opt("attn_res_block_size", &c.attn_res_block_size));
   KL_RETURN_IF_ERROR(parse_quantization(*text, w, &c));
 

@@ -46,7 +46,7 @@ Tensor Model::moe(const MoeWeights& w, const Tensor& x) {
     be.linear(x, w.latent_down, z);
     Tensor r = be.alloc({T, L});
     be.moe_experts(z, idx, weights, w.w13, w.w2, glu_params(c), r);
-    be.rms_norm(r, w.latent_norm, static_cast<float>(c.rms_norm_eps), r);
+    if (w.latent_norm.defined()) be.rms_norm(r, w.latent_norm, static_cast<float>(c.rms_norm_eps), r);
     be.linear(r, w.latent_up, out);
   } else {
     be.moe_experts(x, idx, weights, w.w13, w.w2, glu_params(c), out);

@@ -193,7 +193,7 @@ Status write_random_checkpoint(const Json& config, const std::string& dir, uint6
     }
     if (c.has_latent_moe()) {
       w.normal(m + "routed_expert_down_proj.weight", {L, D});
-      w.constant(m + "routed_expert_norm.weight", {L}, 1.0f);
+      if (c.latent_moe_use_norm) w.constant(m + "routed_expert_norm.weight", {L}, 1.0f);
       w.normal(m + "routed_expert_up_proj.weight", {D, L});
     }
     if (c.num_shared_experts > 0) mlp(m + "shared_experts.", F * c.num_shared_experts);

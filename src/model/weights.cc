@@ -132,7 +132,7 @@ Status load_moe(Loader& ld, const ModelConfig& c, const std::string& p, MoeWeigh
   KL_RETURN_IF_ERROR(ld.experts(p + "experts.", E, F, L, L, c.expert_format, &w->w13, &w->w2));
   if (c.has_latent_moe()) {
     KL_RETURN_IF_ERROR(ld.take(p + "routed_expert_down_proj.weight", {L, D}, &w->latent_down));
-    KL_RETURN_IF_ERROR(ld.take(p + "routed_expert_norm.weight", {L}, &w->latent_norm));
+    if (c.latent_moe_use_norm) KL_RETURN_IF_ERROR(ld.take(p + "routed_expert_norm.weight", {L}, &w->latent_norm));
     KL_RETURN_IF_ERROR(ld.take(p + "routed_expert_up_proj.weight", {D, L}, &w->latent_up));
   }
   w->has_shared = c.num_shared_experts > 0;

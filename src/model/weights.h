@@ -50,7 +50,7 @@ struct MoeWeights {
   bool has_shared = false;
   MlpWeights shared;   // intermediate F·n_shared
   Tensor latent_down;  // [L, D] latent MoE, or undefined
-  Tensor latent_norm;  // [L]
+  Tensor latent_norm;  // [L] when latent_moe_use_norm, else undefined
   Tensor latent_up;    // [D, L]
 };
 

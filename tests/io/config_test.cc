@@ -322,8 +322,8 @@ TEST(ConfigTest, UnsupportedFeatures) {
   j["mla_use_rope"] = true;
   expect_error(j, "mla_use_rope", StatusCode::kNotSupported);
   j = fixture_json("k3-tiny");
-  j["text_config"]["latent_moe_use_norm"] = false;
-  expect_error(j, "latent_moe_use_norm", StatusCode::kNotSupported);
+  j["text_config"]["latent_moe_use_norm"] = false;  // supported: the latent output goes straight up
+  EXPECT_FALSE(parse_model_config(j, "cfg.json")->latent_moe_use_norm);
   j = fixture_json("k3-tiny");
   j["text_config"]["linear_attn_config"]["gate_lower_bound"] = 1.0;
   expect_error(j, "gate_lower_bound must be negative", StatusCode::kInvalidArgument);

@@ -90,6 +90,7 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{"k3", "k3-tiny", Json::object()},
         Variant{"k3_block3_lowrank", "k3-tiny",
                 Json{{"attn_res_block_size", 3}, {"num_hidden_layers", 7}, {"q_lora_rank", nullptr},
+                     {"latent_moe_use_norm", false}, {"moe_layer_freq", 2},
                      {"num_experts", 8}, {"num_experts_per_token", 2}, {"num_shared_experts", 1},
                      {"routed_expert_hidden_size", 32}, {"activation_situ_linear_beta", nullptr},
                      {"linear_attn_config", {{"use_full_rank_gate", false}, {"kda_layers", {1, 3, 4, 5, 7}},
