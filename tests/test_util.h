@@ -47,6 +47,9 @@ inline const Tokenizer* kimi_tokenizer() {
   return tok ? &*tok : nullptr;
 }
 
+// The logistic sigmoid in double precision, for reference computations.
+inline double sig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
 // A fresh seed per call (printed, so a failure can be replayed with KLINEAR_TEST_SEED).
 inline uint64_t fresh_seed() {
   if (const char* env = std::getenv("KLINEAR_TEST_SEED")) return std::strtoull(env, nullptr, 10);

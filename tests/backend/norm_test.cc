@@ -8,7 +8,7 @@
 namespace klinear {
 namespace {
 
-double sig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+using testing::sig;
 
 TEST(Norms, RmsNormAndGatedRmsNorm) {
   std::mt19937_64 rng(testing::fresh_seed());
