@@ -28,7 +28,6 @@ class Model {
       : config_(std::move(config)), weights_(std::move(weights)), backend_(backend) {}
 
   const ModelConfig& config() const { return config_; }
-  Backend& backend() { return backend_; }
   SequenceState new_sequence() const;
 
   // Logits [T, V] (kAll) or [1, V] (kLast) as host F32. Errors: empty input, an id outside the

@@ -73,18 +73,24 @@ TEST(ConfigTest, KimiLinearTinyBf16Fixture) {
   EXPECT_EQ(c.activation, Activation::kSilu);
 }
 
-void expect_k3_tiny(const ModelConfig& c) {
-  EXPECT_EQ(c.model_type, "kimi_k3");
-  EXPECT_TRUE(c.nested_text_config);
-  EXPECT_EQ(c.num_layers, 6);
-  EXPECT_EQ(c.kda_layers, (std::vector<int64_t>{1, 2, 3, 5}));
-  EXPECT_EQ(mla_layers(c), (std::set<int64_t>{3, 5}));
+// What every K3 config shares: layer 0 dense then MoE, the lower-bound gate at -5, the full-rank
+// KDA output gate, SiTU with beta 4.
+void expect_k3_layer_kinds(const ModelConfig& c) {
   expect_ffn_dense_then_moe(c);
   EXPECT_EQ(c.kda_gate, KdaGate::kLowerBound);
   EXPECT_EQ(c.gate_lower_bound, -5.0f);
   EXPECT_EQ(c.kda_output_gate, KdaOutputGate::kFullRank);
   EXPECT_EQ(c.activation, Activation::kSitu);
   EXPECT_EQ(c.situ_beta, 4.0f);
+}
+
+void expect_k3_tiny(const ModelConfig& c) {
+  EXPECT_EQ(c.model_type, "kimi_k3");
+  EXPECT_TRUE(c.nested_text_config);
+  EXPECT_EQ(c.num_layers, 6);
+  EXPECT_EQ(c.kda_layers, (std::vector<int64_t>{1, 2, 3, 5}));
+  EXPECT_EQ(mla_layers(c), (std::set<int64_t>{3, 5}));
+  expect_k3_layer_kinds(c);
   ASSERT_TRUE(c.situ_linear_beta.has_value());
   EXPECT_EQ(*c.situ_linear_beta, 25.0f);
   EXPECT_TRUE(c.has_latent_moe());
@@ -204,12 +210,7 @@ TEST(ConfigTest, PublishedK3) {
   want.insert(92);
   EXPECT_EQ(want.size(), 24u);
   EXPECT_EQ(mla_layers(c), want);
-  expect_ffn_dense_then_moe(c);
-  EXPECT_EQ(c.kda_gate, KdaGate::kLowerBound);
-  EXPECT_EQ(c.gate_lower_bound, -5.0f);
-  EXPECT_EQ(c.kda_output_gate, KdaOutputGate::kFullRank);
-  EXPECT_EQ(c.activation, Activation::kSitu);
-  EXPECT_EQ(c.situ_beta, 4.0f);
+  expect_k3_layer_kinds(c);
   EXPECT_EQ(c.situ_linear_beta.value_or(0.0f), 25.0f);
   EXPECT_EQ(c.expert_io_dim(), 3584);
   EXPECT_EQ(c.expert_format, ExpertFormat::kMxfp4);
