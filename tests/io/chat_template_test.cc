@@ -237,11 +237,13 @@ TEST(ChatMessages, ParsesOpenAiShapes) {
     {"role": "assistant", "content": null, "tool_calls": [
       {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}},
       {"id": "c2", "type": "function", "function": {"name": "g", "arguments": {"y": 2}}}]},
-    {"role": "tool", "tool_call_id": "c1", "content": "r"}])");
+    {"role": "tool", "tool_call_id": "c1", "content": "r", "tool": "f"},
+    {"role": "assistant", "content": "x", "reasoning_content": "", "reasoning": "why"},
+    {"role": "system", "content": null, "tools": [{"z": 1, "a": 2}]}])");
   auto r = parse_chat_messages(j);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   const auto& m = r.value();
-  ASSERT_EQ(m.size(), 4u);
+  ASSERT_EQ(m.size(), 6u);
   EXPECT_EQ(m[1].content, "ab");
   EXPECT_EQ(m[1].name, "bob");
   EXPECT_EQ(m[2].content, "");
@@ -250,6 +252,14 @@ TEST(ChatMessages, ParsesOpenAiShapes) {
   EXPECT_EQ(m[2].tool_calls[0].arguments_json, "{\"x\": 1}");
   EXPECT_EQ(m[2].tool_calls[1].arguments_json, "{\"y\":2}");
   EXPECT_EQ(m[3].tool_call_id, "c1");
+  EXPECT_EQ(m[1].content_parts, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(m[0].content_parts.empty());
+  EXPECT_EQ(m[3].tool, "f");
+  EXPECT_EQ(m[4].reasoning, "why");  // an empty reasoning_content falls back to reasoning
+  EXPECT_EQ(m[5].tools_json, R"([{"a":2,"z":1}])");  // a Json value has already sorted its keys
+  auto ordered = parse_chat_messages(OrderedJson::parse(R"([{"role": "system", "tools": [{"z": 1, "a": 2}]}])"));
+  ASSERT_TRUE(ordered.ok()) << ordered.status().to_string();
+  EXPECT_EQ(ordered.value()[0].tools_json, R"([{"z":1,"a":2}])");  // document key order kept
 }
 
 TEST(ChatMessages, ErrorsNameTheField) {
