@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages klinear builds and tests with. Idempotent; uses sudo when not root.
+# Installs the Debian 12 packages klinear builds and tests with, and the PyPI packages of the test
+# oracles (tiktoken for tests/io/k3_reference_encoder.py). Idempotent; uses sudo when not root.
 set -euo pipefail
 packages=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-openmp-dev
-          libgtest-dev python3 python3-jinja2)
+          libgtest-dev python3 python3-jinja2 python3-pip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -13,4 +14,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -q
   $sudo apt-get install -y -q "${missing[@]}"
+fi
+if ! python3 -c "import tiktoken" 2>/dev/null; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  # Debian 12's python3 is externally managed (PEP 668): pip needs --break-system-packages there.
+  $sudo python3 -m pip install -q tiktoken 2>/dev/null || $sudo python3 -m pip install -q --break-system-packages tiktoken
 fi
