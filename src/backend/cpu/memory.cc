@@ -72,7 +72,8 @@ void CpuBackend::upload_layout(SeqLayout& l) {
   auto view = [](std::vector<int32_t>& v) {
     return Tensor::wrap(DType::kI32, {static_cast<int64_t>(v.size())}, v.data(), nullptr, Device::kCpu);
   };
-  l.dev = SeqLayout::Device{view(l.cu_seqlens), view(l.cached), view(l.slots), view(l.page_table)};
+  l.dev = SeqLayout::Device{view(l.cu_seqlens), view(l.cached), view(l.slots),   view(l.page_table),
+                            view(l.snap_seq),   view(l.snap_pos), view(l.snap_slot)};
 }
 
 // SPEC 2.3: W[r, c] = e2m1(nibble(r, c)) · 2^(scale[r, c/32] − 127); the low nibble is the even column.
