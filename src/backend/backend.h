@@ -134,6 +134,9 @@ class Backend {
   // t ← value in every element (an I32 tensor takes the integral value). Zeroes fresh state slots;
   // tests poison outputs with NaN.
   virtual void fill(const Tensor& t, float value) = 0;
+  // t[i] ← counter_uniform(seed, i, lo, hi) (core/counter_rng.h): the same values on every
+  // backend. Dummy weights are made on the device this way, with no host copy.
+  virtual void random_fill(const Tensor& t, uint64_t seed, float lo, float hi) = 0;
   // Persistent device copy of a host tensor of any float dtype, converted to `dtype` (the
   // activation dtype for weight matrices; F32 for the vectors used in fp32 math: router bias,
   // dt_bias, A_log, AttnRes queries).

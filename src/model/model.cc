@@ -1,26 +1,39 @@
 #include "model/model.h"
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "io/checkpoint.h"
 
 namespace klinear {
 
-Result<std::unique_ptr<Model>> Model::load(const std::string& dir, Backend& backend) {
+Result<LoadFormat> parse_load_format(const std::string& name) {
+  if (name == "safetensors") return LoadFormat::kSafetensors;
+  if (name == "dummy") return LoadFormat::kDummy;
+  return Status::InvalidArgument("load format '" + name + "' is not one of: safetensors, dummy");
+}
+
+Result<std::unique_ptr<Model>> Model::load(const std::string& dir, Backend& backend, LoadFormat format) {
   KL_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
-  KL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
+  std::optional<Checkpoint> ckpt;
   // Refuse up front rather than die of OOM half-way: every weight element (an MXFP4 byte holds
   // two) takes weight_element_bytes() on the backend.
   uint64_t elements = 0;
-  for (const auto& [dtype, s] : ckpt.stats()) elements += static_cast<uint64_t>(dtype == "U8" ? 2 * s.bytes : s.params);
+  if (format == LoadFormat::kSafetensors) {
+    KL_ASSIGN_OR_RETURN(ckpt, Checkpoint::open(dir));
+    for (const auto& [dtype, s] : ckpt->stats()) elements += static_cast<uint64_t>(dtype == "U8" ? 2 * s.bytes : s.params);
+  } else {
+    elements = count_parameters(config, backend);
+  }
   const uint64_t need = elements * backend.weight_element_bytes(), have = backend.available_bytes();
   if (need > have) {
     auto gib = [](uint64_t b) { return std::to_string(b >> 30) + "." + std::to_string(((b >> 20) & 1023) * 10 / 1024); };
     return Status::ResourceExhausted(dir + ": the weights need about " + gib(need) + " GiB on the " + backend.name() +
                                      " backend, " + gib(have) + " GiB is available");
   }
-  KL_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(config, ckpt, backend));
+  KL_ASSIGN_OR_RETURN(ModelWeights weights,
+                      ckpt ? load_weights(config, *ckpt, backend) : dummy_weights(config, backend));
   return std::make_unique<Model>(std::move(config), std::move(weights), backend);
 }
 

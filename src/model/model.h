@@ -20,10 +20,17 @@
 
 namespace klinear {
 
+// Where the weights come from: the checkpoint's safetensors, or dummy weights from config.json
+// alone (--load-format dummy).
+enum class LoadFormat { kSafetensors, kDummy };
+Result<LoadFormat> parse_load_format(const std::string& name);
+
 class Model {
  public:
-  // Reads config.json and the safetensors of `dir` onto `backend` (which must outlive the model).
-  static Result<std::unique_ptr<Model>> load(const std::string& dir, Backend& backend);
+  // Reads config.json and the weights of `dir` onto `backend` (which must outlive the model).
+  // Refuses, before loading, weights that do not fit in the backend's memory.
+  static Result<std::unique_ptr<Model>> load(const std::string& dir, Backend& backend,
+                                             LoadFormat format = LoadFormat::kSafetensors);
   Model(ModelConfig config, ModelWeights weights, Backend& backend)
       : config_(std::move(config)), weights_(std::move(weights)), backend_(backend) {}
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <cstdio>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "io/checkpoint.h"
 #include "io/npy.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "io/presets.h"
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
@@ -30,6 +32,7 @@ struct ModelArgs {
   std::string dtype;  // empty: float32 on the CPU, bfloat16 on CUDA
   int64_t page_size = 64;
   bool check_finite = false;
+  std::string load_format = "safetensors";
 };
 
 void add_model_args(CLI::App* sub, ModelArgs& a) {
@@ -37,6 +40,9 @@ void add_model_args(CLI::App* sub, ModelArgs& a) {
   sub->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   sub->add_option("--dtype", a.dtype, "float32 or bfloat16 (default: float32 on cpu, bfloat16 on cuda)");
   sub->add_option("--page-size", a.page_size, "positions per page of the MLA latent cache")->capture_default_str();
+  sub->add_option("--load-format", a.load_format,
+                  "safetensors, or dummy: seeded random weights from config.json alone (real shapes, no download)")
+      ->capture_default_str();
   sub->add_flag("--check-finite", a.check_finite,
                 "check every layer's output and name the first one that is not finite (slower)");
 }
@@ -68,7 +74,8 @@ Result<LoadedModel> load(const ModelArgs& a) {
     return Status::InvalidArgument("--page-size " + std::to_string(a.page_size) + " is outside [1, 4096]");
   LoadedModel m;
   KL_ASSIGN_OR_RETURN(m.backend, make_backend(o));
-  KL_ASSIGN_OR_RETURN(m.model, Model::load(a.model_dir, *m.backend));
+  KL_ASSIGN_OR_RETURN(LoadFormat format, parse_load_format(a.load_format));
+  KL_ASSIGN_OR_RETURN(m.model, Model::load(a.model_dir, *m.backend, format));
   m.model->set_check_finite(a.check_finite);
   m.cache_options.page_size = a.page_size;
   return m;
@@ -111,8 +118,14 @@ int run_logits(const LogitsArgs& a) {
 int run_info(const ModelArgs& a) {
   auto cfg = load_model_config(a.model_dir);
   if (!cfg.ok()) return fail("info", cfg.status());
-  auto ckpt = Checkpoint::open(a.model_dir);
-  if (!ckpt.ok()) return fail("info", ckpt.status());
+  auto format = parse_load_format(a.load_format);
+  if (!format.ok()) return fail("info", format.status());
+  std::optional<Checkpoint> ckpt;
+  if (*format == LoadFormat::kSafetensors) {
+    auto opened = Checkpoint::open(a.model_dir);
+    if (!opened.ok()) return fail("info", opened.status());
+    ckpt = std::move(opened).value();
+  }
   const ModelConfig& c = *cfg;
   std::printf("model_type %s%s\n", c.model_type.c_str(), c.nested_text_config ? " (text_config nested)" : "");
   std::printf("hidden %lld, layers %lld, vocab %lld, eps %g\n", (long long)c.hidden_size, (long long)c.num_layers,
@@ -138,6 +151,13 @@ int run_info(const ModelArgs& a) {
                 c.ffn(l) == Ffn::kDense ? "dense" : "MoE",
                 c.has_attn_res() ? (std::to_string(l / c.attn_res_block_size) + (l % c.attn_res_block_size == 0 ? " (seal)" : "")).c_str() : "-");
   }
+  if (!ckpt) {
+    auto cpu = make_backend(BackendOptions{});
+    const uint64_t n = count_parameters(c, **cpu);
+    std::printf("\ndummy weights: %llu parameters (%.1f GiB in bfloat16)\n", static_cast<unsigned long long>(n),
+                static_cast<double>(n) * 2 / (1u << 30));
+    return 0;
+  }
   int64_t params = 0, bytes = 0;
   std::printf("\ndtype     tensors        params          bytes\n");
   for (const auto& [dtype, s] : ckpt->stats()) {
@@ -153,6 +173,7 @@ int run_info(const ModelArgs& a) {
 struct InitArgs {
   std::string preset, out, tokenizer;
   uint64_t seed = 0;
+  bool config_only = false;
 };
 
 // With --tokenizer the checkpoint gets the tokenizer's vocabulary and special ids, and carries
@@ -183,6 +204,27 @@ int run_init(const InitArgs& a) {
     Status t = adopt_tokenizer(a.tokenizer, a.out, *cfg);
     if (!t.ok()) return fail("init", t);
   }
+  if (a.config_only) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.out, ec);
+    std::ofstream f(a.out + "/config.json");
+    f << cfg->dump(2) << "\n";
+    if (!f) return fail("init", Status::IOError(a.out + "/config.json: cannot write"));
+    std::fprintf(stderr, "klinear init: wrote the %s config.json to %s (run it with --load-format dummy)\n",
+                 a.preset.c_str(), a.out.c_str());
+    return 0;
+  }
+  // A checkpoint is written from memory: refuse one larger than a quarter of it (the real-size
+  // presets are for --config-only and --load-format dummy).
+  auto parsed = parse_model_config(*cfg, a.preset);
+  if (!parsed.ok()) return fail("init", parsed.status());
+  auto cpu = make_backend(BackendOptions{});
+  const uint64_t bytes = 2 * count_parameters(*parsed, **cpu), limit = (*cpu)->available_bytes() / 4;
+  if (bytes > limit)
+    return fail("init", Status::ResourceExhausted("preset " + a.preset + " would write about " +
+                                                  std::to_string(bytes >> 30) + " GiB of weights (limit " +
+                                                  std::to_string(limit >> 30) +
+                                                  " GiB); use --config-only and run it with --load-format dummy"));
   Status s = write_random_checkpoint(*cfg, a.out, a.seed);
   if (!s.ok()) return fail("init", s);
   std::fprintf(stderr, "klinear init: wrote a random-weight %s checkpoint to %s\n", a.preset.c_str(), a.out.c_str());
@@ -344,6 +386,7 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     auto a = std::make_shared<ModelArgs>();
     CLI::App* sub = app.add_subcommand("info", "print the parsed config, the layer table and parameter counts");
     sub->add_option("--model", a->model_dir, "checkpoint directory")->required();
+    sub->add_option("--load-format", a->load_format, "safetensors, or dummy (config.json alone)")->capture_default_str();
     sub->callback([a, &exit_code] { exit_code = run_info(*a); });
   }
   {
@@ -357,6 +400,7 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     sub->add_option("--seed", a->seed, "random seed")->capture_default_str();
     sub->add_option("--tokenizer", a->tokenizer, "tokenizer directory: use its vocabulary and copy its files "
                                                  "into the checkpoint");
+    sub->add_flag("--config-only", a->config_only, "write only config.json (for --load-format dummy)");
     sub->callback([a, &exit_code] { exit_code = run_init(*a); });
   }
 }

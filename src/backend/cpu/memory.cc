@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/cpu/backend.h"
+#include "core/counter_rng.h"
 
 namespace klinear::cpu {
 
@@ -53,6 +54,12 @@ void CpuBackend::fill(const Tensor& t, float value) {
   }
   float* p = t.f32();
   std::fill(p, p + t.numel(), value);
+}
+
+void CpuBackend::random_fill(const Tensor& t, uint64_t seed, float lo, float hi) {
+  float* p = t.f32();
+#pragma omp parallel for if (t.numel() > (1 << 16))
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = counter_uniform(seed, static_cast<uint64_t>(i), lo, hi);
 }
 
 Tensor CpuBackend::upload(const Tensor& host, DType dtype) {
