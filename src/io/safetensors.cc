@@ -1,15 +1,14 @@
 #include "io/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 
+#include "core/checked.h"
+#include "io/file.h"
 #include "io/json.h"
 
 namespace klinear {
@@ -27,7 +26,7 @@ struct Mapping {
   }
 };
 
-bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+constexpr uint64_t kMaxDim = 1ull << 48;  // no real tensor dimension comes near
 
 Status parse_entry(const std::string& file, const std::string& name, const Json& v, SafetensorsEntry* e) {
   const std::string where = file + ": tensor '" + name + "'";
@@ -41,12 +40,14 @@ Status parse_entry(const std::string& file, const std::string& name, const Json&
   e->dtype = *parsed;
   auto sh = v.find("shape");
   if (sh == v.end() || !sh->is_array()) return Status::Corruption(where + ": missing array 'shape'");
-  uint64_t numel = 1;
+  int64_t numel = 1;
   for (const Json& d : *sh) {
     if (!d.is_number_unsigned()) return Status::Corruption(where + ": shape " + sh->dump() + " has a non-natural entry");
     const uint64_t dim = d.get<uint64_t>();
-    if (dim > (1ull << 48) || mul_overflows(numel, dim, &numel))
-      return Status::Corruption(where + ": shape " + sh->dump() + " overflows");
+    if (dim > kMaxDim) return Status::Corruption(where + ": shape " + sh->dump() + " has an entry above 2^48");
+    auto n = checked_mul(numel, static_cast<int64_t>(dim), where + ": shape " + sh->dump());
+    if (!n.ok()) return Status::Corruption(n.status().message());
+    numel = *n;
     e->shape.push_back(static_cast<int64_t>(dim));
   }
   auto off = v.find("data_offsets");
@@ -57,10 +58,10 @@ Status parse_entry(const std::string& file, const std::string& name, const Json&
   if (end < begin)
     return Status::Corruption(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                               "] end before begin");
-  uint64_t bytes;
-  if (mul_overflows(numel, dtype_size(e->dtype), &bytes))
-    return Status::Corruption(where + ": shape " + shape_to_string(e->shape) + " of " + dtype_name(e->dtype) +
-                              " overflows a 64-bit byte count");
+  auto nbytes = checked_mul(numel, static_cast<int64_t>(dtype_size(e->dtype)),
+                            where + ": shape " + shape_to_string(e->shape) + " of " + dtype_name(e->dtype));
+  if (!nbytes.ok()) return Status::Corruption(nbytes.status().message());
+  const uint64_t bytes = static_cast<uint64_t>(*nbytes);
   if (bytes != end - begin)
     return Status::Corruption(where + ": shape " + shape_to_string(e->shape) + " of " + dtype_name(e->dtype) +
                               " needs " + std::to_string(bytes) + " bytes, data_offsets give " +
@@ -74,23 +75,14 @@ Status parse_entry(const std::string& file, const std::string& name, const Json&
 }  // namespace
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::IOError(path + ": not a regular file");
-  }
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < 8) {
-    ::close(fd);
+  KL_ASSIGN_OR_RETURN(RegularFile file, RegularFile::open(path));
+  const uint64_t file_size = static_cast<uint64_t>(file.size());
+  if (file_size < 8)
     return Status::Corruption(path + ": file is " + std::to_string(file_size) +
                               " bytes, too short for the 8-byte header length");
-  }
   auto mapping = std::make_shared<Mapping>();
   mapping->size = file_size;
-  mapping->addr = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  mapping->addr = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
   if (mapping->addr == MAP_FAILED) return Status::IOError(path + ": mmap failed: " + std::strerror(errno));
   const auto* base = static_cast<const uint8_t*>(mapping->addr);
 
