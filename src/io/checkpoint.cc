@@ -19,6 +19,23 @@ std::string canonical_tensor_name(const std::string& name) {
   return "model." + n;  // vLLM's `language_model.layers.*` spelling
 }
 
+Result<ShardIndex> parse_shard_index(const Json& doc, const std::string& where) {
+  ShardIndex out;
+  auto wm = doc.is_object() ? doc.find("weight_map") : doc.end();
+  if (wm == doc.end() || !wm->is_object()) return Status::Corruption(where + ": missing object 'weight_map'");
+  std::set<std::string> seen;
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    if (!it->is_string()) return Status::Corruption(where + ": weight_map['" + it.key() + "'] is not a string");
+    const std::string shard = it->get<std::string>();
+    if (shard.empty() || shard.find('/') != std::string::npos || shard.find('\0') != std::string::npos ||
+        shard == "." || shard == "..")
+      return Status::Corruption(where + ": shard name '" + shard + "' must be a plain file name");
+    if (seen.insert(shard).second) out.shards.push_back(shard);
+    out.weight_map[it.key()] = shard;
+  }
+  return out;
+}
+
 Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   Checkpoint c;
   c.dir_ = dir;
@@ -32,17 +49,9 @@ Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   KL_ASSIGN_OR_RETURN(PathKind single_kind, path_kind(dir + "/model.safetensors"));
   if (index_kind != PathKind::kMissing) {
     KL_ASSIGN_OR_RETURN(Json doc, read_json_file(index));
-    auto wm = doc.find("weight_map");
-    if (wm == doc.end() || !wm->is_object()) return Status::Corruption(index + ": missing object 'weight_map'");
-    std::set<std::string> seen;
-    for (auto it = wm->begin(); it != wm->end(); ++it) {
-      if (!it->is_string()) return Status::Corruption(index + ": weight_map['" + it.key() + "'] is not a string");
-      const std::string shard = it->get<std::string>();
-      if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos)
-        return Status::Corruption(index + ": shard name '" + shard + "' must be a plain file name");
-      if (seen.insert(shard).second) shards.push_back(shard);
-      weight_map[it.key()] = shard;
-    }
+    KL_ASSIGN_OR_RETURN(ShardIndex parsed, parse_shard_index(doc, index));
+    shards = std::move(parsed.shards);
+    weight_map = std::move(parsed.weight_map);
   } else if (single_kind != PathKind::kMissing) {
     shards.push_back("model.safetensors");
   } else {

@@ -20,6 +20,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 
 namespace klinear {
@@ -83,6 +84,15 @@ class Checkpoint {
   std::map<std::string, Ref> tensors_;  // canonical name -> location
   std::set<std::string> used_;
 };
+
+// The parsed model.safetensors.index.json: the shard files in first-use order and the shard of
+// each tensor. Corruption naming `where` when `weight_map` is missing, a value is not a string or
+// a shard name is not a plain file name (empty, ".", "..", or containing '/').
+struct ShardIndex {
+  std::vector<std::string> shards;
+  std::map<std::string, std::string> weight_map;  // tensor -> shard
+};
+Result<ShardIndex> parse_shard_index(const Json& doc, const std::string& where);
 
 // Maps a checkpoint tensor name to its canonical name; empty for tensors klinear skips.
 std::string canonical_tensor_name(const std::string& name);

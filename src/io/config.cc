@@ -70,6 +70,7 @@ constexpr int64_t kMaxSharedExperts = 64;
 constexpr int64_t kMaxContext = int64_t{1} << 31;
 constexpr int64_t kMaxTensorElems = int64_t{1} << 40;  // one tensor of 4 TB of F32
 constexpr size_t kMaxEosIds = 64;
+constexpr double kMinEps = 1e-12;  // smaller is zero in practice (a denormal in fp32)
 constexpr double kMaxEps = 0.1;
 constexpr double kMinFactor = 1e-6;  // scaling factors and SiTU betas: (0, 1e4]
 constexpr double kMaxFactor = 1e4;
@@ -176,9 +177,7 @@ Status check_bounds(const ModelConfig& c, const std::string& w) {
       {"attn_res_block_size", c.attn_res_block_size, {0, kMaxLayers}},
   };
   for (const Field& f : fields) KL_RETURN_IF_ERROR(check_range(f.value, f.range, w + ": " + f.name));
-  if (!(c.rms_norm_eps > 0 && c.rms_norm_eps <= kMaxEps))
-    return Status::InvalidArgument(w + ": rms_norm_eps is " + Json(c.rms_norm_eps).dump() +
-                                   ", expected a finite number in (0, " + Json(kMaxEps).dump() + "]");
+  KL_RETURN_IF_ERROR(check_range(c.rms_norm_eps, kMinEps, kMaxEps, w + ": rms_norm_eps"));
   KL_RETURN_IF_ERROR(check_range(c.routed_scaling_factor, kMinFactor, kMaxFactor, w + ": routed_scaling_factor"));
   KL_RETURN_IF_ERROR(check_range(c.situ_beta, kMinFactor, kMaxFactor, w + ": activation_situ_beta"));
   if (c.situ_linear_beta)
@@ -207,11 +206,7 @@ Status check_bounds(const ModelConfig& c, const std::string& w) {
 }
 
 Status validate(const ModelConfig& c, const std::string& w) {
-  KL_RETURN_IF_ERROR(check_bounds(c, w));
-  KL_RETURN_IF_ERROR(positive(w, "vocab_size", c.vocab_size));
-  KL_RETURN_IF_ERROR(positive(w, "hidden_size", c.hidden_size));
-  KL_RETURN_IF_ERROR(positive(w, "num_hidden_layers", c.num_layers));
-  if (!(c.rms_norm_eps > 0)) return Status::InvalidArgument(w + ": rms_norm_eps must be positive");
+  KL_RETURN_IF_ERROR(check_bounds(c, w));  // every field in its range from here on
   std::set<int64_t> kda(c.kda_layers.begin(), c.kda_layers.end());
   if (kda.size() != c.kda_layers.size())
     return Status::InvalidArgument(w + ": linear_attn_config.kda_layers has duplicates");
@@ -224,7 +219,6 @@ Status validate(const ModelConfig& c, const std::string& w) {
   if (!kda.empty()) {
     KL_RETURN_IF_ERROR(positive(w, "linear_attn_config.num_heads", c.kda_heads));
     KL_RETURN_IF_ERROR(positive(w, "linear_attn_config.head_dim", c.kda_head_dim));
-    KL_RETURN_IF_ERROR(positive(w, "linear_attn_config.short_conv_kernel_size", c.conv_kernel));
     if (c.kda_gate == KdaGate::kLowerBound && !(c.gate_lower_bound < 0))
       return Status::InvalidArgument(w + ": linear_attn_config.gate_lower_bound must be negative, got " +
                                      std::to_string(c.gate_lower_bound));
@@ -234,10 +228,7 @@ Status validate(const ModelConfig& c, const std::string& w) {
     KL_RETURN_IF_ERROR(positive(w, "kv_lora_rank", c.kv_lora_rank));
     KL_RETURN_IF_ERROR(positive(w, "qk_nope_head_dim", c.qk_nope_dim));
     KL_RETURN_IF_ERROR(positive(w, "v_head_dim", c.v_head_dim));
-    if (c.qk_rope_dim < 0) return Status::InvalidArgument(w + ": qk_rope_head_dim must be >= 0");
-    if (c.q_lora_rank < 0) return Status::InvalidArgument(w + ": q_lora_rank must be null or positive");
   }
-  if (c.moe_layer_freq <= 0) return Status::InvalidArgument(w + ": moe_layer_freq must be positive");
   bool any_dense = false, any_moe = false;
   for (int64_t l = 0; l < c.num_layers; ++l) (c.ffn(l) == Ffn::kMoe ? any_moe : any_dense) = true;
   if (any_dense) KL_RETURN_IF_ERROR(positive(w, "intermediate_size", c.intermediate_size));
@@ -247,7 +238,6 @@ Status validate(const ModelConfig& c, const std::string& w) {
     if (c.experts_per_token > c.num_experts)
       return Status::InvalidArgument(w + ": num_experts_per_token " + std::to_string(c.experts_per_token) +
                                      " exceeds num_experts " + std::to_string(c.num_experts));
-    KL_RETURN_IF_ERROR(positive(w, "num_expert_group", c.num_expert_group));
     if (c.num_experts % c.num_expert_group != 0)
       return Status::InvalidArgument(w + ": num_experts " + std::to_string(c.num_experts) +
                                      " is not divisible by num_expert_group " + std::to_string(c.num_expert_group));
@@ -264,15 +254,11 @@ Status validate(const ModelConfig& c, const std::string& w) {
                                        std::to_string(per_group) + " experts cannot hold num_experts_per_token " +
                                        std::to_string(c.experts_per_token));
     }
-    if (c.num_shared_experts < 0) return Status::InvalidArgument(w + ": num_shared_experts must be >= 0");
-    if (c.routed_expert_hidden_size < 0)
-      return Status::InvalidArgument(w + ": routed_expert_hidden_size must be >= 0");
     if (c.expert_format == ExpertFormat::kMxfp4 && (c.expert_io_dim() % 32 != 0 || c.moe_intermediate_size % 32 != 0))
       return Status::InvalidArgument(w + ": MXFP4 experts need input widths divisible by 32 (expert input " +
                                      std::to_string(c.expert_io_dim()) + ", intermediate " +
                                      std::to_string(c.moe_intermediate_size) + ")");
   }
-  if (c.attn_res_block_size < 0) return Status::InvalidArgument(w + ": attn_res_block_size must be >= 0");
   if (c.bos_token_id >= c.vocab_size)  // ids are range-checked when read; this keeps the invariant local
     return Status::InvalidArgument(w + ": bos_token_id " + std::to_string(c.bos_token_id) + " is outside the vocabulary");
   return Status();

@@ -72,19 +72,36 @@ Status parse_entry(const std::string& file, const std::string& name, const Json&
   return Status();
 }
 
+Status check_length_field(const std::string& path, uint64_t file_size) {
+  if (file_size >= 8) return Status();
+  return Status::Corruption(path + ": file is " + std::to_string(file_size) +
+                            " bytes, too short for the 8-byte header length");
+}
+
 }  // namespace
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   KL_ASSIGN_OR_RETURN(RegularFile file, RegularFile::open(path));
   const uint64_t file_size = static_cast<uint64_t>(file.size());
-  if (file_size < 8)
-    return Status::Corruption(path + ": file is " + std::to_string(file_size) +
-                              " bytes, too short for the 8-byte header length");
+  KL_RETURN_IF_ERROR(check_length_field(path, file_size));
   auto mapping = std::make_shared<Mapping>();
   mapping->size = file_size;
   mapping->addr = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
   if (mapping->addr == MAP_FAILED) return Status::IOError(path + ": mmap failed: " + std::strerror(errno));
   const auto* base = static_cast<const uint8_t*>(mapping->addr);
+  return from_bytes(path, base, file_size, std::move(mapping));
+}
+
+Result<SafetensorsFile> SafetensorsFile::parse(std::string bytes, const std::string& name) {
+  auto owner = std::make_shared<std::string>(std::move(bytes));
+  KL_RETURN_IF_ERROR(check_length_field(name, owner->size()));
+  const auto* base = reinterpret_cast<const uint8_t*>(owner->data());
+  const uint64_t size = owner->size();
+  return from_bytes(name, base, size, std::move(owner));
+}
+
+Result<SafetensorsFile> SafetensorsFile::from_bytes(const std::string& path, const uint8_t* base, uint64_t file_size,
+                                                    std::shared_ptr<void> owner) {
 
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];
@@ -135,7 +152,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   // Entries in file (offset) order; JSON object keys come back sorted by name.
   std::sort(f.entries_.begin(), f.entries_.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
   for (size_t i = 0; i < f.entries_.size(); ++i) f.index_[f.entries_[i].name] = i;
-  f.mapping_ = std::move(mapping);
+  f.mapping_ = std::move(owner);
   return f;
 }
 

@@ -26,6 +26,7 @@ namespace {
 
 constexpr int32_t kNumSpecials = 256;           // tokenization_kimi.py: num_reserved_special_tokens
 // Ranks and ids stay int32 with the specials after the BPE tokens.
+constexpr size_t kMaxTokenBytes = 65535;
 constexpr int64_t kMaxBpeRank = std::numeric_limits<int32_t>::max() - kNumSpecials - 1;
 constexpr size_t kMaxEncodeChars = 400'000;     // tokenization_kimi.py: TIKTOKEN_MAX_ENCODE_CHARS
 constexpr size_t kMaxRunChars = 25'000;         // tokenization_kimi.py: MAX_NO_WHITESPACES_CHARS
@@ -330,12 +331,11 @@ struct Tokenizer::Tables {
   std::vector<size_t> special_lengths;         // distinct name lengths, longest first
   std::array<bool, 256> special_first_byte{};  // bytes that can start a special name
   std::optional<int32_t> bos, eos;
-  pcre2_code* regex = nullptr;
+  const pcre2_code* regex = nullptr;  // the process-wide compiled Kimi pattern (never freed)
 
   Tables() = default;
   Tables(const Tables&) = delete;
   Tables& operator=(const Tables&) = delete;
-  ~Tables() { pcre2_code_free(regex); }
 
   std::string_view token(int32_t id) const {
     return std::string_view(bytes).substr(offsets[id], offsets[id + 1] - offsets[id]);
@@ -375,6 +375,9 @@ Status load_ranks(std::string_view text, const std::string& path, Tables& t) {
     Line l{"", 0, line_no};
     if (!base64_decode(b64, l.bytes))
       return Status::Corruption(where() + "expected base64 token bytes, got '" + std::string(b64.substr(0, 80)) + "'");
+    if (l.bytes.empty() || l.bytes.size() > kMaxTokenBytes)  // the rank table stores lengths in 16 bits
+      return Status::Corruption(where() + "token is " + std::to_string(l.bytes.size()) + " bytes, expected 1.." +
+                                std::to_string(kMaxTokenBytes));
     auto rank = parse_int(rank_text, IntRange{0, kMaxBpeRank}, "rank");
     if (!rank.ok())
       return Status::Corruption(where() + "expected a rank (a non-negative integer below " + std::to_string(kMaxBpeRank + 1) +
@@ -483,19 +486,34 @@ Status load_specials(std::string_view text, const std::string& path, Tables& t) 
   return Status();
 }
 
+// The pattern is a constant, so it is compiled (and JIT-compiled) once per process and shared by
+// every Tables: loading a tokenizer again costs no compilation. A compiled pcre2_code is
+// read-only during matching, so sharing it across threads is safe.
 Status compile_pattern(Tables& t) {
-  int err = 0;
-  PCRE2_SIZE err_offset = 0;
-  t.regex = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err,
-                          &err_offset, nullptr);
-  if (!t.regex) {
-    PCRE2_UCHAR msg[256];
-    pcre2_get_error_message(err, msg, sizeof msg);
-    return Status::NotSupported("PCRE2 cannot compile the Kimi pattern at offset " + std::to_string(err_offset) + ": " +
-                                reinterpret_cast<const char*>(msg) + " (needs PCRE2 >= 10.40 with Unicode)");
-  }
-  // Without JIT (an unsupported CPU) pcre2_match interprets the same pattern: slower, same result.
-  pcre2_jit_compile(t.regex, PCRE2_JIT_COMPLETE);
+  struct Compiled {
+    pcre2_code* code = nullptr;
+    Status status;
+  };
+  static const Compiled compiled = [] {
+    Compiled c;
+    int err = 0;
+    PCRE2_SIZE err_offset = 0;
+    c.code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err,
+                           &err_offset, nullptr);
+    if (!c.code) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      c.status = Status::NotSupported("PCRE2 cannot compile the Kimi pattern at offset " + std::to_string(err_offset) +
+                                      ": " + reinterpret_cast<const char*>(msg) +
+                                      " (needs PCRE2 >= 10.40 with Unicode)");
+      return c;
+    }
+    // Without JIT (an unsupported CPU) pcre2_match interprets the same pattern: slower, same result.
+    pcre2_jit_compile(c.code, PCRE2_JIT_COMPLETE);
+    return c;
+  }();
+  if (!compiled.code) return compiled.status;
+  t.regex = compiled.code;
   return Status();
 }
 

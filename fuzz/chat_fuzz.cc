@@ -1,0 +1,31 @@
+// Fuzzes the chat-message JSON the chat formats render: an OpenAI-style messages array goes
+// through parse_chat_messages and the public render_chat entry point of both formats (with
+// tools and thinking picked by the first byte). Rendering must fail with a Status or succeed.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "io/chat_template.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const uint8_t flags = data[0];
+  auto doc = klinear::parse_json(std::string_view(reinterpret_cast<const char*>(data) + 1, size - 1), "messages");
+  if (!doc.ok()) return 0;
+  const klinear::Json* messages = &*doc;
+  klinear::ChatOptions options;
+  options.add_generation_prompt = flags & 1;
+  options.thinking = flags & 2;
+  if (doc->is_object()) {  // {"messages": [...], "tools": [...]} as an API request carries them
+    auto m = doc->find("messages");
+    if (m == doc->end()) return 0;
+    messages = &*m;
+    auto t = doc->find("tools");
+    if (t != doc->end()) options.tools_json = t->dump();
+  }
+  auto parsed = klinear::parse_chat_messages(*messages);
+  if (!parsed.ok()) return 0;
+  for (auto format : {klinear::ChatFormat::kKimiK2, klinear::ChatFormat::kK3})
+    (void)klinear::render_chat(format, *parsed, options);
+  return 0;
+}
