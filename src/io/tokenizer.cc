@@ -375,8 +375,8 @@ Status load_ranks(std::string_view text, const std::string& path, Tables& t) {
     Line l{"", 0, line_no};
     if (!base64_decode(b64, l.bytes))
       return Status::Corruption(where() + "expected base64 token bytes, got '" + std::string(b64.substr(0, 80)) + "'");
-    if (l.bytes.empty() || l.bytes.size() > kMaxTokenBytes)  // the rank table stores lengths in 16 bits
-      return Status::Corruption(where() + "token is " + std::to_string(l.bytes.size()) + " bytes, expected 1.." +
+    if (l.bytes.size() > kMaxTokenBytes)  // the rank table stores lengths in 16 bits
+      return Status::Corruption(where() + "token is " + std::to_string(l.bytes.size()) + " bytes, expected at most " +
                                 std::to_string(kMaxTokenBytes));
     auto rank = parse_int(rank_text, IntRange{0, kMaxBpeRank}, "rank");
     if (!rank.ok())

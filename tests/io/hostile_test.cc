@@ -321,6 +321,20 @@ TEST(HostileTokenizer, HugeRanksDoNotAllocate) {
   }
 }
 
+// Token byte strings the rank table cannot hold (it keeps 16-bit lengths; a longer token used to
+// be stored truncated and looked up wrongly).
+TEST(HostileTokenizer, TokenLengthsAreBounded) {
+  for (size_t n : {size_t{65536}, size_t{70000}, size_t{1} << 20}) {
+    const ScratchDir dir;
+    testing::write_file(dir.file("tiktoken.model"), testing::small_ranks() + testing::base64(std::string(n, 'q')) + " 259\n");
+    testing::write_file(dir.file("tokenizer_config.json"), "{}");
+    auto r = Tokenizer::load(dir.str());
+    ASSERT_FALSE(r.ok()) << n;
+    EXPECT_TRUE(contains(r.status().message(), "tiktoken.model:260: token is " + std::to_string(n) + " bytes"))
+        << r.status().message();
+  }
+}
+
 TEST(HostileTokenizer, ConfigFieldsNameTheProblem) {
   const std::string big_name(1 << 20, 'x');
   const std::vector<std::pair<std::string, std::string>> cases = {

@@ -133,6 +133,20 @@ TEST(HostileCli, UnexaminablePathsAreErrors) {
   }
 }
 
+// init --tokenizer copies the tokenizer's files; an optional one that cannot be examined (a
+// symlink loop) used to escape as an uncaught std::filesystem_error.
+TEST(HostileCli, InitTokenizerFilesThatCannotBeExamined) {
+  const ScratchDir dir;
+  const std::string tok = dir.file("tok");
+  std::filesystem::create_directory(tok);
+  for (const char* f : {"tiktoken.model", "tokenizer_config.json"})
+    std::filesystem::copy_file(testing::kimi_tokenizer_dir() + "/" + f, tok + "/" + f);
+  testing::make_hostile(tok + "/NOTICE.md", Hostile::kSymlinkLoop, 0);
+  const CliRun r = run_limited("init --preset kimi-linear-tiny --out " + dir.file("m") + " --tokenizer " + tok);
+  EXPECT_EQ(r.exit_code, 2) << r.all();
+  EXPECT_TRUE(contains(r.err, tok + "/NOTICE.md") && contains(r.err, std::strerror(ELOOP))) << r.err;
+}
+
 // A FIFO as a shard named by the index used to block in open() for ever.
 TEST(HostileCli, FifoShardDoesNotHang) {
   const ScratchDir dir;

@@ -12,6 +12,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "io/checkpoint.h"
+#include "io/file.h"
 #include "io/npy.h"
 #include "model/model.h"
 #include "model/presets.h"
@@ -160,7 +161,8 @@ Status adopt_tokenizer(const std::string& tokenizer_dir, const std::string& out,
   std::filesystem::create_directories(out, ec);
   for (const char* f : {"tiktoken.model", "tokenizer_config.json", "NOTICE.md"}) {
     const std::string src = tokenizer_dir + "/" + f;
-    if (!std::filesystem::exists(src)) continue;
+    KL_ASSIGN_OR_RETURN(PathKind kind, path_kind(src));  // no throwing std::filesystem::exists
+    if (kind == PathKind::kMissing) continue;
     std::filesystem::copy_file(src, out + "/" + f, std::filesystem::copy_options::overwrite_existing, ec);
     if (ec) return Status::IOError(out + "/" + f + ": copy failed: " + ec.message());
   }
