@@ -24,24 +24,26 @@ std::string number(double v) {
 
 }  // namespace
 
-Result<int64_t> checked_mul(int64_t a, int64_t b, const std::string& what) {
+namespace {
+
+// a `sign` b for sizes: both >= 0, and `overflows(a, b, &out)` (a __builtin_*_overflow) false.
+template <typename Overflows>
+Result<int64_t> checked_size_op(int64_t a, int64_t b, const std::string& what, const char* sign, Overflows overflows) {
+  const std::string shown = std::to_string(a) + sign + std::to_string(b);
+  if (a < 0 || b < 0) return Status::InvalidArgument(what + ": negative size in " + shown);
   int64_t out = 0;
-  if (a < 0 || b < 0)
-    return Status::InvalidArgument(what + ": negative size in " + std::to_string(a) + " x " + std::to_string(b));
-  if (__builtin_mul_overflow(a, b, &out))
-    return Status::InvalidArgument(what + ": " + std::to_string(a) + " x " + std::to_string(b) +
-                                   " overflows a 64-bit size");
+  if (overflows(a, b, &out)) return Status::InvalidArgument(what + ": " + shown + " overflows a 64-bit size");
   return out;
 }
 
+}  // namespace
+
+Result<int64_t> checked_mul(int64_t a, int64_t b, const std::string& what) {
+  return checked_size_op(a, b, what, " x ", [](int64_t x, int64_t y, int64_t* o) { return __builtin_mul_overflow(x, y, o); });
+}
+
 Result<int64_t> checked_add(int64_t a, int64_t b, const std::string& what) {
-  int64_t out = 0;
-  if (a < 0 || b < 0)
-    return Status::InvalidArgument(what + ": negative size in " + std::to_string(a) + " + " + std::to_string(b));
-  if (__builtin_add_overflow(a, b, &out))
-    return Status::InvalidArgument(what + ": " + std::to_string(a) + " + " + std::to_string(b) +
-                                   " overflows a 64-bit size");
-  return out;
+  return checked_size_op(a, b, what, " + ", [](int64_t x, int64_t y, int64_t* o) { return __builtin_add_overflow(x, y, o); });
 }
 
 Result<int64_t> checked_product(std::initializer_list<int64_t> factors, int64_t limit, const std::string& what) {
