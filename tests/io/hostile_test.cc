@@ -44,7 +44,9 @@ TEST(HostileChecked, ProductsThatOverflowAreErrors) {
                         Case{3037000500, 3037000500, false}, Case{3037000499, 3037000499, true}}) {
     auto r = checked_mul(c.a, c.b, "size");
     EXPECT_EQ(r.ok(), c.ok) << c.a << " x " << c.b;
-    if (!r.ok()) EXPECT_TRUE(contains(r.status().message(), "size: ")) << r.status().message();
+    if (!r.ok()) {
+      EXPECT_TRUE(contains(r.status().message(), "size: ")) << r.status().message();
+    }
   }
   EXPECT_FALSE(checked_add(std::numeric_limits<int64_t>::max(), 1, "n").ok());
   EXPECT_FALSE(checked_product({1 << 20, 1 << 20, 1 << 20}, int64_t{1} << 40, "tensor").ok());
@@ -57,7 +59,9 @@ TEST(HostileChecked, NumbersAreDecimalAndInRange) {
                           "-9223372036854775809", "99999999999999999999", "1,", "\xd9\xa3", "1\n"}) {
     auto v = parse_int(bad, r, "--flag");
     EXPECT_FALSE(v.ok()) << "'" << bad << "'";
-    if (!v.ok()) EXPECT_TRUE(contains(v.status().message(), "--flag is '")) << v.status().message();
+    if (!v.ok()) {
+      EXPECT_TRUE(contains(v.status().message(), "--flag is '")) << v.status().message();
+    }
   }
   for (auto [text, want] : {std::pair{"0", 0}, {"-5", -5}, {"1000", 1000}, {"007", 7}})
     EXPECT_EQ(parse_int(text, r, "x").value(), want) << text;

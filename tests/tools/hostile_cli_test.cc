@@ -229,8 +229,10 @@ TEST(HostileCli, InitWithoutTokenizerKeepsIdsInsideTheVocabulary) {
     const Json cfg = read_json_file(out + "/config.json").value();
     for (const Json* j : {&cfg, cfg.contains("text_config") ? &cfg["text_config"] : &cfg}) {
       const int64_t vocab = (cfg.contains("text_config") ? cfg["text_config"] : cfg)["vocab_size"];
-      for (const char* id : {"bos_token_id", "eos_token_id", "pad_token_id"})
-        if (j->contains(id)) EXPECT_LT((*j)[id].get<int64_t>(), vocab) << preset << " " << id;
+      for (const char* id : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+        ASSERT_TRUE(j->contains(id)) << preset << " " << id;
+        EXPECT_LT((*j)[id].get<int64_t>(), vocab) << preset << " " << id;
+      }
     }
     EXPECT_TRUE(load_model_config(out).ok()) << preset;
   }
