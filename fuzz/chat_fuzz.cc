@@ -1,10 +1,13 @@
 // Fuzzes the chat-message JSON the chat formats render: an OpenAI-style messages array goes
 // through parse_chat_messages and the public render_chat entry point of both formats (with
-// tools and thinking picked by the first byte). Rendering must fail with a Status or succeed.
+// tools and thinking picked by the first byte), and what renders is encoded with the real Kimi
+// tokenizer (so hostile text also reaches the pre-tokenizer and BPE). Each step must fail with a
+// Status or succeed.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "core/check.h"
 #include "io/chat_template.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -25,7 +28,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   auto parsed = klinear::parse_chat_messages(*messages);
   if (!parsed.ok()) return 0;
-  for (auto format : {klinear::ChatFormat::kKimiK2, klinear::ChatFormat::kK3})
-    (void)klinear::render_chat(format, *parsed, options);
+  static const auto tokenizer = klinear::Tokenizer::load(KLINEAR_SOURCE_DIR "/tokenizers/kimi-k2");
+  KL_CHECK(tokenizer.ok(), tokenizer.status().to_string());
+  for (auto format : {klinear::ChatFormat::kKimiK2, klinear::ChatFormat::kK3}) {
+    auto segments = klinear::render_chat_segments(format, *parsed, options);
+    if (!segments.ok()) continue;
+    auto ids = klinear::encode_chat(tokenizer.value(), *segments);
+    if (ids.ok()) KL_CHECK(tokenizer->check_ids(*ids).ok(), "encode_chat produced an id outside the vocabulary");
+  }
   return 0;
 }
