@@ -13,6 +13,10 @@ namespace klinear {
 
 namespace {
 
+// Special ids sit in the last 256 ids of the vocabulary, as in the Kimi tokenizer (bos 163584,
+// eos <|im_end|> 163586, pad 163839 of 163840), so a tiny vocabulary gets ids inside it.
+int64_t special(int64_t vocab, int64_t offset) { return vocab - 256 + offset; }
+
 Json kimi_linear_text(int64_t vocab) {
   return Json{{"model_type", "kimi_linear"}, {"architectures", {"KimiLinearForCausalLM"}}, {"vocab_size", vocab}, {"hidden_size", 128}, {"intermediate_size", 256},
               {"moe_intermediate_size", 64}, {"num_hidden_layers", 5}, {"num_attention_heads", 4},
@@ -21,8 +25,8 @@ Json kimi_linear_text(int64_t vocab) {
               {"num_experts", 16}, {"num_experts_per_token", 4}, {"num_shared_experts", 1}, {"moe_layer_freq", 1},
               {"first_k_dense_replace", 1}, {"num_expert_group", 4}, {"topk_group", 2}, {"moe_renormalize", true},
               {"moe_router_activation_func", "sigmoid"}, {"routed_scaling_factor", 2.446}, {"rms_norm_eps", 1e-5},
-              {"hidden_act", "silu"}, {"tie_word_embeddings", false}, {"bos_token_id", 163584},
-              {"eos_token_id", 163586}, {"pad_token_id", 163839}, {"model_max_length", 1048576},
+              {"hidden_act", "silu"}, {"tie_word_embeddings", false}, {"bos_token_id", special(vocab, 0)},
+              {"eos_token_id", special(vocab, 2)}, {"pad_token_id", special(vocab, 255)}, {"model_max_length", 1048576},
               {"linear_attn_config",
                {{"head_dim", 32}, {"num_heads", 4}, {"short_conv_kernel_size", 4}, {"kda_layers", {1, 2, 4}},
                 {"full_attn_layers", {3, 5}}}}};
@@ -59,15 +63,15 @@ Json k3_text(int64_t vocab, bool mxfp4) {
          {"use_grouped_topk", true}, {"num_expert_group", 1}, {"topk_group", 1}, {"moe_renormalize", true},
          {"moe_router_activation_func", "sigmoid"}, {"routed_scaling_factor", 1.0}, {"rms_norm_eps", 1e-5},
          {"hidden_act", "situ"}, {"activation_situ_beta", 4.0}, {"activation_situ_linear_beta", 25.0},
-         {"attn_res_block_size", 2}, {"tie_word_embeddings", false}, {"bos_token_id", 163584},
-         {"eos_token_id", 163586}, {"pad_token_id", 163839}, {"max_position_embeddings", 1048576},
+         {"attn_res_block_size", 2}, {"tie_word_embeddings", false}, {"bos_token_id", special(vocab, 0)},
+         {"eos_token_id", special(vocab, 2)}, {"pad_token_id", special(vocab, 255)}, {"max_position_embeddings", 1048576},
          {"linear_attn_config",
           {{"head_dim", 32}, {"num_heads", 4}, {"short_conv_kernel_size", 4}, {"kda_layers", {1, 2, 3, 5}},
            {"full_attn_layers", {4, 6}}, {"gate_lower_bound", -5.0}, {"use_full_rank_gate", true}}}};
   if (mxfp4)
     t["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "mxfp4-pack-quantized"}};
   return Json{{"model_type", "kimi_k3"}, {"architectures", {"KimiK3ForConditionalGeneration"}},
-              {"bos_token_id", 163584}, {"eos_token_id", 163586}, {"pad_token_id", 163839}, {"text_config", t}};
+              {"bos_token_id", special(vocab, 0)}, {"eos_token_id", special(vocab, 2)}, {"pad_token_id", special(vocab, 255)}, {"text_config", t}};
 }
 
 class Writer {
@@ -226,6 +230,7 @@ Status write_random_checkpoint(const Json& config, const std::string& dir, uint6
   if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
   std::ofstream cfg(dir + "/config.json");
   cfg << config.dump(2) << "\n";
+  cfg.close();  // flushes: a full disk shows up here
   if (!cfg) return Status::IOError(dir + "/config.json: write failed");
   return write_safetensors(dir + "/model.safetensors", w.tensors());
 }

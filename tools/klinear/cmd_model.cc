@@ -13,6 +13,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "io/checkpoint.h"
+#include "io/file.h"
 #include "io/npy.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -115,7 +116,28 @@ int run_logits(const LogitsArgs& a) {
 }
 
 // ---- info
-int run_info(const ModelArgs& a) {
+struct InfoArgs {
+  std::string model_dir;
+  bool verify = false;
+  std::string load_format = "safetensors";
+};
+
+// --verify: every weight read once; each tensor holding NaN/Inf (or an E8M0 scale of 0xFF) is
+// named on stderr. Returns the exit code: 0 when all are finite, 1 otherwise.
+int verify_weights(const Checkpoint& ckpt) {
+  const auto bad = ckpt.scan_non_finite();
+  for (const auto& b : bad)
+    std::fprintf(stderr, "klinear info: %s: tensor '%s' has %lld non-finite value(s), the first at flat index %lld\n",
+                 b.file.c_str(), b.name.c_str(), static_cast<long long>(b.count), static_cast<long long>(b.first_index));
+  if (!bad.empty()) {
+    std::fprintf(stderr, "klinear info: --verify: %zu tensor(s) hold non-finite values\n", bad.size());
+    return 1;
+  }
+  std::printf("\nverify: every weight is finite\n");
+  return 0;
+}
+
+int run_info(const InfoArgs& a) {
   auto cfg = load_model_config(a.model_dir);
   if (!cfg.ok()) return fail("info", cfg.status());
   auto format = parse_load_format(a.load_format);
@@ -166,7 +188,7 @@ int run_info(const ModelArgs& a) {
     bytes += s.bytes;
   }
   std::printf("total             %13lld %14lld\n", (long long)params, (long long)bytes);
-  return 0;
+  return a.verify ? verify_weights(*ckpt) : 0;
 }
 
 // ---- init
@@ -190,7 +212,8 @@ Status adopt_tokenizer(const std::string& tokenizer_dir, const std::string& out,
   std::filesystem::create_directories(out, ec);
   for (const char* f : {"tiktoken.model", "tokenizer_config.json", "NOTICE.md"}) {
     const std::string src = tokenizer_dir + "/" + f;
-    if (!std::filesystem::exists(src)) continue;
+    KL_ASSIGN_OR_RETURN(PathKind kind, path_kind(src));  // no throwing std::filesystem::exists
+    if (kind == PathKind::kMissing) continue;
     std::filesystem::copy_file(src, out + "/" + f, std::filesystem::copy_options::overwrite_existing, ec);
     if (ec) return Status::IOError(out + "/" + f + ": copy failed: " + ec.message());
   }
@@ -253,6 +276,7 @@ Result<std::vector<int32_t>> prompt_ids(const GenerateArgs& a, const Tokenizer* 
 }
 
 int run_generate(const GenerateArgs& a) {
+  if (Status s = validate_generate_options(a.options); !s.ok()) return fail("generate", s);
   if (a.prompt_ids.empty() == a.prompt.empty())
     return fail("generate", Status::InvalidArgument("give exactly one of --prompt-ids and --prompt"));
   if (a.chat && a.prompt.empty()) return fail("generate", Status::InvalidArgument("--chat renders --prompt text"));
@@ -305,6 +329,7 @@ struct ChatArgs {
 };
 
 int run_chat(const ChatArgs& a) {
+  if (Status s = validate_generate_options(a.options); !s.ok()) return fail("chat", s);  // before the first message
   auto m = load(a.model);
   if (!m.ok()) return fail("chat", m.status());
   auto tok = Tokenizer::load(a.tokenizer.empty() ? a.model.model_dir : a.tokenizer);
@@ -383,10 +408,12 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     sub->callback([a, &exit_code] { exit_code = run_chat(*a); });
   }
   {
-    auto a = std::make_shared<ModelArgs>();
+    auto a = std::make_shared<InfoArgs>();
     CLI::App* sub = app.add_subcommand("info", "print the parsed config, the layer table and parameter counts");
     sub->add_option("--model", a->model_dir, "checkpoint directory")->required();
     sub->add_option("--load-format", a->load_format, "safetensors, or dummy (config.json alone)")->capture_default_str();
+    sub->add_flag("--verify", a->verify, "read every weight and name the tensors holding NaN/Inf (or an MXFP4 "
+                                         "scale of 0xFF); exit 1 when there are any");
     sub->callback([a, &exit_code] { exit_code = run_info(*a); });
   }
   {
@@ -397,7 +424,7 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
     sub->add_option("--preset", a->preset, "one of: " + presets)->required();
     sub->add_option("--out", a->out, "output directory")->required();
-    sub->add_option("--seed", a->seed, "random seed")->capture_default_str();
+    sub->add_option("--seed", a->seed, "random seed")->check(uint64_any())->capture_default_str();
     sub->add_option("--tokenizer", a->tokenizer, "tokenizer directory: use its vocabulary and copy its files "
                                                  "into the checkpoint");
     sub->add_flag("--config-only", a->config_only, "write only config.json (for --load-format dummy)");
