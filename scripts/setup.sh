@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages klinear builds and tests with. Idempotent; uses sudo when not root.
 set -euo pipefail
 packages=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-openmp-dev
-          libgtest-dev python3 python3-jinja2)
+          libgtest-dev libcpp-httplib-dev python3 python3-jinja2 python3-pip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,5 +1,6 @@
 #include "runtime/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <tuple>
 
@@ -38,6 +39,10 @@ struct Engine::Request {
 Engine::Engine(StepRunner& runner, const Tokenizer* tokenizer, EngineOptions options)
     : runner_(runner), tokenizer_(tokenizer), options_(std::move(options)), scheduler_(options_.scheduler) {
   KL_CHECK(options_.scheduler.max_num_tokens >= 1 && options_.scheduler.max_num_seqs >= 1, "bad scheduler options");
+  const CacheUsage u = runner_.usage();
+  max_sequence_tokens_ = std::min(runner_.max_model_len(), u.pages_total * u.page_size);
+  vocab_size_ = runner_.vocab_size();
+  metrics_.cache = u;
 }
 
 Engine::~Engine() {

@@ -91,6 +91,10 @@ class Engine {
 
   EngineMetrics metrics() const;
   const EngineOptions& options() const { return options_; }
+  // The most tokens (prompt + generated) one sequence can hold: the context or the whole cache,
+  // whichever is smaller. Any thread.
+  int64_t max_sequence_tokens() const { return max_sequence_tokens_; }
+  int64_t vocab_size() const { return vocab_size_; }
 
  private:
   struct Request;
@@ -106,6 +110,7 @@ class Engine {
   const Tokenizer* tokenizer_;
   EngineOptions options_;
   Scheduler scheduler_;
+  int64_t max_sequence_tokens_ = 0, vocab_size_ = 0;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;  // engine thread
   std::unordered_map<const Sequence*, Choice*> choice_of_;
 

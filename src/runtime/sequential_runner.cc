@@ -1,5 +1,6 @@
 #include "runtime/sequential_runner.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -12,6 +13,29 @@ Result<std::unique_ptr<SequentialRunner>> SequentialRunner::create(Model& model,
     return Status::InvalidArgument("cache tokens must be >= the page size " + std::to_string(o.page_size) + ", got " +
                                    std::to_string(o.cache_tokens));
   return std::unique_ptr<SequentialRunner>(new SequentialRunner(model, o));
+}
+
+Result<CacheSizing> size_cache(const ModelConfig& c, uint64_t memory_bytes, int64_t max_sequences, int64_t page_size) {
+  CacheSizing r;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (c.mixer(l) == Mixer::kKda)
+      r.bytes_per_slot += static_cast<uint64_t>(c.kda_heads * c.kda_head_dim * c.kda_head_dim + (c.conv_kernel - 1) * 3 * c.kda_proj()) * 4;
+    else
+      r.bytes_per_token += static_cast<uint64_t>(c.kv_lora_rank + c.qk_rope_dim) * 4;
+  }
+  if (max_sequences < 1 || page_size < 1)
+    return Status::InvalidArgument("max sequences and page size must be >= 1, got " + std::to_string(max_sequences) + " and " +
+                                   std::to_string(page_size));
+  const uint64_t slots = r.bytes_per_slot * static_cast<uint64_t>(max_sequences);
+  const uint64_t page = std::max<uint64_t>(r.bytes_per_token, 1) * static_cast<uint64_t>(page_size);
+  if (slots + page > memory_bytes)
+    return Status::InvalidArgument("cache memory " + std::to_string(memory_bytes) + " bytes is too small: " +
+                                   std::to_string(max_sequences) + " state slots take " + std::to_string(slots) +
+                                   " bytes and one page of " + std::to_string(page_size) + " tokens " + std::to_string(page));
+  r.options.max_sequences = max_sequences;
+  r.options.page_size = page_size;
+  r.options.cache_tokens = static_cast<int64_t>((memory_bytes - slots) / page) * page_size;
+  return r;
 }
 
 int64_t SequentialRunner::max_model_len() const {

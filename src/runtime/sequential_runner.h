@@ -18,6 +18,15 @@ struct SequentialRunnerOptions {
   int64_t page_size = 64;        // tokens per page, >= 1
 };
 
+// The two budgets from one memory budget: `max_sequences` state slots first (KDA recurrent +
+// conv state of every KDA layer), the rest as MLA latent pages. Sizes are fp32 (the CPU
+// backend's storage). InvalidArgument when the slots alone exceed the budget or no page fits.
+struct CacheSizing {
+  SequentialRunnerOptions options;
+  uint64_t bytes_per_slot = 0, bytes_per_token = 0;
+};
+Result<CacheSizing> size_cache(const ModelConfig& config, uint64_t memory_bytes, int64_t max_sequences, int64_t page_size);
+
 class SequentialRunner final : public StepRunner {
  public:
   // InvalidArgument naming the option when out of range. `model` must outlive the runner.
