@@ -14,3 +14,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -q
   $sudo apt-get install -y -q "${missing[@]}"
 fi
+# The server tests drive klinear serve with the official OpenAI Python client (PyPI).
+if ! python3 -c "import openai" 2>/dev/null; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo python3 -m pip install -q --break-system-packages openai
+fi
