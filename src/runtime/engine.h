@@ -35,7 +35,7 @@ namespace klinear {
 
 struct EngineOptions {
   SchedulerOptions scheduler;
-  int64_t max_queue = 1024;      // requests submitted but not yet admitted, at most
+  int64_t max_queue = 1024;      // sequences waiting for admission (and requests not yet taken), at most
   std::vector<int32_t> eos_ids;  // ids that end a sequence unless ignore_eos
 };
 

@@ -183,7 +183,7 @@ void HttpServer::routes() {
         if (auto marker = tokenizer_->special_id(chat_stop_marker(format_))) spec.stop.stop_ids.push_back(*marker);
       auto channel = std::make_shared<Channel>();
       auto id = engine_.submit(std::move(spec), [channel](const EngineEvent& e) { channel->push(e); });
-      if (!id.ok()) return send_error(res, api_error(id.status(), id.status().code() == StatusCode::kInvalidArgument ? "max_tokens" : ""));
+      if (!id.ok()) return send_error(res, api_error(id.status()));
       const std::string prefix = kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-";
       auto builder = std::make_shared<ResponseBuilder>(r, prefix + std::to_string(next_response_id_++), options_.model_name, tokenizer_);
       ++in_flight_;

@@ -38,6 +38,7 @@ void install_signal_handlers() {
   g_signal = 0;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not a dead server
 }
 
 // "1073741824", "512M", "4G", "4GiB" (binary units) -> bytes.
