@@ -40,7 +40,7 @@ Engine::Engine(StepRunner& runner, const Tokenizer* tokenizer, EngineOptions opt
     : runner_(runner), tokenizer_(tokenizer), options_(std::move(options)), scheduler_(options_.scheduler) {
   KL_CHECK(options_.scheduler.max_num_tokens >= 1 && options_.scheduler.max_num_seqs >= 1, "bad scheduler options");
   const CacheUsage u = runner_.usage();
-  max_sequence_tokens_ = std::min(runner_.max_model_len(), u.pages_total * u.page_size);
+  max_sequence_tokens_ = u.paged() ? std::min(runner_.max_model_len(), u.pages_total * u.page_size) : runner_.max_model_len();
   vocab_size_ = runner_.vocab_size();
   metrics_.cache = u;
 }
@@ -71,7 +71,7 @@ Result<uint64_t> Engine::submit(RequestSpec spec, EventSink sink) {
                                    std::to_string(spec.stop.max_tokens) + " exceeds the context of " +
                                    std::to_string(runner_.max_model_len()) + " tokens");
   const CacheUsage u = runner_.usage();
-  if (pages_for(total, u.page_size) > u.pages_total)
+  if (u.paged() && pages_for(total, u.page_size) > u.pages_total)
     return Status::InvalidArgument("prompt + max_tokens needs " + std::to_string(total) + " tokens of cache, the cache holds " +
                                    std::to_string(u.pages_total * u.page_size));
   auto r = std::make_unique<Request>();

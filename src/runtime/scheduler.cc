@@ -19,10 +19,10 @@ StepPlan Scheduler::schedule(const CacheUsage& usage) {
   const int64_t ps = usage.page_size;
   std::unordered_set<const Sequence*> scheduled, preempted;
   auto extra_pages = [&](const Sequence* s, int64_t n) {
-    return pages_for(s->computed + n, ps) - pages_for(s->computed, ps);
+    return usage.paged() ? pages_for(s->computed + n, ps) - pages_for(s->computed, ps) : 0;
   };
   auto preempt = [&](Sequence* v) {
-    pages_free += pages_for(v->computed, ps);
+    pages_free += usage.paged() ? pages_for(v->computed, ps) : 0;
     ++slots_free;
     v->computed = 0;
     running_.erase(std::find(running_.begin(), running_.end(), v));
@@ -63,11 +63,11 @@ StepPlan Scheduler::schedule(const CacheUsage& usage) {
     Sequence* s = waiting_.front();
     KL_CHECK(s->computed == 0 && !s->slot, "waiting sequence " + std::to_string(s->id) + " holds state");
     const int64_t n = std::min(s->remaining(), budget);
-    if (pages_for(n, ps) > pages_free) break;
+    if (extra_pages(s, n) > pages_free) break;
     waiting_.pop_front();
     running_.push_back(s);
     --slots_free;
-    pages_free -= pages_for(n, ps);
+    pages_free -= extra_pages(s, n);
     budget -= n;
     plan.seqs.push_back({s, n, true});
   }

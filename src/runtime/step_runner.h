@@ -16,11 +16,13 @@ namespace klinear {
 using RunnerSeq = int64_t;  // a sequence open in a runner
 
 // Cache capacity. A sequence holding T tokens holds ceil(T / page_size) pages; it needs one slot
-// while open.
+// while open. pages_total = 0 means the model keeps no per-token cache (no MLA layer): pages never
+// limit anything.
 struct CacheUsage {
   int64_t slots_total = 0, slots_free = 0;
   int64_t pages_total = 0, pages_free = 0;
   int64_t page_size = 1;  // tokens per page
+  bool paged() const { return pages_total > 0; }
 };
 
 inline int64_t pages_for(int64_t tokens, int64_t page_size) { return (tokens + page_size - 1) / page_size; }

@@ -36,7 +36,8 @@ class FakeRunner final : public StepRunner {
   int64_t max_model_len() const override { return 4096; }
   CacheUsage usage() const override {
     CacheUsage u{slots_, slots_ - static_cast<int64_t>(seqs_.size()), pages_, pages_, page_size_};
-    for (const auto& [id, s] : seqs_) u.pages_free -= pages_for(s.tokens, page_size_);
+    if (u.paged())
+      for (const auto& [id, s] : seqs_) u.pages_free -= pages_for(s.tokens, page_size_);
     return u;
   }
   Result<RunnerSeq> open() override {
@@ -183,6 +184,7 @@ TEST(Engine, BatchedChunkedAndPreemptedEqualOneByOne) {
       {"max_num_seqs 2", 32, 1000, 16, 100, 2, false, true},
       {"pages for ~2 sequences", 16, 8, 8, 100, 64, true, true},
       {"page size 1, tight", 16, 60, 1, 7, 64, true, true},
+      {"no pages (a model without MLA layers), 3 slots", 3, 0, 16, 64, 64, false, true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
