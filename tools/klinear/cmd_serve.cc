@@ -280,7 +280,7 @@ int run_run(const RunArgs& a) {
   std::sort(ttft.begin(), ttft.end());
   auto pct = [&](double p) { return ttft.empty() ? 0.0 : 1e3 * ttft[std::min(ttft.size() - 1, size_t(p * ttft.size()))]; };
   std::fprintf(stderr,
-               "klinear run: %lld requests (%lld lines skipped), %lld input and %lld output tokens in %.2f s: %.1f output "
+               "klinear run: %lld requests (%lld malformed lines skipped), %lld input and %lld output tokens in %.2f s: %.1f output "
                "tokens/s, %.1f total tokens/s; time to first token p50 %.1f ms, p90 %.1f ms, p99 %.1f ms\n",
                (long long)finished, (long long)skipped, (long long)in_tokens, (long long)out_tokens, secs,
                out_tokens / std::max(secs, 1e-9), (in_tokens + out_tokens) / std::max(secs, 1e-9), pct(0.5), pct(0.9), pct(0.99));
