@@ -1,4 +1,4 @@
-// The engine over the real model (SequentialRunner on the CPU backend): prompts of lengths around
+// The engine over the real model (ModelRunner: batched forward, pooled cache, CPU backend): prompts of lengths around
 // a page boundary, run together under prefill chunk budgets of 1, 7, 64 and 100 tokens (so steps
 // mix decodes with prefill chunks carrying KDA and conv state between them) and under a cache too
 // small for all of them (so sequences wait and are preempted and recomputed), give the greedy
@@ -6,9 +6,10 @@
 #include <gtest/gtest.h>
 
 #include "backend/backend.h"
-#include "model/presets.h"
+#include "io/presets.h"
+#include "model/model_cases.h"
 #include "runtime/engine.h"
-#include "runtime/sequential_runner.h"
+#include "runtime/model_runner.h"
 #include "test_util.h"
 
 namespace klinear {
@@ -23,8 +24,9 @@ constexpr int kTop = 8, kNew = 5;
 
 Reference run_alone(Model& model, const std::vector<int32_t>& prompt) {
   Reference r;
-  SequenceState state = model.new_sequence();
-  Tensor logits = model.forward(prompt, state, LogitsMode::kLast).value();
+  auto cache = Cache::create(model.config(), model.backend(), CacheOptions{1, 64, 64 << 20}).value();
+  const SeqId seq = cache->open().value();
+  Tensor logits = model.forward_one(*cache, seq, prompt, LogitsMode::kLast).value();
   const size_t vocab = static_cast<size_t>(model.config().vocab_size);
   for (int i = 0; i < kNew; ++i) {
     const std::span<const float> row(logits.f32(), vocab);
@@ -32,7 +34,7 @@ Reference run_alone(Model& model, const std::vector<int32_t>& prompt) {
     r.ids.push_back(next);
     r.steps.push_back(logprobs_of(row, next, kTop));
     const int32_t one[1] = {next};
-    if (i + 1 < kNew) logits = model.forward(one, state, LogitsMode::kLast).value();
+    if (i + 1 < kNew) logits = model.forward_one(*cache, seq, one, LogitsMode::kLast).value();
   }
   return r;
 }
@@ -41,40 +43,40 @@ class EngineOnModel : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(EngineOnModel, ChunkedMixedAndPreemptedEqualAlone) {
   const testing::ScratchDir dir;
-  const uint64_t seed = testing::fresh_seed();
-  ASSERT_TRUE(write_random_checkpoint(preset_config(GetParam()).value(), dir.str(), seed).ok());
-  testing::separate_router_choices(dir.str(), seed);
-  auto backend = make_backend(DeviceKind::kCpu);
-  ASSERT_TRUE(backend.ok());
-  auto model = Model::load(dir.str(), **backend);
-  ASSERT_TRUE(model.ok()) << model.status().to_string();
-  const int64_t vocab = (*model)->config().vocab_size;
-
-  std::mt19937_64 rng(seed);
+  // Token ids below 256 exist in every preset's vocabulary.
+  std::mt19937_64 rng(testing::fresh_seed());
   std::vector<std::vector<int32_t>> prompts;
   for (int len : {1, 7, 63, 64, 65, 100}) {
     std::vector<int32_t> p(static_cast<size_t>(len));
-    for (int32_t& id : p) id = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+    for (int32_t& id : p) id = static_cast<int32_t>(rng() % 256);
     prompts.push_back(p);
   }
+  testing::write_untied_checkpoint(preset_config(GetParam()).value(), dir.str(), prompts, rng());
+  auto backend = make_backend(BackendOptions{});
+  ASSERT_TRUE(backend.ok());
+  auto model = Model::load(dir.str(), **backend);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
   std::vector<Reference> ref;
   for (const auto& p : prompts) ref.push_back(run_alone(**model, p));
 
   struct Case {
     const char* name;
-    int64_t chunk, slots, cache_tokens;
+    int64_t chunk, slots, pages;
     bool expect_preemption;
   };
   const std::vector<Case> cases{
-      {"chunk 1", 1, 8, 4096, false},
-      {"chunk 7", 7, 8, 4096, false},
-      {"chunk 64", 64, 8, 4096, false},
-      {"chunk 100", 100, 8, 4096, false},
-      {"3 pages of 64 for 6 sequences", 64, 6, 192, true},
+      {"chunk 1", 1, 8, 64, false},
+      {"chunk 7", 7, 8, 64, false},
+      {"chunk 64", 64, 8, 64, false},
+      {"chunk 100", 100, 8, 64, false},
+      {"3 pages of 64 for 6 sequences", 64, 6, 3, true},
   };
+  const CacheSizes sizes = ModelRunner::create(**model, CacheOptions{1, 64, 64 << 20}).value()->sizes();
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    auto runner = SequentialRunner::create(**model, SequentialRunnerOptions{c.slots, c.cache_tokens, 64}).value();
+    const uint64_t budget = c.slots * sizes.bytes_per_slot + c.pages * sizes.bytes_per_page;
+    auto runner = ModelRunner::create(**model, CacheOptions{c.slots, 64, budget}).value();
+    ASSERT_EQ(runner->usage().pages_total, c.pages);
     Engine engine(*runner, nullptr, EngineOptions{{c.chunk, 8}, 100, {}});
     std::vector<std::vector<TokenOutput>> got(prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i) {

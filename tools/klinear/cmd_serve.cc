@@ -22,7 +22,7 @@
 #include "model/model.h"
 #include "runtime/chat_session.h"
 #include "runtime/engine.h"
-#include "runtime/sequential_runner.h"
+#include "runtime/model_runner.h"
 #include "server/bench_client.h"
 #include "server/http_server.h"
 #include "server/openai.h"
@@ -58,19 +58,21 @@ Result<uint64_t> parse_bytes(const std::string& text, const std::string& flag) {
 
 // ---- shared engine set-up
 struct EngineArgs {
-  std::string model_dir, device = "cpu", tokenizer;
+  std::string model_dir, device = "cpu", dtype, tokenizer;
   int64_t max_num_tokens = 2048, max_num_seqs = 16, page_size = 64;
-  std::string cache_memory = "1G";
+  std::string cache_memory = "0";
 };
 
 void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
   sub->add_option("--model", a.model_dir, "checkpoint directory (config.json + safetensors)")->required();
   sub->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
+  sub->add_option("--dtype", a.dtype, "float32 or bfloat16 (default: float32 on the CPU, bfloat16 on CUDA)");
   sub->add_option("--tokenizer", a.tokenizer, "tokenizer directory (default: the model directory, if it has one)");
   sub->add_option("--max-num-tokens", a.max_num_tokens, "tokens per engine step (decodes + prefill chunks)")->capture_default_str();
   sub->add_option(max_seqs_flag, a.max_num_seqs, "sequences running at once (state slots)")->capture_default_str();
   sub->add_option("--cache-memory", a.cache_memory, "memory for the caches: state slots first, the rest latent pages "
-                                                    "(bytes, or with K/M/G/T)")->capture_default_str();
+                                                    "(bytes, or with K/M/G/T; 0: room for every sequence at the full "
+                                                    "context, at most a quarter of the free memory)")->capture_default_str();
   sub->add_option("--page-size", a.page_size, "tokens per latent cache page")->capture_default_str();
 }
 
@@ -79,16 +81,18 @@ struct Serving {
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;  // behind a pointer: the engine keeps its address
   ChatFormat format = ChatFormat::kKimiK2;
-  std::unique_ptr<SequentialRunner> runner;
+  std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<Engine> engine;
 };
 
 Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char* cmd) {
   KL_ASSIGN_OR_RETURN(uint64_t memory, parse_bytes(a.cache_memory, "--cache-memory"));
   if (a.max_num_tokens < 1) return Status::InvalidArgument("--max-num-tokens must be >= 1");
-  KL_ASSIGN_OR_RETURN(DeviceKind kind, parse_device(a.device));
+  BackendOptions bo;
+  KL_ASSIGN_OR_RETURN(bo.device, parse_device(a.device));
+  KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(!a.dtype.empty() ? a.dtype : bo.device == Device::kCuda ? "bfloat16" : "float32"));
   Serving s;
-  KL_ASSIGN_OR_RETURN(s.backend, make_backend(kind));
+  KL_ASSIGN_OR_RETURN(s.backend, make_backend(bo));
   KL_ASSIGN_OR_RETURN(s.model, Model::load(a.model_dir, *s.backend));
   const std::string tok_dir = a.tokenizer.empty() ? a.model_dir : a.tokenizer;
   auto tok = Tokenizer::load(tok_dir);
@@ -97,20 +101,19 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   else std::fprintf(stderr, "klinear %s: no tokenizer in %s: token-id prompts only\n", cmd, a.model_dir.c_str());
   const ModelConfig& c = s.model->config();
   s.format = chat_format_for(c);
-  KL_ASSIGN_OR_RETURN(CacheSizing sizing, size_cache(c, memory, a.max_num_seqs, a.page_size));
-  KL_ASSIGN_OR_RETURN(s.runner, SequentialRunner::create(*s.model, sizing.options));
+  KL_ASSIGN_OR_RETURN(s.runner, ModelRunner::create(*s.model, CacheOptions{a.max_num_seqs, a.page_size, memory}));
   EngineOptions eo;
   eo.scheduler = {a.max_num_tokens, a.max_num_seqs};
   eo.max_queue = max_queue;
   for (int64_t id : c.eos_token_ids) eo.eos_ids.push_back(static_cast<int32_t>(id));
   s.engine = std::make_unique<Engine>(*s.runner, s.tokenizer.get(), eo);
+  const CacheSizes& z = s.runner->sizes();
   std::fprintf(stderr,
-               "klinear %s: cache %.1f MiB per state slot, %.1f KiB per token: %lld slots, %lld pages of %lld tokens; "
-               "at most %lld sequences and %lld tokens at once (%lld per sequence)\n",
-               cmd, sizing.bytes_per_slot / 1048576.0, sizing.bytes_per_token / 1024.0, (long long)sizing.options.max_sequences,
-               (long long)(sizing.options.cache_tokens / a.page_size), (long long)a.page_size,
-               (long long)sizing.options.max_sequences, (long long)sizing.options.cache_tokens,
-               (long long)s.engine->max_sequence_tokens());
+               "klinear %s: cache %.1f MiB: %.2f MiB per state slot, %.1f KiB per token; %lld slots, %lld pages of %lld "
+               "tokens: at most %lld sequences and %lld tokens at once (%lld per sequence)\n",
+               cmd, z.bytes() / 1048576.0, z.bytes_per_slot / 1048576.0, z.bytes_per_page / 1024.0 / std::max<int64_t>(z.page_size, 1),
+               (long long)z.slots, (long long)z.pages, (long long)z.page_size, (long long)z.slots,
+               (long long)(z.pages * z.page_size), (long long)s.engine->max_sequence_tokens());
   return s;
 }
 
