@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <cmath>
 #include <vector>
 
 #include "io/checkpoint.h"
@@ -49,13 +50,27 @@ Result<Tensor> Model::forward(Batch& batch, Cache& cache) {
   };
   be.embedding(on_device(batch.ids), weights_.embed, h);
 
+  Status finite;  // the first non-finite sublayer output, with check_finite_
+  auto checked = [&](int64_t l, const char* part, Tensor out) {
+    if (!check_finite_ || !finite.ok()) return out;
+    const Tensor host = be.to_host(out);
+    for (int64_t i = 0; i < host.numel(); ++i)
+      if (!std::isfinite(host.f32()[i])) {
+        finite = Status::Corruption("layer " + std::to_string(l) + " (" + (c.mixer(l) == Mixer::kKda ? "KDA" : "MLA") +
+                                    " mixer, " + (c.ffn(l) == Ffn::kDense ? "dense" : "MoE") + " FFN): the " + part +
+                                    " output is not finite (" + std::to_string(host.f32()[i]) + " at row " +
+                                    std::to_string(i / host.dim(-1)) + ")");
+        break;
+      }
+    return out;
+  };
   auto mixer = [&](int64_t l, const Tensor& xn) {
     const LayerWeights& lw = weights_.layers[l];
-    return lw.mixer == Mixer::kKda ? kda(lw.kda, xn, l, batch, cache) : mla(lw.mla, xn, l, batch, cache);
+    return checked(l, "mixer", lw.mixer == Mixer::kKda ? kda(lw.kda, xn, l, batch, cache) : mla(lw.mla, xn, l, batch, cache));
   };
   auto ffn = [&](int64_t l, const Tensor& xn) {
     const LayerWeights& lw = weights_.layers[l];
-    return lw.ffn == Ffn::kDense ? mlp(lw.mlp, xn) : moe(lw.moe, xn);
+    return checked(l, "FFN", lw.ffn == Ffn::kDense ? mlp(lw.mlp, xn) : moe(lw.moe, xn));
   };
   auto normed = [&](const Tensor& x, const Tensor& w) {
     Tensor y = act(x.shape());
@@ -96,6 +111,7 @@ Result<Tensor> Model::forward(Batch& batch, Cache& cache) {
     }
     x = attn_res_read(with_partial(p), weights_.output_res_query);
   }
+  KL_RETURN_IF_ERROR(finite);
   cache.advance(batch);
 
   const int64_t R = static_cast<int64_t>(batch.logit_rows.size());

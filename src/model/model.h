@@ -29,6 +29,10 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
+  // With checks on, forward() copies each sublayer's output to the host and fails (Corruption)
+  // naming the first layer whose output is not finite (the states of the step's sequences are then
+  // undefined: close them). Off by default: it synchronises every layer.
+  void set_check_finite(bool on) { check_finite_ = on; }
 
   // Runs `batch` (from cache.plan) and advances its sequences. Returns the logits of the batch's
   // logit_rows, [R, V] F32 on the backend's device, valid until the backend's next step.
@@ -47,6 +51,7 @@ class Model {
   ModelConfig config_;
   ModelWeights weights_;
   Backend& backend_;
+  bool check_finite_ = false;
 };
 
 }  // namespace klinear

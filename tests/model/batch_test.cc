@@ -74,7 +74,6 @@ TEST_P(BatchedEqualsAlone, MixedStepsAndReuse) {
   auto model = Model::load(dir, **be);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   Model& m = **model;
-  const int64_t vocab = m.config().vocab_size;
   auto cache = Cache::create(m.config(), **be, CacheOptions{6, 8, 64 << 20});
   ASSERT_TRUE(cache.ok()) << cache.status().to_string();
   Cache& c = **cache;

@@ -29,6 +29,7 @@ struct ModelArgs {
   std::string device = "cpu";
   std::string dtype;  // empty: float32 on the CPU, bfloat16 on CUDA
   int64_t page_size = 64;
+  bool check_finite = false;
 };
 
 void add_model_args(CLI::App* sub, ModelArgs& a) {
@@ -36,6 +37,8 @@ void add_model_args(CLI::App* sub, ModelArgs& a) {
   sub->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   sub->add_option("--dtype", a.dtype, "float32 or bfloat16 (default: float32 on cpu, bfloat16 on cuda)");
   sub->add_option("--page-size", a.page_size, "positions per page of the MLA latent cache")->capture_default_str();
+  sub->add_flag("--check-finite", a.check_finite,
+                "check every layer's output and name the first one that is not finite (slower)");
 }
 
 struct LoadedModel {
@@ -66,6 +69,7 @@ Result<LoadedModel> load(const ModelArgs& a) {
   LoadedModel m;
   KL_ASSIGN_OR_RETURN(m.backend, make_backend(o));
   KL_ASSIGN_OR_RETURN(m.model, Model::load(a.model_dir, *m.backend));
+  m.model->set_check_finite(a.check_finite);
   m.cache_options.page_size = a.page_size;
   return m;
 }
@@ -266,17 +270,33 @@ int run_chat(const ChatArgs& a) {
   auto created = ChatSession::create(*m->model, m->cache_options, *tok, chat_format_for(m->model->config()), a.system);
   if (!created.ok()) return fail("chat", created.status());
   ChatSession& session = **created;
-  std::fprintf(stderr, "klinear chat: type a message and press Enter; an empty line or end of input quits.\n");
+  std::fprintf(stderr, "klinear chat: type a message and press Enter; /reset starts a new conversation; an empty "
+                       "line or end of input quits.\n");
   std::string line;
   while (true) {
     std::fputs("> ", stderr);
     if (!std::getline(std::cin, line) || line.empty()) break;
+    if (line == "/reset") {
+      Status s = session.reset();
+      if (!s.ok()) return fail("chat", s);
+      std::fprintf(stderr, "klinear chat: a new conversation\n");
+      continue;
+    }
     auto reply = session.turn(line, a.options, [](const std::string& piece) {
       std::fputs(piece.c_str(), stdout);
       std::fflush(stdout);
     });
     std::fputs("\n", stdout);
-    if (!reply.ok()) return fail("chat", reply.status());
+    std::fflush(stdout);
+    if (!reply.ok()) {
+      // The session is as it was before the message: say why and go on.
+      std::fprintf(stderr, "klinear chat: %s\n", reply.status().to_string().c_str());
+      continue;
+    }
+    if (reply->finish == FinishReason::kContext)
+      std::fprintf(stderr, "klinear chat: the conversation now fills the model's context (%lld tokens); /reset "
+                           "starts a new one\n",
+                   static_cast<long long>(session.tokens()));
   }
   std::fprintf(stderr, "klinear chat: %lld tokens in the conversation state\n", static_cast<long long>(session.tokens()));
   return 0;
