@@ -1,8 +1,8 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
-#include <cstddef>
 #include <cmath>
+#include <cstddef>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -10,10 +10,20 @@
 namespace klinear {
 
 Status validate_sampling(const SamplingParams& p) {
+  auto range = [](const char* name, float v, float lo, float hi) {
+    return Status::InvalidArgument(std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                   "], got " + std::to_string(v));
+  };
   if (!std::isfinite(p.temperature) || p.temperature < 0)
     return Status::InvalidArgument("temperature must be a finite number >= 0, got " + std::to_string(p.temperature));
   if (p.top_k < 0) return Status::InvalidArgument("top_k must be >= 0, got " + std::to_string(p.top_k));
   if (!(p.top_p > 0 && p.top_p <= 1)) return Status::InvalidArgument("top_p must be in (0, 1], got " + std::to_string(p.top_p));
+  if (!(p.min_p >= 0 && p.min_p <= 1)) return range("min_p", p.min_p, 0, 1);
+  if (!(p.presence_penalty >= -2 && p.presence_penalty <= 2)) return range("presence_penalty", p.presence_penalty, -2, 2);
+  if (!(p.frequency_penalty >= -2 && p.frequency_penalty <= 2)) return range("frequency_penalty", p.frequency_penalty, -2, 2);
+  if (!(p.repetition_penalty > 0 && std::isfinite(p.repetition_penalty)))
+    return Status::InvalidArgument("repetition_penalty must be a finite number > 0, got " +
+                                   std::to_string(p.repetition_penalty));
   return Status();
 }
 
@@ -24,10 +34,63 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
+void apply_penalties(const SamplingParams& p, const TokenHistory& history, std::span<float> logits) {
+  auto in_range = [&](int32_t id) { return id >= 0 && static_cast<size_t>(id) < logits.size(); };
+  if (p.repetition_penalty != 1.0f) {
+    auto penalize = [&](int32_t id) {
+      float& l = logits[static_cast<size_t>(id)];
+      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    };
+    for (int32_t id : history.prompt)
+      if (in_range(id)) penalize(id);
+    for (const auto& [id, count] : history.output)
+      if (in_range(id) && !history.prompt.count(id)) penalize(id);
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+    for (const auto& [id, count] : history.output)
+      if (in_range(id)) logits[static_cast<size_t>(id)] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
+}
+
+Sampled logprobs_of(std::span<const float> logits, int32_t id, int k) {
+  const double mx = logits[static_cast<size_t>(argmax(logits))];
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l) - mx);
+  const double log_z = mx + std::log(z);
+  Sampled s;
+  s.id = id;
+  s.logprob = static_cast<float>(logits[static_cast<size_t>(id)] - log_z);
+  const size_t n = std::min(static_cast<size_t>(std::max(k, 0)), logits.size());
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  for (size_t i = 0; i < n; ++i) s.top.push_back({order[i], static_cast<float>(logits[order[i]] - log_z)});
+  return s;
+}
+
+void Sampler::set_prompt(std::span<const int32_t> prompt) { history_.prompt.insert(prompt.begin(), prompt.end()); }
+
+Sampled Sampler::next(std::span<const float> logits, int top_logprobs) {
+  const bool penalized = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                         params_.frequency_penalty != 0.0f;
+  int32_t id;
+  if (penalized) {
+    std::vector<float> adjusted(logits.begin(), logits.end());
+    apply_penalties(params_, history_, adjusted);
+    id = draw(adjusted);
+  } else {
+    id = draw(logits);
+  }
+  ++history_.output[id];
+  if (top_logprobs < 0) return Sampled{id, 0, {}};
+  return logprobs_of(logits, id, top_logprobs);
+}
+
 // Candidates are found without sorting the whole vocabulary: top-k by nth_element, the top-p
 // nucleus by sorting a growing prefix (×4 each round) until it holds p of the probability mass,
 // and plain temperature sampling draws from all ids directly.
-int32_t Sampler::sample(std::span<const float> logits) {
+int32_t Sampler::draw(std::span<const float> logits) {
   if (params_.temperature <= 0) return argmax(logits);
   const size_t vocab = logits.size();
   const double inv_t = 1.0 / params_.temperature;
@@ -60,8 +123,12 @@ int32_t Sampler::sample(std::span<const float> logits) {
       }
     }
   }
+  // min_p: the most likely id has weight 1, so the threshold is min_p itself.
   std::vector<double> w(keep);
-  for (size_t i = 0; i < keep; ++i) w[i] = weight(order[i]);
+  for (size_t i = 0; i < keep; ++i) {
+    const double wi = weight(order[i]);
+    w[i] = wi >= params_.min_p ? wi : 0.0;
+  }
   std::discrete_distribution<size_t> dist(w.begin(), w.end());
   return order[dist(rng_)];
 }

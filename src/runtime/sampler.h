@@ -1,12 +1,23 @@
-// Sampler: picks the next token from one row of logits. Temperature 0 is greedy argmax (ties go to
-// the lowest id); otherwise softmax(logits / T), restricted to the top-k ids and then to the
-// smallest set whose probability reaches top-p, sampled with a seeded generator so that a fixed
-// seed reproduces a run.
+// Sampler: picks the next token of one sequence from one row of logits.
+//
+// Order of processing (each step optional): penalties on a copy of the logits (repetition over
+// prompt and generated ids, then presence and frequency over generated ids), temperature (<= 0 is
+// greedy argmax, ties to the lowest id), then the candidate set: the top-k ids, the smallest
+// prefix (by logit) whose tempered probability reaches top-p, and of those the ids whose
+// probability is at least min_p times the most likely one. The draw uses a per-sampler generator
+// seeded from `seed`, so a fixed seed reproduces a run.
+//
+// Log-probabilities, when asked for, are those of the model's distribution: log_softmax of the
+// raw logits, before penalties, temperature and truncation (what OpenAI clients read as the
+// model's confidence); top_logprobs lists the most likely ids of that same distribution.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "core/status.h"
 
@@ -17,21 +28,58 @@ struct SamplingParams {
   int top_k = 0;             // 0: no limit
   float top_p = 1.0f;        // 1: no limit
   uint64_t seed = 0;
+  float min_p = 0.0f;               // 0: no limit; in [0, 1]
+  float presence_penalty = 0.0f;    // subtracted once from the logit of every generated id; [-2, 2]
+  float frequency_penalty = 0.0f;   // subtracted per occurrence in the generated ids; [-2, 2]
+  float repetition_penalty = 1.0f;  // > 0; ids in prompt or output: logit / p if positive, * p if not
 };
 
 // InvalidArgument naming the field when a parameter is out of range.
 Status validate_sampling(const SamplingParams& p);
 
+// Ids seen so far by one sequence, for the penalties.
+struct TokenHistory {
+  std::unordered_set<int32_t> prompt;
+  std::unordered_map<int32_t, int> output;  // id -> times generated
+};
+
+// Applies the penalties of `p` to `logits` [V] in place (see the file comment for the order).
+void apply_penalties(const SamplingParams& p, const TokenHistory& history, std::span<float> logits);
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;
+};
+
+struct Sampled {
+  int32_t id = 0;
+  float logprob = 0;               // of `id`; set when top_logprobs >= 0
+  std::vector<TokenLogprob> top;   // the top_logprobs most likely ids, most likely first
+};
+
+// Not thread-safe: one sampler per sequence.
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}
-  int32_t sample(std::span<const float> logits);
+
+  // Records the prompt ids (the repetition penalty covers them).
+  void set_prompt(std::span<const int32_t> prompt);
+  // Picks the next id from `logits` [V] and records it as generated. With top_logprobs >= 0 it
+  // also reports the log-probability of the pick and of the top_logprobs most likely ids.
+  Sampled next(std::span<const float> logits, int top_logprobs);
+  int32_t sample(std::span<const float> logits) { return next(logits, -1).id; }
 
  private:
+  int32_t draw(std::span<const float> logits);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
+  TokenHistory history_;
 };
 
 int32_t argmax(std::span<const float> logits);
+
+// log_softmax(logits) at `id`, and the `k` most likely ids with theirs (ties to the lowest id).
+Sampled logprobs_of(std::span<const float> logits, int32_t id, int k);
 
 }  // namespace klinear

@@ -38,7 +38,8 @@ const Json& find_case(const Json& cases, const std::string& name) {
 std::string tmp(const std::string& name) { return ::testing::TempDir() + "klinear_cli_" + name; }
 
 TEST(Cli, HelpOnEveryCommand) {
-  for (const char* sub : {"", "logits", "generate", "chat", "info", "init", "tokenize", "detokenize"}) {
+  for (const char* sub : {"", "logits", "generate", "chat", "info", "init", "tokenize", "detokenize", "serve", "run",
+                          "bench-serve"}) {
     const CliRun r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.exit_code, 0) << sub << ": " << r.all();
     EXPECT_NE(r.all().find("--"), std::string::npos) << sub;

@@ -1,0 +1,308 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <tuple>
+
+namespace klinear {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+}  // namespace
+
+struct Engine::Choice {
+  Sequence seq;
+  Request* request = nullptr;
+  int index = 0;
+  Sampler sampler;
+  StopFilter filter;
+  std::optional<StreamDecoder> decoder;
+  bool finished = false;
+  std::optional<FinishReason> finish;
+  Clock::time_point last_token;
+  Choice(const SamplingParams& p, const StopOptions& s, std::vector<int32_t> eos) : sampler(p), filter(s, std::move(eos)) {}
+};
+
+struct Engine::Request {
+  uint64_t id = 0;
+  RequestSpec spec;
+  EventSink sink;
+  std::vector<std::unique_ptr<Choice>> choices;
+  int unfinished = 0;
+  int64_t completion_tokens = 0;
+  Clock::time_point arrival;
+  std::optional<Clock::time_point> admitted, first_token;
+};
+
+Engine::Engine(StepRunner& runner, const Tokenizer* tokenizer, EngineOptions options)
+    : runner_(runner), tokenizer_(tokenizer), options_(std::move(options)), scheduler_(options_.scheduler) {
+  KL_CHECK(options_.scheduler.max_num_tokens >= 1 && options_.scheduler.max_num_seqs >= 1, "bad scheduler options");
+  const CacheUsage u = runner_.usage();
+  max_sequence_tokens_ = u.paged() ? std::min(runner_.max_model_len(), u.pages_total * u.page_size) : runner_.max_model_len();
+  vocab_size_ = runner_.vocab_size();
+  metrics_.cache = u;
+}
+
+Engine::~Engine() {
+  for (auto& [id, r] : requests_)
+    for (auto& c : r->choices)
+      if (c->seq.slot) runner_.close(*c->seq.slot);
+}
+
+Result<uint64_t> Engine::submit(RequestSpec spec, EventSink sink) {
+  const int64_t prompt = static_cast<int64_t>(spec.prompt.size());
+  if (prompt == 0) return Status::InvalidArgument("prompt is empty, expected at least one token");
+  for (size_t i = 0; i < spec.prompt.size(); ++i)
+    if (spec.prompt[i] < 0 || spec.prompt[i] >= runner_.vocab_size())
+      return Status::InvalidArgument("prompt token " + std::to_string(i) + " is " + std::to_string(spec.prompt[i]) +
+                                     ", expected an id in [0, " + std::to_string(runner_.vocab_size()) + ")");
+  KL_RETURN_IF_ERROR(validate_sampling(spec.sampling));
+  KL_RETURN_IF_ERROR(validate_stop(spec.stop));
+  if (spec.n < 1 || spec.n > 128) return Status::InvalidArgument("n must be in [1, 128], got " + std::to_string(spec.n));
+  if (spec.top_logprobs < -1 || spec.top_logprobs > 20)
+    return Status::InvalidArgument("top_logprobs must be in [0, 20], got " + std::to_string(spec.top_logprobs));
+  if (!spec.stop.stop.empty() && !tokenizer_)
+    return Status::InvalidArgument("stop strings need a tokenizer; this model has none (use stop token ids)");
+  const int64_t total = prompt + spec.stop.max_tokens;
+  if (total > runner_.max_model_len())
+    return Status::InvalidArgument("prompt of " + std::to_string(prompt) + " tokens + max_tokens " +
+                                   std::to_string(spec.stop.max_tokens) + " exceeds the context of " +
+                                   std::to_string(runner_.max_model_len()) + " tokens");
+  const CacheUsage u = runner_.usage();
+  if (u.paged() && pages_for(total, u.page_size) > u.pages_total)
+    return Status::InvalidArgument("prompt + max_tokens needs " + std::to_string(total) + " tokens of cache, the cache holds " +
+                                   std::to_string(u.pages_total * u.page_size));
+  auto r = std::make_unique<Request>();
+  r->spec = std::move(spec);
+  r->sink = std::move(sink);
+  r->arrival = Clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return Status::ResourceExhausted("the server is shutting down");
+  if (metrics_.waiting + static_cast<int64_t>(inbox_.size()) >= options_.max_queue)
+    return Status::ResourceExhausted("the queue is full (" + std::to_string(options_.max_queue) + " requests waiting)");
+  r->id = next_id_++;
+  const uint64_t id = r->id;
+  inbox_.push_back(std::move(r));
+  wake_.notify_all();
+  return id;
+}
+
+void Engine::cancel(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancels_.push_back(request_id);
+  wake_.notify_all();
+}
+
+void Engine::request_stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_ = true;
+  wake_.notify_all();
+}
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return metrics_;
+}
+
+bool Engine::has_work() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !requests_.empty() || !inbox_.empty() || !cancels_.empty();
+}
+
+void Engine::take_inbox() {
+  std::vector<std::unique_ptr<Request>> fresh;
+  std::vector<uint64_t> cancels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  for (auto& r : fresh) {
+    for (int i = 0; i < r->spec.n; ++i) {
+      SamplingParams p = r->spec.sampling;
+      p.seed += static_cast<uint64_t>(i);
+      auto c = std::make_unique<Choice>(p, r->spec.stop, options_.eos_ids);
+      c->request = r.get();
+      c->index = i;
+      c->seq.id = r->id * 1000 + static_cast<uint64_t>(i);
+      c->seq.tokens = r->spec.prompt;
+      c->sampler.set_prompt(r->spec.prompt);
+      if (tokenizer_) c->decoder.emplace(*tokenizer_);
+      choice_of_[&c->seq] = c.get();
+      scheduler_.add(&c->seq);
+      r->choices.push_back(std::move(c));
+    }
+    r->unfinished = r->spec.n;
+    const uint64_t id = r->id;
+    requests_[id] = std::move(r);
+  }
+  for (uint64_t id : cancels) {
+    auto it = requests_.find(id);
+    if (it != requests_.end()) end_request(*it->second, RequestEnd::kCancelled, Status());
+  }
+}
+
+void Engine::release(Choice& c) {
+  scheduler_.remove(&c.seq);
+  if (c.seq.slot) runner_.close(*c.seq.slot);
+  c.seq.slot.reset();
+  c.finished = true;
+}
+
+void Engine::end_request(Request& r, RequestEnd end, Status error) {
+  for (auto& c : r.choices)
+    if (!c->finished) release(*c);
+  const Clock::time_point now = Clock::now();
+  EngineEvent e;
+  e.request_id = r.id;
+  e.end = end;
+  e.error = std::move(error);
+  e.stats.prompt_tokens = static_cast<int64_t>(r.spec.prompt.size());
+  e.stats.completion_tokens = r.completion_tokens;
+  e.stats.e2e_s = seconds(r.arrival, now);
+  if (r.admitted) e.stats.queue_s = seconds(r.arrival, *r.admitted);
+  if (r.first_token) e.stats.ttft_s = seconds(r.arrival, *r.first_token);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const char* status = end == RequestEnd::kCancelled ? "cancelled" : end == RequestEnd::kFailed ? "error" : nullptr;
+    if (!status) {
+      bool length = false;
+      for (auto& c : r.choices) length = length || c->finish == FinishReason::kLength;
+      status = length ? "length" : "stop";
+    }
+    ++metrics_.requests[status];
+    metrics_.prompt_tokens += r.spec.prompt.size();
+    metrics_.e2e_s.observe(e.stats.e2e_s);
+  }
+  r.sink(e);
+  for (auto& c : r.choices) choice_of_.erase(&c->seq);
+  requests_.erase(r.id);  // destroys r
+}
+
+void Engine::emit(Choice& c, Released out) {
+  Request& r = *c.request;
+  if (out.finish) {
+    c.finish = out.finish;
+    release(c);
+    --r.unfinished;
+  }
+  EngineEvent e;
+  e.request_id = r.id;
+  e.choice = c.index;
+  e.text = std::move(out.text);
+  e.tokens = std::move(out.tokens);
+  e.finish = out.finish;
+  if (!e.text.empty() || !e.tokens.empty() || e.finish) r.sink(e);
+  if (r.unfinished == 0) end_request(r, RequestEnd::kFinished, Status());
+}
+
+void Engine::post_process(Choice& c, std::span<const float> logits) {
+  Request& r = *c.request;
+  const Clock::time_point now = Clock::now();
+  const Sampled s = c.sampler.next(logits, r.spec.top_logprobs);
+  c.seq.tokens.push_back(s.id);
+  ++r.completion_tokens;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++metrics_.generation_tokens;
+    if (!r.first_token) metrics_.ttft_s.observe(seconds(r.arrival, now));
+    else if (c.filter.generated() > 0) metrics_.inter_token_s.observe(seconds(c.last_token, now));
+  }
+  if (!r.first_token) r.first_token = now;
+  c.last_token = now;
+  TokenOutput t{s.id, c.decoder ? c.decoder->push(s.id) : std::string(), s};
+  Released out = c.filter.push(std::move(t));
+  if (!out.finish && static_cast<int64_t>(c.seq.tokens.size()) >= runner_.max_model_len()) {
+    Released rest = c.filter.flush(FinishReason::kLength);
+    out.text += rest.text;
+    for (auto& tok : rest.tokens) out.tokens.push_back(std::move(tok));
+    out.finish = FinishReason::kLength;
+  }
+  if (out.finish == FinishReason::kLength && c.decoder) out.text += c.decoder->finish();
+  emit(c, std::move(out));
+}
+
+bool Engine::step() {
+  take_inbox();
+  const StepPlan plan = scheduler_.schedule(runner_.usage());
+  for (Sequence* v : plan.preempted) {
+    runner_.close(*v->slot);
+    v->slot.reset();
+  }
+  std::vector<RunnerStep> steps;
+  steps.reserve(plan.seqs.size());
+  for (const ScheduledSeq& s : plan.seqs) {
+    Sequence& seq = *s.seq;
+    if (s.admit) {
+      auto slot = runner_.open();
+      KL_CHECK(slot.ok(), "the scheduler admitted a sequence the runner cannot open: " + slot.status().to_string());
+      seq.slot = *slot;
+      Request& r = *choice_of_.at(&seq)->request;
+      if (!r.admitted) {
+        r.admitted = Clock::now();
+        std::lock_guard<std::mutex> lock(mu_);
+        metrics_.queue_s.observe(seconds(r.arrival, *r.admitted));
+      }
+    }
+    const auto begin = seq.tokens.begin() + seq.computed;
+    steps.push_back({*seq.slot, std::span<const int32_t>(&*begin, static_cast<size_t>(s.tokens)),
+                     seq.computed + s.tokens == static_cast<int64_t>(seq.tokens.size())});
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    metrics_.preemptions += plan.preempted.size();
+  }
+  if (!steps.empty()) {
+    Result<Tensor> logits = runner_.run(steps);
+    if (!logits.ok()) {
+      std::vector<uint64_t> failed;
+      for (const ScheduledSeq& s : plan.seqs) failed.push_back(choice_of_.at(s.seq)->request->id);
+      for (uint64_t id : failed)
+        if (auto it = requests_.find(id); it != requests_.end())
+          end_request(*it->second, RequestEnd::kFailed, logits.status());
+    } else {
+      const int64_t vocab = runner_.vocab_size();
+      int64_t row = 0;
+      // (request id, choice, row): a request may end, and be destroyed, while its rows are handled.
+      std::vector<std::tuple<uint64_t, int, int64_t>> sampled;
+      for (size_t i = 0; i < plan.seqs.size(); ++i) {
+        plan.seqs[i].seq->computed += plan.seqs[i].tokens;
+        if (!steps[i].want_logits) continue;
+        const Choice& c = *choice_of_.at(plan.seqs[i].seq);
+        sampled.emplace_back(c.request->id, c.index, row++);
+      }
+      KL_CHECK(logits->dim(0) == row, "runner returned " + std::to_string(logits->dim(0)) + " logits rows, expected " +
+                                          std::to_string(row));
+      for (const auto& [id, index, r] : sampled) {
+        auto it = requests_.find(id);
+        if (it == requests_.end()) continue;
+        Choice& c = *it->second->choices[static_cast<size_t>(index)];
+        if (!c.finished) post_process(c, std::span<const float>(logits->f32() + r * vocab, static_cast<size_t>(vocab)));
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics_.running = static_cast<int64_t>(scheduler_.num_running());
+  metrics_.waiting = static_cast<int64_t>(scheduler_.num_waiting());
+  metrics_.cache = runner_.usage();
+  return !steps.empty();
+}
+
+void Engine::run_until_idle() {
+  while (has_work()) step();
+}
+
+void Engine::serve() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || !requests_.empty() || !inbox_.empty() || !cancels_.empty(); });
+      if (stopping_ && requests_.empty() && inbox_.empty()) return;
+    }
+    step();
+  }
+}
+
+}  // namespace klinear

@@ -1,0 +1,126 @@
+// Engine: continuous batching over a StepRunner. One step = schedule (scheduler.h), run (one
+// runner call over every scheduled sequence), post-process (sample, detokenize, stop, emit).
+//
+// Threads: submit(), cancel(), request_stop() and metrics() may be called from any thread; they
+// only touch an inbox under a mutex. Everything else (steps, the runner, sequences) belongs to the
+// one thread that calls step() / serve() / run_until_idle(). Events go to each request's sink on
+// that engine thread, so a sink must be quick and must not call back into the engine.
+//
+// A request with n > 1 runs n sequences (choices) over the same prompt, choice i sampling with
+// seed + i. A request that can never fit (prompt + max_tokens over the context or over the whole
+// cache) is refused at submit; one that does not fit now waits; running sequences that run out
+// of pages are preempted and recomputed later (scheduler.h). A runner error fails only the
+// requests in that step; the engine keeps serving.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "io/tokenizer.h"
+#include "runtime/metrics.h"
+#include "runtime/sampler.h"
+#include "runtime/scheduler.h"
+#include "runtime/step_runner.h"
+#include "runtime/stop.h"
+
+namespace klinear {
+
+struct EngineOptions {
+  SchedulerOptions scheduler;
+  int64_t max_queue = 1024;      // sequences waiting for admission (and requests not yet taken), at most
+  std::vector<int32_t> eos_ids;  // ids that end a sequence unless ignore_eos
+};
+
+struct RequestSpec {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  StopOptions stop;
+  int n = 1;              // choices, [1, 128]
+  int top_logprobs = -1;  // -1: no log-probabilities; k in [0, 20]: the pick's and the k most likely
+};
+
+struct RequestStats {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;  // all choices
+  double queue_s = 0, ttft_s = 0, e2e_s = 0;
+};
+
+enum class RequestEnd { kRunning, kFinished, kCancelled, kFailed };
+
+struct EngineEvent {
+  uint64_t request_id = 0;
+  int choice = 0;
+  std::string text;                    // newly final text of this choice
+  std::vector<TokenOutput> tokens;     // tokens whose text is final, in order
+  std::optional<FinishReason> finish;  // this choice ended
+  RequestEnd end = RequestEnd::kRunning;  // not kRunning on the request's last event
+  Status error;                        // kFailed: why
+  RequestStats stats;                  // set on the last event
+};
+using EventSink = std::function<void(const EngineEvent&)>;
+
+class Engine {
+ public:
+  // `tokenizer` may be null (then no text and no stop strings); both must outlive the engine.
+  Engine(StepRunner& runner, const Tokenizer* tokenizer, EngineOptions options);
+  ~Engine();
+
+  // Validates and queues a request. InvalidArgument naming the field for bad input (including a
+  // request that can never fit), ResourceExhausted when the queue is full or the engine stops.
+  Result<uint64_t> submit(RequestSpec spec, EventSink sink);
+  // Cancels a request (its sink gets one last event with kCancelled and its slots and pages are
+  // freed at the next step). Unknown or finished ids are ignored.
+  void cancel(uint64_t request_id);
+
+  // Engine thread only: one step (returns false when nothing ran); whether requests are pending.
+  bool step();
+  bool has_work() const;
+  void run_until_idle();
+  // Runs steps, sleeping while idle, until request_stop() was called and no request is left
+  // (in-flight requests are drained; new ones are refused once stopping).
+  void serve();
+  void request_stop();
+
+  EngineMetrics metrics() const;
+  const EngineOptions& options() const { return options_; }
+  // The most tokens (prompt + generated) one sequence can hold: the context or the whole cache,
+  // whichever is smaller. Any thread.
+  int64_t max_sequence_tokens() const { return max_sequence_tokens_; }
+  int64_t vocab_size() const { return vocab_size_; }
+
+ private:
+  struct Request;
+  struct Choice;
+  void take_inbox();
+  void post_process(Choice& c, std::span<const float> logits);
+  void finish_choice(Choice& c);
+  void end_request(Request& r, RequestEnd end, Status error);
+  void release(Choice& c);
+  void emit(Choice& c, Released out);
+
+  StepRunner& runner_;
+  const Tokenizer* tokenizer_;
+  EngineOptions options_;
+  Scheduler scheduler_;
+  int64_t max_sequence_tokens_ = 0, vocab_size_ = 0;
+  std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;  // engine thread
+  std::unordered_map<const Sequence*, Choice*> choice_of_;
+
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<std::unique_ptr<Request>> inbox_;  // guarded by mu_
+  std::vector<uint64_t> cancels_;                // guarded by mu_
+  bool stopping_ = false;                        // guarded by mu_
+  uint64_t next_id_ = 1;                         // guarded by mu_
+  EngineMetrics metrics_;                        // guarded by mu_
+};
+
+}  // namespace klinear

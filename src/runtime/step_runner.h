@@ -1,0 +1,57 @@
+// StepRunner: what the serving engine needs from a model and its caches, and nothing more: open
+// and close sequences (a state slot each, plus cache pages as they grow) and run one step over
+// many sequences. The scheduler and engine are written against this interface so that unit tests
+// drive them with a fake and the model side can change (per-sequence today, the batched forward
+// over pooled caches of issue 6 next) without touching them.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace klinear {
+
+using RunnerSeq = int64_t;  // a sequence open in a runner
+
+// Cache capacity. A sequence holding T tokens holds ceil(T / page_size) pages; it needs one slot
+// while open. pages_total = 0 means the model keeps no per-token cache (no MLA layer): pages never
+// limit anything.
+struct CacheUsage {
+  int64_t slots_total = 0, slots_free = 0;
+  int64_t pages_total = 0, pages_free = 0;
+  int64_t page_size = 1;  // tokens per page
+  bool paged() const { return pages_total > 0; }
+};
+
+inline int64_t pages_for(int64_t tokens, int64_t page_size) { return (tokens + page_size - 1) / page_size; }
+
+// One sequence's part of a step: `ids` continue the tokens already in its state.
+struct RunnerStep {
+  RunnerSeq seq = 0;
+  std::span<const int32_t> ids;  // [T] new tokens, T >= 1
+  bool want_logits = false;      // return the logits of the last new token
+};
+
+// Thread-safety: none; one engine thread owns a runner.
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_model_len() const = 0;  // the most tokens (prompt + generated) of a sequence
+  virtual CacheUsage usage() const = 0;
+
+  // A new sequence from zero state (never what its slot held before). ResourceExhausted when no
+  // slot is free.
+  virtual Result<RunnerSeq> open() = 0;
+  // Frees its slot and pages. The handle is invalid afterwards.
+  virtual void close(RunnerSeq seq) = 0;
+  // Runs `steps` (each sequence at most once) and advances their states. Returns host F32 logits
+  // [R, V], one row per step with want_logits, in step order ([0, V] when none asked). On error
+  // the states of the sequences in the step are undefined: the caller closes them.
+  virtual Result<Tensor> run(std::span<const RunnerStep> steps) = 0;
+};
+
+}  // namespace klinear

@@ -1,0 +1,248 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <random>
+
+#include "server/metrics.h"
+#include "server/openai.h"
+
+namespace klinear {
+
+// Events of one request, from the engine thread to the HTTP thread that answers it.
+struct HttpServer::Channel {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<EngineEvent> events;
+  bool ended = false;
+
+  void push(const EngineEvent& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(e);
+    ended = ended || e.end != RequestEnd::kRunning;
+    cv.notify_all();
+  }
+  // Waits up to `timeout` for events and takes them all.
+  std::deque<EngineEvent> take(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, timeout, [&] { return !events.empty(); });
+    std::deque<EngineEvent> out;
+    out.swap(events);
+    return out;
+  }
+};
+
+namespace {
+
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+void send_json(httplib::Response& res, int status, const Json& j) {
+  res.status = status;
+  res.set_content(dump(j), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, error_json(e)); }
+
+std::string sse(const Json& j) { return "data: " + dump(j) + "\n\n"; }
+
+}  // namespace
+
+HttpServer::HttpServer(Engine& engine, const Tokenizer* tokenizer, ChatFormat format, ServerOptions options)
+    : engine_(engine), tokenizer_(tokenizer), format_(format), options_(std::move(options)),
+      http_(std::make_unique<httplib::Server>()) {
+  routes();
+}
+
+HttpServer::~HttpServer() {
+  if (http_->is_running()) http_->stop();
+  if (listener_.joinable()) listener_.join();
+}
+
+void HttpServer::count(int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++responses_[status];
+}
+
+Status HttpServer::start() {
+  port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host) : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+  if (port_ < 0) return Status::IOError("cannot listen on " + options_.host + ":" + std::to_string(options_.port));
+  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  return Status();
+}
+
+void HttpServer::stop() {
+  while (in_flight_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  http_->stop();
+  if (listener_.joinable()) listener_.join();
+}
+
+void HttpServer::routes() {
+  httplib::Server& s = *http_;
+  const int threads = options_.http_threads;
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  s.set_payload_max_length(options_.max_body_bytes);
+  s.set_keep_alive_max_count(1000);
+
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const bool protected_path = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
+    if (options_.api_key.empty() || !protected_path) return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + options_.api_key)
+      return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e{401, "a valid API key is required: send the header 'Authorization: Bearer <key>'", "authentication_error",
+               "", "invalid_api_key"};
+    send_error(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Responses httplib makes itself (unknown path, body too large) get OpenAI error objects.
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 404) send_error(res, ApiError{404, "no route " + req.method + " " + req.path, "not_found_error", "", ""});
+    else if (res.status == 413) send_error(res, ApiError{413, "the request body is over the size limit", "invalid_request_error", "", ""});
+    else send_error(res, ApiError{res.status, "HTTP error " + std::to_string(res.status), "invalid_request_error", "", ""});
+  });
+  s.set_logger([this](const httplib::Request&, const httplib::Response& res) { count(res.status); });
+
+  s.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("", "text/plain"); });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    std::map<int, uint64_t> responses;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      responses = responses_;
+    }
+    res.set_content(prometheus_text(engine_.metrics(), responses), "text/plain; version=0.0.4");
+  });
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, Json{{"object", "list"},
+                             {"data", {{{"id", options_.model_name},
+                                        {"object", "model"},
+                                        {"created", 0},
+                                        {"owned_by", "klinear"},
+                                        {"max_model_len", engine_.max_sequence_tokens()}}}}});
+  });
+
+  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    auto body = parse_json(req.body, "request body");
+    if (!body.ok()) return send_error(res, api_error(body.status()));
+    std::string param;
+    ApiRequest r;
+    r.kind = body->contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
+    if (r.kind == ApiKind::kChat) {
+      auto parsed = parse_api_request(ApiKind::kChat, *body, &param);
+      if (!parsed.ok()) return send_error(res, api_error(parsed.status(), param));
+      r = std::move(parsed).value();
+    } else {
+      auto text = json_opt_string(*body, "prompt", "request");
+      if (!text.ok() || !text->has_value())
+        return send_error(res, api_error(Status::InvalidArgument("field 'prompt' must be a string (or send 'messages')"), "prompt"));
+      r.prompt_text = **text;
+    }
+    auto ids = request_prompt_ids(r, tokenizer_, format_);
+    if (!ids.ok()) return send_error(res, api_error(ids.status()));
+    send_json(res, 200, Json{{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", engine_.max_sequence_tokens()}});
+  });
+  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    auto body = parse_json(req.body, "request body");
+    if (!body.ok()) return send_error(res, api_error(body.status()));
+    auto ids = json_opt_int_list(*body, "tokens", "request");
+    if (!ids.ok() || !ids->has_value())
+      return send_error(res, api_error(Status::InvalidArgument("field 'tokens' must be a list of token ids"), "tokens"));
+    if (!tokenizer_) return send_error(res, api_error(Status::NotSupported("this model has no tokenizer")));
+    std::vector<int32_t> v((*ids)->begin(), (*ids)->end());
+    Status check = tokenizer_->check_ids(v);
+    if (!check.ok()) return send_error(res, api_error(check, "tokens"));
+    send_json(res, 200, Json{{"prompt", tokenizer_->decode(v)}});
+  });
+
+  auto generate = [this](ApiKind kind) {
+    return [this, kind](const httplib::Request& req, httplib::Response& res) {
+      auto body = parse_json(req.body, "request body");
+      if (!body.ok()) return send_error(res, api_error(body.status()));
+      std::string param;
+      auto parsed = parse_api_request(kind, *body, &param);
+      if (!parsed.ok()) return send_error(res, api_error(parsed.status(), param));
+      ApiRequest r = std::move(parsed).value();
+      if (!r.model.empty() && r.model != options_.model_name)
+        return send_error(res, ApiError{404, "the model '" + r.model + "' does not exist; this server serves '" +
+                                                 options_.model_name + "'", "not_found_error", "model", "model_not_found"});
+      auto ids = request_prompt_ids(r, tokenizer_, format_);
+      if (!ids.ok()) return send_error(res, api_error(ids.status(), kind == ApiKind::kChat ? "messages" : "prompt"));
+      RequestSpec spec = r.spec;
+      spec.prompt = std::move(ids).value();
+      const int64_t room = engine_.max_sequence_tokens() - static_cast<int64_t>(spec.prompt.size());
+      if (room < 1)
+        return send_error(res, api_error(Status::InvalidArgument("the prompt has " + std::to_string(spec.prompt.size()) +
+                                                                 " tokens; this server's context holds " +
+                                                                 std::to_string(engine_.max_sequence_tokens()) + " tokens"),
+                                         kind == ApiKind::kChat ? "messages" : "prompt"));
+      spec.stop.max_tokens = r.max_tokens.value_or(room);
+      if (!r.seed_given) spec.sampling.seed = std::random_device{}() * 0x100000001ull + std::random_device{}();
+      if (kind == ApiKind::kChat && tokenizer_)
+        if (auto marker = tokenizer_->special_id(chat_stop_marker(format_))) spec.stop.stop_ids.push_back(*marker);
+      auto channel = std::make_shared<Channel>();
+      auto id = engine_.submit(std::move(spec), [channel](const EngineEvent& e) { channel->push(e); });
+      if (!id.ok()) return send_error(res, api_error(id.status()));
+      const std::string prefix = kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-";
+      auto builder = std::make_shared<ResponseBuilder>(r, prefix + std::to_string(next_response_id_++), options_.model_name, tokenizer_);
+      ++in_flight_;
+      if (!r.stream) {
+        RequestStats stats;
+        Status failure;
+        for (bool ended = false; !ended;)
+          for (const EngineEvent& e : channel->take(std::chrono::milliseconds(100))) {
+            builder->chunks(e);
+            if (e.end == RequestEnd::kRunning) continue;
+            ended = true;
+            stats = e.stats;
+            if (e.end == RequestEnd::kFailed) failure = e.error;
+          }
+        --in_flight_;
+        if (!failure.ok()) return send_error(res, ApiError{500, failure.to_string(), "server_error", "", ""});
+        return send_json(res, 200, builder->response(stats));
+      }
+      const bool usage = r.include_usage;
+      auto opened = std::make_shared<bool>(false);
+      res.set_header("Cache-Control", "no-cache");
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [channel, builder, usage, opened](size_t, httplib::DataSink& sink) {
+            auto write = [&](const std::string& text) { return sink.write(text.data(), text.size()); };
+            if (!*opened) {
+              *opened = true;
+              for (const Json& j : builder->opening_chunks())
+                if (!write(sse(j))) return false;
+            }
+            if (!sink.is_writable()) return false;
+            for (const EngineEvent& e : channel->take(std::chrono::milliseconds(50))) {
+              for (const Json& j : builder->chunks(e))
+                if (!write(sse(j))) return false;
+              if (e.end == RequestEnd::kRunning) continue;
+              if (e.end == RequestEnd::kFailed) {
+                if (!write(sse(error_json(ApiError{500, e.error.to_string(), "server_error", "", ""})))) return false;
+              } else if (usage && !write(sse(builder->usage_chunk(e.stats)))) {
+                return false;
+              }
+              if (!write("data: [DONE]\n\n")) return false;
+              sink.done();
+              return true;
+            }
+            return true;
+          },
+          [this, channel, id = *id](bool success) {
+            bool ended;
+            {
+              std::lock_guard<std::mutex> lock(channel->mu);
+              ended = channel->ended;
+            }
+            if (!success || !ended) engine_.cancel(id);
+            --in_flight_;
+          });
+    };
+  };
+  s.Post("/v1/chat/completions", generate(ApiKind::kChat));
+  s.Post("/v1/completions", generate(ApiKind::kCompletion));
+}
+
+}  // namespace klinear

@@ -1,0 +1,71 @@
+// HttpServer: the OpenAI-compatible HTTP front of an Engine (with bench_client.cc, the only user of
+// cpp-httplib).
+//
+// HTTP threads only parse, enqueue and stream: each request is validated (openai.h), submitted
+// to the engine with a sink that feeds a per-request channel, and its handler (or its SSE content
+// provider) drains the channel. A streaming client that disconnects has its request cancelled, so
+// its slot and pages return. Routes: POST /v1/chat/completions, /v1/completions, /tokenize,
+// /detokenize; GET /v1/models, /health, /metrics. With an API key, /v1/* and the tokenizer routes
+// need "Authorization: Bearer KEY" (401 otherwise); unknown paths are 404, bodies over the limit
+// 413, a full queue or a draining server 503, all as OpenAI error objects.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "io/chat_template.h"
+#include "io/tokenizer.h"
+#include "runtime/engine.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace klinear {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                         // 0: any free port (see HttpServer::port())
+  std::string api_key;                     // empty: no authentication
+  std::string model_name;                  // the id /v1/models lists and requests must name
+  size_t max_body_bytes = 8u << 20;        // larger bodies get 413
+  int http_threads = 64;                   // concurrent connections served
+};
+
+class HttpServer {
+ public:
+  // `engine` and `tokenizer` (may be null) must outlive the server; the engine runs on its own
+  // thread (Engine::serve), started by the caller.
+  HttpServer(Engine& engine, const Tokenizer* tokenizer, ChatFormat format, ServerOptions options);
+  ~HttpServer();
+
+  // Binds and starts listening on a background thread. IOError naming the address on failure.
+  Status start();
+  int port() const { return port_; }
+  // Waits until no request is in flight (call after the engine drained), then stops listening.
+  void stop();
+
+ private:
+  struct Channel;
+  void routes();
+  void count(int status);
+
+  Engine& engine_;
+  const Tokenizer* tokenizer_;
+  ChatFormat format_;
+  ServerOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread listener_;
+  int port_ = 0;
+  std::atomic<int> in_flight_{0};
+  std::atomic<uint64_t> next_response_id_{1};
+  std::mutex mu_;
+  std::map<int, uint64_t> responses_;  // by HTTP status; guarded by mu_
+};
+
+}  // namespace klinear

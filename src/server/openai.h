@@ -1,0 +1,94 @@
+// The OpenAI HTTP protocol over the engine, without any HTTP: request bodies to RequestSpec (with
+// the parameter checks and the error objects OpenAI clients expect) and engine events to response
+// and server-sent-event chunk JSON, usage and log-probabilities included. Kimi K2 tool calls in
+// the output become tool_calls (tool_calls.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/chat_template.h"
+#include "io/json.h"
+#include "io/tokenizer.h"
+#include "runtime/engine.h"
+#include "server/tool_calls.h"
+
+namespace klinear {
+
+enum class ApiKind { kChat, kCompletion };
+
+// An OpenAI error object with its HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending request field, if any
+  std::string code;
+};
+// {"error": {"message", "type", "param", "code"}} (param and code null when empty).
+Json error_json(const ApiError& e);
+// InvalidArgument/NotSupported -> 400, NotFound -> 404, ResourceExhausted -> 503, else 500.
+ApiError api_error(const Status& s, std::string param = "");
+
+struct ApiRequest {
+  ApiKind kind = ApiKind::kChat;
+  std::string model;                 // empty: the served model
+  std::vector<ChatMessage> messages;  // chat
+  std::string tools_json;            // chat: the tools array as JSON text; empty when none
+  bool parse_tool_calls = false;     // chat: tools given and tool_choice is not "none"
+  std::optional<std::string> prompt_text;  // completions: a text prompt ...
+  std::vector<int32_t> prompt_ids;         // ... or token ids
+  std::optional<int64_t> max_tokens;       // absent: up to the context
+  RequestSpec spec;                  // everything but the prompt ids and max_tokens
+  bool seed_given = false;
+  bool stream = false, include_usage = false;
+  bool logprobs = false;
+};
+
+// Parses and checks a request body. Unknown fields are ignored; a known field of the wrong type
+// or out of range is InvalidArgument naming it (also stored in `*param`).
+Result<ApiRequest> parse_api_request(ApiKind kind, const Json& body, std::string* param);
+
+// The prompt ids of a request: chat messages rendered in `format` (tools included) and encoded;
+// completion text encoded; completion ids as given. NotSupported without a tokenizer for text.
+Result<std::vector<int32_t>> request_prompt_ids(const ApiRequest& r, const Tokenizer* tokenizer, ChatFormat format);
+
+// Turns engine events into OpenAI JSON for one request: SSE chunks while streaming, one response
+// at the end otherwise. Not thread-safe.
+class ResponseBuilder {
+ public:
+  ResponseBuilder(const ApiRequest& request, std::string id, std::string model, const Tokenizer* tokenizer);
+
+  // The chunks an event produces (streaming); also accumulates for response().
+  std::vector<Json> chunks(const EngineEvent& e);
+  // The first chunk of each chat choice (role "assistant"); empty for completions.
+  std::vector<Json> opening_chunks() const;
+  // The usage-only final chunk (stream_options.include_usage).
+  Json usage_chunk(const RequestStats& stats) const;
+  // The whole response after the request ended.
+  Json response(const RequestStats& stats) const;
+
+ private:
+  struct ChoiceState {
+    std::string text;
+    std::vector<TokenOutput> tokens;
+    std::optional<FinishReason> finish;
+    ToolCallStream tool_stream;
+  };
+  Json chunk_base() const;
+  Json logprobs_json(const std::vector<TokenOutput>& tokens, size_t text_offset) const;
+  std::string finish_reason(const ChoiceState& c) const;
+
+  ApiKind kind_;
+  bool logprobs_, parse_tool_calls_, include_usage_;
+  std::string id_, model_;
+  int64_t created_;
+  const Tokenizer* tokenizer_;
+  std::vector<ChoiceState> choices_;
+};
+
+Json usage_json(const RequestStats& stats);
+
+}  // namespace klinear

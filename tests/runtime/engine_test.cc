@@ -1,0 +1,380 @@
+// Engine and scheduler over a fake runner whose "model" is a hash of everything a sequence has
+// been fed (so any state mix-up, lost chunk or stale slot changes the tokens): batched and
+// chunked runs under tight budgets equal one-by-one runs, steps mix decodes with prefill chunks
+// and stay within the token budget and the pools, preemption recomputes exactly, cancellation and
+// runner errors free everything, and bad requests are refused with a named reason.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "runtime/engine.h"
+#include "test_util.h"
+
+namespace klinear {
+namespace {
+
+constexpr int64_t kVocab = 64;
+constexpr int32_t kPoison = 63;  // the fake runner fails a step that feeds this id
+
+uint64_t mix(uint64_t h, int32_t id) { return (h ^ (static_cast<uint64_t>(id) + 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull; }
+
+// Logits of a state: pseudo-random per (state, id), in [-4, 4); the poison id is never generated.
+void fake_logits(uint64_t h, float* row) {
+  for (int64_t j = 0; j < kVocab; ++j) row[j] = static_cast<float>((mix(h, static_cast<int32_t>(j)) >> 40) % 8192) / 1024.0f - 4.0f;
+  row[kPoison] = -1e30f;
+}
+
+struct StepRecord {
+  int64_t tokens = 0, decodes = 0, prefills = 0;
+};
+
+class FakeRunner final : public StepRunner {
+ public:
+  FakeRunner(int64_t slots, int64_t pages, int64_t page_size) : slots_(slots), pages_(pages), page_size_(page_size) {}
+  int64_t vocab_size() const override { return kVocab; }
+  int64_t max_model_len() const override { return 4096; }
+  CacheUsage usage() const override {
+    CacheUsage u{slots_, slots_ - static_cast<int64_t>(seqs_.size()), pages_, pages_, page_size_};
+    if (u.paged())
+      for (const auto& [id, s] : seqs_) u.pages_free -= pages_for(s.tokens, page_size_);
+    return u;
+  }
+  Result<RunnerSeq> open() override {
+    if (static_cast<int64_t>(seqs_.size()) >= slots_) return Status::ResourceExhausted("no slot");
+    seqs_[next_] = State{};  // zero state, whatever was there before
+    return next_++;
+  }
+  void close(RunnerSeq seq) override { KL_CHECK(seqs_.erase(seq) == 1, "close of an unknown sequence"); }
+  Result<Tensor> run(std::span<const RunnerStep> steps) override {
+    StepRecord rec;
+    std::set<RunnerSeq> seen;
+    int64_t rows = 0;
+    for (const RunnerStep& s : steps) {
+      EXPECT_TRUE(seqs_.count(s.seq)) << "step on a closed sequence";
+      EXPECT_TRUE(seen.insert(s.seq).second) << "sequence twice in one step";
+      EXPECT_GE(s.ids.size(), 1u);
+      rows += s.want_logits;
+      rec.tokens += static_cast<int64_t>(s.ids.size());
+      (seqs_[s.seq].tokens > 0 && s.ids.size() == 1 ? rec.decodes : rec.prefills) += 1;
+      for (int32_t id : s.ids)
+        if (id == kPoison) return Status::InvalidArgument("poisoned token");
+    }
+    Tensor out = Tensor::empty(DType::kF32, {rows, kVocab});
+    int64_t row = 0;
+    for (const RunnerStep& s : steps) {
+      State& st = seqs_[s.seq];
+      for (int32_t id : s.ids) st.hash = mix(st.hash, id);
+      st.tokens += static_cast<int64_t>(s.ids.size());
+      if (s.want_logits) fake_logits(st.hash, out.f32() + row++ * kVocab);
+    }
+    EXPECT_GE(usage().pages_free, 0) << "the scheduler overfilled the pages";
+    record.push_back(rec);
+    return out;
+  }
+  std::vector<StepRecord> record;
+
+ private:
+  struct State {
+    uint64_t hash = 0;
+    int64_t tokens = 0;
+  };
+  int64_t slots_, pages_, page_size_;
+  std::map<RunnerSeq, State> seqs_;
+  RunnerSeq next_ = 1;
+};
+
+struct Collected {
+  std::map<int, std::vector<int32_t>> ids;  // by choice
+  std::map<int, FinishReason> finish;
+  RequestEnd end = RequestEnd::kRunning;
+  Status error;
+  RequestStats stats;
+};
+
+// Submits every spec, runs until idle and returns what each sink saw.
+std::vector<Collected> run_all(Engine& engine, const std::vector<RequestSpec>& specs) {
+  std::vector<Collected> out(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto id = engine.submit(specs[i], [&out, i](const EngineEvent& e) {
+      Collected& c = out[i];
+      EXPECT_EQ(c.end, RequestEnd::kRunning) << "event after the request ended";
+      for (const TokenOutput& t : e.tokens) c.ids[e.choice].push_back(t.id);
+      if (e.finish) c.finish[e.choice] = *e.finish;
+      if (e.end != RequestEnd::kRunning) {
+        c.end = e.end;
+        c.error = e.error;
+        c.stats = e.stats;
+      }
+    });
+    EXPECT_TRUE(id.ok()) << id.status().to_string();
+  }
+  engine.run_until_idle();
+  return out;
+}
+
+std::vector<RequestSpec> random_specs(std::mt19937_64& rng, int count) {
+  std::vector<RequestSpec> specs;
+  for (int i = 0; i < count; ++i) {
+    RequestSpec s;
+    const int len = 1 + static_cast<int>(rng() % 40);
+    for (int t = 0; t < len; ++t) s.prompt.push_back(static_cast<int32_t>(rng() % (kVocab - 1)));
+    s.stop.max_tokens = 1 + static_cast<int64_t>(rng() % 12);
+    s.stop.ignore_eos = true;
+    if (i % 3 == 1) {  // some sampled, seeded: must reproduce too
+      s.sampling.temperature = 1.0f;
+      s.sampling.seed = rng();
+    }
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+// The reference: each request alone, with a roomy cache and budget.
+std::vector<Collected> one_by_one(const std::vector<RequestSpec>& specs) {
+  std::vector<Collected> out;
+  for (const RequestSpec& s : specs) {
+    FakeRunner runner(1, 1000, 16);
+    Engine engine(runner, nullptr, EngineOptions{{4096, 1}, 16, {}});
+    out.push_back(run_all(engine, {s})[0]);
+  }
+  return out;
+}
+
+TEST(Engine, GreedyTokensFollowTheModel) {
+  FakeRunner runner(4, 100, 16);
+  Engine engine(runner, nullptr, EngineOptions{});
+  RequestSpec s;
+  s.prompt = {5, 6, 7};
+  s.stop.max_tokens = 6;
+  s.stop.ignore_eos = true;
+  const Collected c = run_all(engine, {s})[0];
+  uint64_t h = 0;
+  for (int32_t id : s.prompt) h = mix(h, id);
+  std::vector<int32_t> expected;
+  std::vector<float> row(kVocab);
+  for (int i = 0; i < 6; ++i) {
+    fake_logits(h, row.data());
+    expected.push_back(argmax(row));
+    h = mix(h, expected.back());
+  }
+  EXPECT_EQ(c.ids.at(0), expected);
+  EXPECT_EQ(c.finish.at(0), FinishReason::kLength);
+  EXPECT_EQ(c.end, RequestEnd::kFinished);
+  EXPECT_EQ(c.stats.prompt_tokens, 3);
+  EXPECT_EQ(c.stats.completion_tokens, 6);
+}
+
+// Tight budgets of every kind give the same tokens as one-by-one runs, and leave the pools full.
+TEST(Engine, BatchedChunkedAndPreemptedEqualOneByOne) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const std::vector<RequestSpec> specs = random_specs(rng, 24);
+  const std::vector<Collected> ref = one_by_one(specs);
+  struct Case {
+    const char* name;
+    int64_t slots, pages, page_size, max_num_tokens, max_num_seqs;
+    bool expect_preemption;
+    bool expect_mixed;  // some step runs decodes and prefill chunks together
+  };
+  const std::vector<Case> cases{
+      {"roomy: everything in the first step", 32, 1000, 16, 4096, 64, false, false},
+      {"chunk 1", 8, 1000, 16, 1, 64, false, false},
+      {"chunk 7", 8, 1000, 16, 7, 64, false, true},
+      {"few slots", 3, 1000, 16, 64, 64, false, true},
+      {"max_num_seqs 2", 32, 1000, 16, 100, 2, false, true},
+      {"pages for ~2 sequences", 16, 8, 8, 100, 64, true, true},
+      {"page size 1, tight", 16, 60, 1, 7, 64, true, true},
+      {"no pages (a model without MLA layers), 3 slots", 3, 0, 16, 64, 64, false, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    FakeRunner runner(c.slots, c.pages, c.page_size);
+    Engine engine(runner, nullptr, EngineOptions{{c.max_num_tokens, c.max_num_seqs}, 1024, {}});
+    const std::vector<Collected> got = run_all(engine, specs);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      EXPECT_EQ(got[i].end, RequestEnd::kFinished) << "request " << i;
+      EXPECT_EQ(got[i].ids, ref[i].ids) << "request " << i;
+    }
+    bool mixed = false;
+    for (const StepRecord& r : runner.record) {
+      EXPECT_LE(r.tokens, c.max_num_tokens);
+      EXPECT_LE(r.decodes + r.prefills, c.max_num_seqs);
+      mixed = mixed || (r.decodes > 0 && r.prefills > 0);
+    }
+    EXPECT_EQ(mixed, c.expect_mixed);
+    const EngineMetrics m = engine.metrics();
+    EXPECT_EQ(m.preemptions > 0, c.expect_preemption) << m.preemptions << " preemptions";
+    const CacheUsage u = runner.usage();
+    EXPECT_EQ(u.slots_free, u.slots_total);
+    EXPECT_EQ(u.pages_free, u.pages_total);
+    EXPECT_EQ(m.requests.at("length"), specs.size());
+  }
+}
+
+TEST(Engine, NChoicesUseSeedPlusIndex) {
+  RequestSpec s;
+  s.prompt = {1, 2, 3};
+  s.stop.max_tokens = 20;
+  s.stop.ignore_eos = true;
+  s.sampling.temperature = 2.0f;
+  s.sampling.seed = 77;
+  s.n = 3;
+  FakeRunner runner(8, 100, 16);
+  Engine engine(runner, nullptr, EngineOptions{});
+  const Collected c = run_all(engine, {s})[0];
+  ASSERT_EQ(c.ids.size(), 3u);
+  EXPECT_EQ(c.stats.completion_tokens, 60);
+  RequestSpec single = s;
+  single.n = 1;
+  single.sampling.seed = 79;
+  EXPECT_EQ(one_by_one({single})[0].ids.at(0), c.ids.at(2));
+  EXPECT_NE(c.ids.at(0), c.ids.at(1));
+}
+
+TEST(Engine, EosAndStopIdsEndAChoice) {
+  FakeRunner runner(4, 100, 16);
+  RequestSpec s;
+  s.prompt = {9};
+  s.stop.max_tokens = 30;
+  s.stop.ignore_eos = true;
+  const std::vector<int32_t> ids = one_by_one({s})[0].ids.at(0);
+  const int32_t eos = ids[4];  // the fifth generated id becomes eos
+  Engine engine(runner, nullptr, EngineOptions{{2048, 256}, 1024, {eos}});
+  s.stop.ignore_eos = false;
+  const Collected c = run_all(engine, {s})[0];
+  const auto first = std::find(ids.begin(), ids.end(), eos);
+  EXPECT_EQ(c.finish.at(0), FinishReason::kStop);
+  // Text-less stop ids are not released as tokens with text, so the ids end before the eos.
+  EXPECT_EQ(c.ids.at(0), std::vector<int32_t>(ids.begin(), first));
+  EXPECT_EQ(c.stats.completion_tokens, first - ids.begin() + 1);
+}
+
+TEST(Engine, CancelFreesEverythingAndOthersFinish) {
+  FakeRunner runner(4, 100, 4);
+  Engine engine(runner, nullptr, EngineOptions{{8, 64}, 1024, {}});
+  RequestSpec s;
+  s.prompt = {1, 2, 3, 4, 5};
+  s.stop.max_tokens = 50;
+  s.stop.ignore_eos = true;
+  std::vector<RequestEnd> ends(3, RequestEnd::kRunning);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i)
+    ids.push_back(engine.submit(s, [&ends, i](const EngineEvent& e) {
+      if (e.end != RequestEnd::kRunning) ends[i] = e.end;
+    }).value());
+  for (int i = 0; i < 5; ++i) engine.step();
+  engine.cancel(ids[1]);
+  engine.cancel(12345);  // unknown: ignored
+  engine.run_until_idle();
+  EXPECT_EQ(ends, (std::vector<RequestEnd>{RequestEnd::kFinished, RequestEnd::kCancelled, RequestEnd::kFinished}));
+  const CacheUsage u = runner.usage();
+  EXPECT_EQ(u.slots_free, u.slots_total);
+  EXPECT_EQ(u.pages_free, u.pages_total);
+  EXPECT_EQ(engine.metrics().requests.at("cancelled"), 1u);
+}
+
+TEST(Engine, RunnerErrorFailsOnlyItsStep) {
+  FakeRunner runner(4, 100, 16);
+  Engine engine(runner, nullptr, EngineOptions{{2048, 256}, 1024, {}});
+  RequestSpec good, bad;
+  good.prompt = {1, 2};
+  good.stop.max_tokens = 4;
+  bad.prompt = {1, kPoison};
+  bad.stop.max_tokens = 4;
+  std::vector<Collected> first = run_all(engine, {bad});
+  EXPECT_EQ(first[0].end, RequestEnd::kFailed);
+  EXPECT_NE(first[0].error.message().find("poisoned"), std::string::npos);
+  std::vector<Collected> second = run_all(engine, {good});
+  EXPECT_EQ(second[0].end, RequestEnd::kFinished);
+  EXPECT_EQ(runner.usage().slots_free, 4);
+}
+
+TEST(Engine, RefusesRequestsThatCannotRun) {
+  FakeRunner runner(2, 4, 16);  // 64 tokens of cache
+  Engine engine(runner, nullptr, EngineOptions{{2048, 256}, 2, {}});
+  auto spec = [](std::vector<int32_t> prompt, int64_t max_tokens) {
+    RequestSpec s;
+    s.prompt = std::move(prompt);
+    s.stop.max_tokens = max_tokens;
+    return s;
+  };
+  struct Case {
+    const char* name;
+    RequestSpec s;
+    std::string message;
+  };
+  RequestSpec n0 = spec({1}, 4), logprobs = spec({1}, 4), stop = spec({1}, 4), temp = spec({1}, 4);
+  n0.n = 0;
+  logprobs.top_logprobs = 21;
+  stop.stop.stop = {"x"};
+  temp.sampling.temperature = -1;
+  const std::vector<Case> cases{
+      {"empty prompt", spec({}, 4), "prompt is empty"},
+      {"id out of range", spec({1, 64}, 4), "prompt token 1 is 64"},
+      {"over the context", spec({1}, 5000), "exceeds the context of 4096"},
+      {"over the cache", spec({1}, 64), "the cache holds 64"},
+      {"max_tokens 0", spec({1}, 0), "max_tokens"},
+      {"n 0", n0, "n must be"},
+      {"top_logprobs 21", logprobs, "top_logprobs"},
+      {"stop strings without tokenizer", stop, "tokenizer"},
+      {"temperature", temp, "temperature"},
+  };
+  for (const Case& c : cases) {
+    auto r = engine.submit(c.s, [](const EngineEvent&) {});
+    ASSERT_FALSE(r.ok()) << c.name;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.name;
+    EXPECT_NE(r.status().message().find(c.message), std::string::npos) << c.name << ": " << r.status().to_string();
+  }
+  // The queue holds 2: a third request waiting is refused with ResourceExhausted.
+  ASSERT_TRUE(engine.submit(spec({1}, 4), [](const EngineEvent&) {}).ok());
+  ASSERT_TRUE(engine.submit(spec({1}, 4), [](const EngineEvent&) {}).ok());
+  auto full = engine.submit(spec({1}, 4), [](const EngineEvent&) {});
+  EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted);
+  engine.run_until_idle();
+  EXPECT_TRUE(engine.submit(spec({1}, 4), [](const EngineEvent&) {}).ok());
+  engine.run_until_idle();
+}
+
+TEST(Scheduler, DecodesFirstThenChunksUnderTheBudget) {
+  Scheduler s(SchedulerOptions{10, 8});
+  Sequence a, b, c;
+  a.id = 1, b.id = 2, c.id = 3;
+  a.tokens.assign(5, 1);
+  b.tokens.assign(30, 1);
+  c.tokens.assign(3, 1);
+  s.add(&a);
+  const CacheUsage roomy{4, 4, 100, 100, 4};
+  StepPlan p = s.schedule(roomy);
+  ASSERT_EQ(p.seqs.size(), 1u);
+  EXPECT_TRUE(p.seqs[0].admit);
+  EXPECT_EQ(p.seqs[0].tokens, 5);
+  a.computed = 5;
+  a.slot = 1;
+  a.tokens.push_back(7);  // sampled: a decodes next
+  s.add(&b);
+  s.add(&c);
+  p = s.schedule(roomy);
+  ASSERT_EQ(p.seqs.size(), 2u);  // a's decode, then b's first chunk takes the rest; c waits
+  EXPECT_EQ(p.seqs[0].seq, &a);
+  EXPECT_EQ(p.seqs[0].tokens, 1);
+  EXPECT_EQ(p.seqs[1].seq, &b);
+  EXPECT_EQ(p.seqs[1].tokens, 9);
+  EXPECT_EQ(s.num_waiting(), 1u);
+  // b's next chunk needs 2 more pages and 1 is free; the only other running sequence (a) already
+  // has its decode in this step, so b preempts itself back to the front of the queue.
+  a.computed = 6;
+  a.tokens.push_back(8);
+  b.computed = 9;
+  b.slot = 2;
+  p = s.schedule(CacheUsage{4, 2, 6, 1, 4});
+  ASSERT_EQ(p.preempted.size(), 1u);
+  EXPECT_EQ(p.preempted[0], &b);
+  EXPECT_EQ(b.computed, 0);
+  ASSERT_EQ(p.seqs.size(), 1u);
+  EXPECT_EQ(p.seqs[0].seq, &a);
+  EXPECT_EQ(s.num_waiting(), 2u);
+  EXPECT_EQ(s.num_preemptions(), 1);
+}
+
+}  // namespace
+}  // namespace klinear

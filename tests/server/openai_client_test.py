@@ -1,0 +1,492 @@
+#!/usr/bin/env python3
+"""klinear serve driven by the official `openai` Python client on loopback.
+
+Starts `klinear serve` on a random-weight test checkpoint that carries the real Kimi tokenizer
+(CPU backend) and checks what clients rely on: chat and text completions, streaming and not,
+usage, stop strings that span tokens, max_tokens, log-probabilities that concatenate to the
+content, n = 2, 20 concurrent greedy requests equal to the same requests run one by one, a client
+that disconnects mid-stream (its slot and pages return, the others finish), every malformed
+request (the right 4xx, the server keeps serving), a bounded soak (64 streams with random
+disconnects and malformed requests: everything else completes, memory stays flat) and a drain on
+SIGTERM. A scripted-model server (tests/server/scripted_server.cc) gives the exact output needed
+for a tool-call round trip: content before the section, two calls, streamed arguments.
+
+usage: openai_client_test.py --klinear BIN --scripted-server BIN --source REPO [--soak-seconds N]
+"""
+import argparse
+import concurrent.futures
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import openai
+
+MODEL = "tiny"
+KEY = "test-key"
+
+
+class Server:
+    """A server process; `port` is read from its start-up line."""
+
+    def __init__(self, argv, port_pattern, stream="stderr"):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.log = []
+        source = self.proc.stderr if stream == "stderr" else self.proc.stdout
+        other = self.proc.stdout if stream == "stderr" else self.proc.stderr
+        self.port = None
+        deadline = time.time() + 120
+        while self.port is None:
+            line = source.readline()
+            if not line or time.time() > deadline:
+                raise RuntimeError("server did not start: " + "".join(self.log) + (other.read() if other else ""))
+            self.log.append(line)
+            m = re.search(port_pattern, line)
+            if m:
+                self.port = int(m.group(1))
+        for pipe in (source, other):  # keep draining so the server never blocks on a full pipe
+            threading.Thread(target=lambda p=pipe: [self.log.append(l) for l in p], daemon=True).start()
+
+    def client(self, api_key=KEY, **kw):
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=api_key, max_retries=0, **kw)
+
+    def raw(self, method, path, body=None, headers=None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        h = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
+        h.update(headers or {})
+        conn.request(method, path, body=body, headers=h)
+        r = conn.getresponse()
+        data = r.read()
+        conn.close()
+        return r.status, data
+
+    def metrics(self):
+        status, data = self.raw("GET", "/metrics")
+        assert status == 200, status
+        out = {}
+        for line in data.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def rss_kib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def stop(self, sig=signal.SIGTERM):
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=120)
+
+
+def check(cond, message):
+    if not cond:
+        raise AssertionError(message)
+
+
+def expect_status(fn, status):
+    try:
+        fn()
+    except openai.APIStatusError as e:
+        check(e.status_code == status, f"expected HTTP {status}, got {e.status_code}: {e}")
+        body = e.body if isinstance(e.body, dict) else {}
+        check("message" in body or "error" in body, f"no OpenAI error object in {e.body!r}")
+        return
+    raise AssertionError(f"expected HTTP {status}, the request succeeded")
+
+
+def open_stream(port, body):
+    """A raw streaming request; returns (connection, response) to read SSE lines from."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=True)),
+                 headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+    r = conn.getresponse()
+    check(r.status == 200, f"stream: HTTP {r.status}")
+    return conn, r
+
+
+def read_events(r, n):
+    got = 0
+    while got < n:
+        line = r.readline()
+        check(line, "stream ended early")
+        if line.startswith(b"data: "):
+            got += 1
+
+
+def wait_idle(server, cancelled_at_least=0, timeout=30):
+    deadline = time.time() + timeout
+    while True:
+        m = server.metrics()
+        idle = (m["klinear:num_requests_running"] == 0 and m["klinear:num_requests_waiting"] == 0 and
+                m["klinear:state_slot_usage_perc"] == 0 and m["klinear:kv_cache_usage_perc"] == 0 and
+                m['klinear:request_success_total{finished_reason="cancelled"}'] >= cancelled_at_least)
+        if idle:
+            return m
+        check(time.time() < deadline, f"server not idle after {timeout} s: {m}")
+        time.sleep(0.05)
+
+
+# ---- checks on the main server
+
+def test_models(s):
+    ids = [m.id for m in s.client().models.list().data]
+    check(ids == [MODEL], ids)
+
+
+def test_chat_and_usage(s):
+    c = s.client()
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello there"}],
+                                  max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    ch = r.choices[0]
+    check(ch.message.role == "assistant" and isinstance(ch.message.content, str), r)
+    check(ch.finish_reason == "length", ch.finish_reason)
+    check(r.usage.completion_tokens == 6 and r.usage.prompt_tokens > 5, r.usage)
+    check(r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, r.usage)
+    # Streaming gives the same text, a first chunk with the role, and a final usage chunk.
+    chunks = list(c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello there"}],
+                                            max_tokens=6, temperature=0, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    check(chunks[0].choices[0].delta.role == "assistant", chunks[0])
+    text = "".join(k.choices[0].delta.content or "" for k in chunks if k.choices)
+    check(text == ch.message.content, (text, ch.message.content))
+    check(chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6, chunks[-1])
+    check(len({k.id for k in chunks}) == 1, "chunk ids differ")
+    finish = [k.choices[0].finish_reason for k in chunks if k.choices and k.choices[0].finish_reason]
+    check(finish == ["length"], finish)
+
+
+def test_completions(s):
+    c = s.client()
+    r = c.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=7, temperature=0,
+                             extra_body={"ignore_eos": True})
+    check(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 7, r)
+    parts = list(c.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=7, temperature=0,
+                                      stream=True, extra_body={"ignore_eos": True}))
+    check("".join(p.choices[0].text for p in parts) == r.choices[0].text, "stream != non-stream")
+    # Token-id prompts work the same as their text.
+    ids = json.loads(s.raw("POST", "/tokenize", json.dumps({"prompt": "The capital of France is"}))[1])["tokens"]
+    r2 = c.completions.create(model=MODEL, prompt=ids, max_tokens=7, temperature=0, extra_body={"ignore_eos": True})
+    check(r2.choices[0].text == r.choices[0].text, "id prompt != text prompt")
+    status, data = s.raw("POST", "/detokenize", json.dumps({"tokens": ids}))
+    check(status == 200 and json.loads(data)["prompt"] == "The capital of France is", data)
+
+
+def test_logprobs_concatenate(s):
+    c = s.client()
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count with me"}],
+                                  max_tokens=12, temperature=0, logprobs=True, top_logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    check(len(content) == 12, len(content))
+    check("".join(t.token for t in content) == r.choices[0].message.content, "logprob tokens != content")
+    for t in content:
+        check(t.logprob <= 0 and len(t.top_logprobs) == 3, t)
+        # greedy: the pick is the most likely token
+        check(abs(t.top_logprobs[0].logprob - t.logprob) < 1e-5, t)
+    r = c.completions.create(model=MODEL, prompt="Count with me", max_tokens=8, temperature=0, logprobs=2,
+                             extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    check("".join(lp.tokens) == r.choices[0].text and len(lp.top_logprobs[0]) == 2, lp)
+
+
+def test_stop_strings_span_tokens(s):
+    c = s.client()
+    base = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0, logprobs=0,
+                                extra_body={"ignore_eos": True})
+    tokens = base.choices[0].logprobs.tokens
+    text = base.choices[0].text
+    # A stop string made of the last character of one token and the first of the next.
+    for b in range(2, len(tokens) - 1):
+        left, right = tokens[b - 1], tokens[b]
+        if left and right:
+            offset = len("".join(tokens[:b]))
+            stop = text[offset - 1:offset + 1]
+            break
+    else:
+        raise AssertionError(f"no token boundary to test in {tokens!r}")
+    r = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0, stop=[stop],
+                             extra_body={"ignore_eos": True})
+    check(r.choices[0].text == text[:text.index(stop)], (r.choices[0].text, text, stop))
+    check(r.choices[0].finish_reason == "stop", r.choices[0].finish_reason)
+    streamed = list(c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0,
+                                         stop=stop, stream=True, extra_body={"ignore_eos": True}))
+    check("".join(p.choices[0].text for p in streamed) == r.choices[0].text, "streamed stop differs")
+
+
+def test_n2_and_seed(s):
+    c = s.client()
+    r = c.completions.create(model=MODEL, prompt="Pick a word", max_tokens=8, temperature=0, n=2,
+                             extra_body={"ignore_eos": True})
+    check(len(r.choices) == 2 and r.choices[0].text == r.choices[1].text, r)
+    check(r.usage.completion_tokens == 16, r.usage)
+    a = c.completions.create(model=MODEL, prompt="Pick a word", max_tokens=8, temperature=1.0, n=2, seed=11,
+                             extra_body={"ignore_eos": True})
+    b = c.completions.create(model=MODEL, prompt="Pick a word", max_tokens=8, temperature=1.0, n=2, seed=11,
+                             extra_body={"ignore_eos": True})
+    check([x.text for x in a.choices] == [x.text for x in b.choices], "a seed does not reproduce")
+    check(a.choices[0].text != a.choices[1].text, "the two choices sampled the same tokens")
+
+
+def test_concurrent_equals_serial(s):
+    c = s.client()
+    prompts = [f"Request number {i}: " + "word " * (i % 7) for i in range(20)]
+
+    def one(p):
+        r = c.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+        return r.choices[0].text
+
+    serial = [one(p) for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        concurrent_out = list(pool.map(one, prompts))
+    check(serial == concurrent_out, "concurrent outputs differ from serial ones")
+    check(len(set(serial)) > 1, "all outputs equal: the test would not see a mix-up")
+
+
+def test_disconnect_frees(s):
+    before = s.metrics()['klinear:request_success_total{finished_reason="cancelled"}']
+    conn, r = open_stream(s.port, {"model": MODEL, "prompt": "Talk forever", "max_tokens": 100000, "ignore_eos": True})
+    read_events(r, 3)
+    other = concurrent.futures.ThreadPoolExecutor(1).submit(
+        lambda: s.client().completions.create(model=MODEL, prompt="Meanwhile", max_tokens=30, temperature=0,
+                                              extra_body={"ignore_eos": True}))
+    conn.sock.shutdown(2)
+    conn.close()
+    check(other.result(timeout=120).usage.completion_tokens == 30, "the other request did not finish")
+    wait_idle(s, cancelled_at_least=before + 1)
+
+
+def test_malformed(s):
+    c = s.client()
+    raw_cases = [
+        ("bad JSON", "/v1/chat/completions", "{not json", 400),
+        ("body not an object", "/v1/completions", "[1, 2]", 400),
+        ("wrong type", "/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "temperature": "hot"}), 400),
+        ("wrong type max_tokens", "/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "max_tokens": "5"}), 400),
+        ("messages not a list", "/v1/chat/completions", json.dumps({"model": MODEL, "messages": "hi"}), 400),
+        ("unknown role", "/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}), 400),
+        ("unknown path", "/v1/nothing", "{}", 404),
+    ]
+    for name, path, body, status in raw_cases:
+        got, data = s.raw("POST", path, body)
+        check(got == status, f"{name}: HTTP {got}, expected {status}: {data!r}")
+        check("error" in json.loads(data), f"{name}: no error object")
+    msg = [{"role": "user", "content": "x"}]
+    expect_status(lambda: c.chat.completions.create(model=MODEL, messages=msg, temperature=5), 400)
+    expect_status(lambda: c.chat.completions.create(model=MODEL, messages=msg, top_p=0), 400)
+    expect_status(lambda: c.chat.completions.create(model=MODEL, messages=msg, n=0), 400)
+    expect_status(lambda: c.chat.completions.create(model=MODEL, messages=msg, max_tokens=0), 400)
+    expect_status(lambda: c.chat.completions.create(model=MODEL, messages=msg, max_tokens=10 ** 9), 400)
+    expect_status(lambda: c.chat.completions.create(model=MODEL, messages=msg, top_logprobs=3), 400)
+    expect_status(lambda: c.completions.create(model=MODEL, prompt=[10 ** 6], max_tokens=2), 400)
+    expect_status(lambda: c.chat.completions.create(model="gpt-4o", messages=msg), 404)
+    expect_status(lambda: s.client(api_key="wrong").chat.completions.create(model=MODEL, messages=msg), 401)
+    got, _ = s.raw("GET", "/v1/models", headers={"Authorization": ""})
+    check(got == 401, f"no key: HTTP {got}")
+    # Still serving.
+    r = c.completions.create(model=MODEL, prompt="Still there?", max_tokens=3, extra_body={"ignore_eos": True})
+    check(r.usage.completion_tokens == 3, r)
+
+
+def test_soak(s, seconds):
+    """64 concurrent workers for `seconds`: normal streams, disconnects, malformed requests."""
+    stop_at = time.time() + seconds
+    errors, counts = [], {"ok": 0, "cancelled": 0, "malformed": 0}
+    lock = threading.Lock()
+    rss = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        while time.time() < stop_at and not errors:
+            kind = rng.random()
+            try:
+                if kind < 0.1:
+                    got, _ = s.raw("POST", "/v1/completions", rng.choice(["{", '{"prompt": 5}', '{"prompt":"x","n":-1}']))
+                    check(got == 400, f"malformed: HTTP {got}")
+                    key = "malformed"
+                elif kind < 0.25:
+                    conn, r = open_stream(s.port, {"model": MODEL, "prompt": "soak " * rng.randint(1, 30),
+                                                   "max_tokens": 5000, "ignore_eos": True})
+                    read_events(r, rng.randint(1, 5))
+                    conn.sock.shutdown(2)
+                    conn.close()
+                    key = "cancelled"
+                else:
+                    n = rng.randint(1, 24)
+                    parts = list(s.client().completions.create(
+                        model=MODEL, prompt="soak " * rng.randint(1, 60), max_tokens=n, temperature=1.0, stream=True,
+                        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+                    check(parts[-1].usage.completion_tokens == n, "incomplete stream")
+                    key = "ok"
+                with lock:
+                    counts[key] += 1
+            except Exception as e:  # noqa: BLE001 - any failure fails the soak
+                with lock:
+                    errors.append(repr(e))
+
+    def sampler():
+        while time.time() < stop_at:
+            rss.append(s.rss_kib())
+            time.sleep(0.5)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(64)] + [threading.Thread(target=sampler)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(not errors, f"soak errors: {errors[:3]}")
+    wait_idle(s)
+    third = max(1, len(rss) // 3)
+    warm, end = max(rss[:third]), max(rss[-third:])
+    print(f"  soak {seconds} s: {counts}, RSS warm {warm} KiB, end {end} KiB")
+    check(counts["ok"] > 10 and counts["cancelled"] > 2 and counts["malformed"] > 2, counts)
+    check(end <= warm * 1.25 + 32768, f"memory grew: {warm} KiB -> {end} KiB")
+
+
+# ---- a small server: context, body limit, queue limit
+
+def test_limits(small):
+    c = small.client()
+    expect_status(lambda: c.completions.create(model=MODEL, prompt="hello " * 5000, max_tokens=2), 400)
+    got, data = small.raw("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "x" * 200000}))
+    check(got == 413 and "error" in json.loads(data), f"body over the limit: HTTP {got}")
+    # One running, one waiting (the queue holds one), the next is refused with 503.
+    conn, r = open_stream(small.port, {"model": MODEL, "prompt": "long", "max_tokens": 3000, "ignore_eos": True})
+    read_events(r, 2)
+    waiting = concurrent.futures.ThreadPoolExecutor(1).submit(
+        lambda: c.completions.create(model=MODEL, prompt="queued", max_tokens=4, extra_body={"ignore_eos": True}))
+    deadline = time.time() + 30
+    while small.metrics()["klinear:num_requests_waiting"] < 1:
+        check(time.time() < deadline, "the second request never waited")
+        time.sleep(0.02)
+    expect_status(lambda: c.completions.create(model=MODEL, prompt="refused", max_tokens=4), 503)
+    conn.sock.shutdown(2)
+    conn.close()
+    check(waiting.result(timeout=120).usage.completion_tokens == 4, "the queued request did not run")
+    wait_idle(small, cancelled_at_least=1)
+
+
+def test_drain_on_sigterm(server):
+    c = server.client()
+    stream = c.completions.create(model=MODEL, prompt="Drain me", max_tokens=60, temperature=0, stream=True,
+                                  extra_body={"ignore_eos": True})
+    it = iter(stream)
+    first = next(it)
+    server.proc.send_signal(signal.SIGTERM)
+    rest = list(it)
+    finish = [p.choices[0].finish_reason for p in [first] + rest if p.choices and p.choices[0].finish_reason]
+    check(finish == ["length"], f"in-flight stream after SIGTERM: {finish}")
+    check(server.proc.wait(timeout=120) == 0, "server exit code")
+
+
+# ---- the scripted server: a tool-call round trip
+
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("get_weather", "get_time")]
+ARGS = ['{"city": "Paris", "unit": "celsius"}', '{"tz": "Europe/Paris"}']
+SCRIPTS = ["Let me check both.<|tool_calls_section_begin|>"
+           f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{ARGS[0]}<|tool_call_end|>"
+           f"<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{ARGS[1]}<|tool_call_end|>"
+           "<|tool_calls_section_end|>",
+           "It is 21 degrees in Paris at noon."]
+
+
+def test_tool_round_trip(sc):
+    c = sc.client()
+    msgs = [{"role": "user", "content": "Weather and time in Paris?"}]
+    r = c.chat.completions.create(model="scripted", messages=msgs, tools=TOOLS)
+    m = r.choices[0].message
+    check(r.choices[0].finish_reason == "tool_calls", r.choices[0].finish_reason)
+    check(m.content == "Let me check both.", m.content)
+    check([(t.function.name, t.function.arguments) for t in m.tool_calls] ==
+          [("get_weather", ARGS[0]), ("get_time", ARGS[1])], m.tool_calls)
+    # Streamed: the same content, the calls announced once each, their arguments in several pieces.
+    content, names, args, pieces = "", {}, {}, {}
+    finish = None
+    for k in c.chat.completions.create(model="scripted", messages=msgs, tools=TOOLS, stream=True):
+        d = k.choices[0].delta
+        content += d.content or ""
+        for t in d.tool_calls or []:
+            if t.function.name:
+                check(t.index not in names, "a call announced twice")
+                names[t.index] = t.function.name
+            args[t.index] = args.get(t.index, "") + (t.function.arguments or "")
+            pieces[t.index] = pieces.get(t.index, 0) + 1
+        finish = k.choices[0].finish_reason or finish
+    check(content == "Let me check both.", content)
+    check(names == {0: "get_weather", 1: "get_time"} and args == {0: ARGS[0], 1: ARGS[1]}, (names, args))
+    check(min(pieces.values()) > 2 and finish == "tool_calls", (pieces, finish))
+    # The results go back; the model answers.
+    msgs.append({"role": "assistant", "content": m.content,
+                 "tool_calls": [t.model_dump() for t in m.tool_calls]})
+    for t, result in zip(m.tool_calls, ['{"temp": 21}', '{"time": "12:00"}']):
+        msgs.append({"role": "tool", "tool_call_id": t.id, "content": result})
+    r2 = c.chat.completions.create(model="scripted", messages=msgs, tools=TOOLS)
+    check(r2.choices[0].message.content == SCRIPTS[1] and r2.choices[0].finish_reason == "stop", r2)
+    check(not r2.choices[0].message.tool_calls, r2)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--klinear", required=True)
+    ap.add_argument("--scripted-server", required=True)
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--soak-seconds", type=int, default=int(os.environ.get("KLINEAR_SOAK_SECONDS", "45")))
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="klinear_openai_")
+    failures = []
+    servers = []
+    try:
+        model = os.path.join(tmp, MODEL)
+        subprocess.run([a.klinear, "init", "--preset", "kimi-linear-tiny", "--out", model, "--tokenizer",
+                        os.path.join(a.source, "tokenizers/kimi-k2")], check=True, capture_output=True)
+        serve = [a.klinear, "serve", "--model", model, "--port", "0"]
+        main_server = Server(serve + ["--api-key", KEY, "--max-num-tokens", "64", "--cache-memory", "64M"],
+                             r"on http://[^:]+:(\d+)")
+        small = Server(serve + ["--max-num-seqs", "1", "--max-queue", "1", "--cache-memory", "2M",
+                                "--max-body-bytes", "100000", "--api-key", KEY], r"on http://[^:]+:(\d+)")
+        scripted = Server([a.scripted_server, "--tokenizer", os.path.join(a.source, "tokenizers/kimi-k2")] +
+                          sum([["--script", s] for s in SCRIPTS], []), r"listening on (\d+)", stream="stdout")
+        servers = [main_server, small, scripted]
+        tests = [(f.__name__, f, main_server) for f in (test_models, test_chat_and_usage, test_completions,
+                                                          test_logprobs_concatenate, test_stop_strings_span_tokens,
+                                                          test_n2_and_seed, test_concurrent_equals_serial,
+                                                          test_disconnect_frees, test_malformed)]
+        tests.append(("test_limits", test_limits, small))
+        tests.append(("test_tool_round_trip", test_tool_round_trip, scripted))
+        if a.soak_seconds > 0:
+            tests.append(("test_soak", lambda s: test_soak(s, a.soak_seconds), main_server))
+        tests.append(("test_drain_on_sigterm", test_drain_on_sigterm, main_server))
+        for name, fn, server in tests:
+            t0 = time.time()
+            try:
+                fn(server)
+                print(f"[ OK ] {name} ({time.time() - t0:.1f} s)")
+            except Exception as e:  # noqa: BLE001 - report every failing check, then fail
+                failures.append(name)
+                print(f"[FAIL] {name}: {e!r}")
+    finally:
+        for s in servers:
+            if s.proc.poll() is None:
+                s.stop()
+        if failures:
+            for s in servers:
+                print("---- server log:\n" + "".join(s.log[-30:]))
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{len(failures)} failed" if failures else "all passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+// The OpenAI protocol layer without HTTP: request checks name the offending field, Kimi tool calls
+// parse one-shot and stream to the same calls whatever the delta boundaries, and responses carry
+// usage, finish reasons, tool calls and log-probabilities in OpenAI's shapes.
+#include <gtest/gtest.h>
+
+#include "server/openai.h"
+#include "server/tool_calls.h"
+
+namespace klinear {
+namespace {
+
+Json chat_body(Json extra) {
+  Json b{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  if (!extra.is_null()) b.update(extra);
+  return b;
+}
+
+TEST(OpenAIRequest, BadFieldsAreNamed) {
+  struct Case {
+    const char* name;
+    ApiKind kind;
+    Json body;
+    std::string param;  // empty: accepted
+  };
+  const std::vector<Case> cases{
+      {"minimal chat", ApiKind::kChat, chat_body(Json::object()), ""},
+      {"temperature of the wrong type", ApiKind::kChat, chat_body({{"temperature", "hot"}}), "temperature"},
+      {"temperature out of range", ApiKind::kChat, chat_body({{"temperature", 2.5}}), "temperature"},
+      {"top_p 0", ApiKind::kChat, chat_body({{"top_p", 0}}), "top_p"},
+      {"n 0", ApiKind::kChat, chat_body({{"n", 0}}), "n"},
+      {"max_tokens 0", ApiKind::kChat, chat_body({{"max_tokens", 0}}), "max_tokens"},
+      {"max_tokens a string", ApiKind::kChat, chat_body({{"max_tokens", "5"}}), "max_tokens"},
+      {"stop list of numbers", ApiKind::kChat, chat_body({{"stop", {1, 2}}}), "stop"},
+      {"empty stop string", ApiKind::kChat, chat_body({{"stop", ""}}), "stop"},
+      {"stream_options without stream", ApiKind::kChat, chat_body({{"stream_options", {{"include_usage", true}}}}), "stream_options"},
+      {"top_logprobs without logprobs", ApiKind::kChat, chat_body({{"top_logprobs", 2}}), "top_logprobs"},
+      {"top_logprobs 21", ApiKind::kChat, chat_body({{"logprobs", true}, {"top_logprobs", 21}}), "top_logprobs"},
+      {"tool_choice required", ApiKind::kChat, chat_body({{"tool_choice", "required"}}), "tool_choice"},
+      {"no messages", ApiKind::kChat, Json{{"model", "m"}}, "messages"},
+      {"unknown role", ApiKind::kChat, Json{{"messages", {{{"role", "robot"}, {"content", "x"}}}}}, "messages"},
+      {"unknown fields are ignored", ApiKind::kChat, chat_body({{"user", "u"}, {"metadata", {{"a", 1}}}}), ""},
+      {"completion text", ApiKind::kCompletion, Json{{"prompt", "x"}}, ""},
+      {"completion ids", ApiKind::kCompletion, Json{{"prompt", {1, 2, 3}}}, ""},
+      {"completion without prompt", ApiKind::kCompletion, Json{{"model", "m"}}, "prompt"},
+      {"completion empty prompt", ApiKind::kCompletion, Json{{"prompt", ""}}, "prompt"},
+      {"completion negative id", ApiKind::kCompletion, Json{{"prompt", {1, -2}}}, "prompt"},
+      {"completion echo", ApiKind::kCompletion, Json{{"prompt", "x"}, {"echo", true}}, "echo"},
+      {"completion logprobs 21", ApiKind::kCompletion, Json{{"prompt", "x"}, {"logprobs", 21}}, "logprobs"},
+  };
+  for (const Case& c : cases) {
+    std::string param;
+    auto r = parse_api_request(c.kind, c.body, &param);
+    EXPECT_EQ(r.ok(), c.param.empty()) << c.name << ": " << r.status().to_string();
+    EXPECT_EQ(param, c.param) << c.name;
+    if (!r.ok()) {
+      EXPECT_EQ(api_error(r.status(), param).status, 400) << c.name;
+    }
+  }
+}
+
+TEST(OpenAIRequest, FieldsReachTheSpec) {
+  std::string param;
+  auto r = parse_api_request(ApiKind::kChat,
+                             chat_body({{"temperature", 0.5}, {"top_p", 0.9}, {"top_k", 40}, {"min_p", 0.1},
+                                        {"seed", 7}, {"n", 2}, {"max_completion_tokens", 9}, {"stop", "END"},
+                                        {"stop_token_ids", {5}}, {"ignore_eos", true}, {"logprobs", true},
+                                        {"top_logprobs", 3}, {"presence_penalty", 0.5}, {"stream", true},
+                                        {"stream_options", {{"include_usage", true}}}}),
+                             &param);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const RequestSpec& s = r->spec;
+  EXPECT_FLOAT_EQ(s.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(s.sampling.top_p, 0.9f);
+  EXPECT_EQ(s.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(s.sampling.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(s.sampling.presence_penalty, 0.5f);
+  EXPECT_EQ(s.sampling.seed, 7u);
+  EXPECT_TRUE(r->seed_given);
+  EXPECT_EQ(s.n, 2);
+  EXPECT_EQ(r->max_tokens, 9);
+  EXPECT_EQ(s.stop.stop, std::vector<std::string>{"END"});
+  EXPECT_EQ(s.stop.stop_ids, std::vector<int32_t>{5});
+  EXPECT_TRUE(s.stop.ignore_eos);
+  EXPECT_EQ(s.top_logprobs, 3);
+  EXPECT_TRUE(r->stream && r->include_usage);
+  // Defaults: OpenAI's temperature 1, no log-probabilities.
+  auto d = parse_api_request(ApiKind::kCompletion, Json{{"prompt", "x"}}, &param);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FLOAT_EQ(d->spec.sampling.temperature, 1.0f);
+  EXPECT_EQ(d->spec.top_logprobs, -1);
+  EXPECT_FALSE(d->max_tokens.has_value());
+}
+
+TEST(OpenAIError, StatusesAndShape) {
+  EXPECT_EQ(api_error(Status::InvalidArgument("x")).status, 400);
+  EXPECT_EQ(api_error(Status::NotFound("x")).status, 404);
+  EXPECT_EQ(api_error(Status::ResourceExhausted("x")).status, 503);
+  EXPECT_EQ(api_error(Status::IOError("x")).status, 500);
+  const Json j = error_json(api_error(Status::InvalidArgument("bad"), "top_p"));
+  EXPECT_EQ(j["error"]["message"], "bad");
+  EXPECT_EQ(j["error"]["param"], "top_p");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+}
+
+// Output pieces as the engine releases them: a marker is always whole (one special token).
+const std::vector<std::string> kToolPieces{
+    "I will ", "look.", "<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.", "get_weather", ":0",
+    "<|tool_call_argument_begin|>", " {\"city\"", ": \"Par", "is\"}", " ", "<|tool_call_end|>", "<|tool_call_begin|>",
+    "functions.add:1", "<|tool_call_argument_begin|>", "{\"a\": 1, ", "\"b\": 2}", "<|tool_call_end|>",
+    "<|tool_calls_section_end|>"};
+
+TEST(ToolCalls, ParseOneShot) {
+  std::string all;
+  for (const std::string& p : kToolPieces) all += p;
+  struct Case {
+    const char* name;
+    std::string text;
+    std::string content;
+    std::vector<std::pair<std::string, std::string>> calls;  // name, arguments
+  };
+  const std::vector<Case> cases{
+      {"no section", "just text", "just text", {}},
+      {"two calls after content", all, "I will look.", {{"get_weather", "{\"city\": \"Paris\"}"}, {"add", "{\"a\": 1, \"b\": 2}"}}},
+      {"singular section marker",
+       "<|tool_call_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}<|tool_call_end|>",
+       "",
+       {{"f", "{}"}}},
+      {"header not complete", "x<|tool_calls_section_begin|><|tool_call_begin|>functions.f", "x", {}},
+      {"arguments so far", "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a", "",
+       {{"f", "{\"a"}}},
+  };
+  for (const Case& c : cases) {
+    const ParsedToolCalls p = parse_kimi_tool_calls(c.text);
+    EXPECT_EQ(p.content, c.content) << c.name;
+    ASSERT_EQ(p.calls.size(), c.calls.size()) << c.name;
+    for (size_t i = 0; i < c.calls.size(); ++i) {
+      EXPECT_EQ(p.calls[i].name, c.calls[i].first) << c.name;
+      EXPECT_EQ(p.calls[i].arguments_json, c.calls[i].second) << c.name;
+    }
+  }
+  EXPECT_EQ(parse_kimi_tool_calls(all).calls[1].id, "functions.add:1");
+}
+
+// Every grouping of the pieces into deltas (each boundary cut or not: 2^19 is too many, so every
+// single cut, every pair of cuts, and all pieces one by one) streams the one-shot result.
+TEST(ToolCalls, StreamingEqualsOneShotForAnyDeltaBoundaries) {
+  std::string all;
+  for (const std::string& p : kToolPieces) all += p;
+  const ParsedToolCalls expected = parse_kimi_tool_calls(all);
+  auto stream = [&](const std::vector<size_t>& cuts) {
+    ToolCallStream ts;
+    std::string text, content;
+    std::map<int, std::string> names, args;
+    size_t prev = 0;
+    std::vector<size_t> ends = cuts;
+    ends.push_back(kToolPieces.size());
+    for (size_t end : ends) {
+      for (size_t i = prev; i < end; ++i) text += kToolPieces[i];
+      prev = end;
+      std::string delta;
+      std::vector<ToolCallDelta> deltas;
+      ts.update(text, delta, deltas);
+      content += delta;
+      for (const ToolCallDelta& d : deltas) {
+        if (!d.name.empty()) {
+          EXPECT_FALSE(names.count(d.index)) << "call " << d.index << " announced twice";
+          names[d.index] = d.name;
+        }
+        args[d.index] += d.arguments;
+      }
+    }
+    EXPECT_EQ(content, expected.content);
+    ASSERT_EQ(names.size(), expected.calls.size());
+    for (size_t i = 0; i < expected.calls.size(); ++i) {
+      EXPECT_EQ(names[static_cast<int>(i)], expected.calls[i].name);
+      EXPECT_EQ(args[static_cast<int>(i)], expected.calls[i].arguments_json);
+    }
+  };
+  std::vector<size_t> every;
+  for (size_t i = 1; i < kToolPieces.size(); ++i) every.push_back(i);
+  stream(every);
+  stream({});
+  for (size_t a = 1; a < kToolPieces.size(); ++a) {
+    stream({a});
+    for (size_t b = a + 1; b < kToolPieces.size(); ++b) stream({a, b});
+  }
+}
+
+TEST(OpenAIResponse, ChatToolCallsUsageAndLogprobs) {
+  std::string param;
+  Json body = chat_body({{"tools", {{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}, {"logprobs", true}});
+  ApiRequest req = parse_api_request(ApiKind::kChat, body, &param).value();
+  ResponseBuilder b(req, "chatcmpl-1", "m", nullptr);
+  std::string all;
+  for (const std::string& p : kToolPieces) all += p;
+  EngineEvent e;
+  e.text = all;
+  e.tokens.push_back(TokenOutput{7, all, Sampled{7, -0.5f, {{7, -0.5f}}}});
+  e.finish = FinishReason::kStop;
+  const std::vector<Json> chunks = b.chunks(e);
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0]["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["content"], "I will look.");
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["tool_calls"].size(), 2u);
+  const Json r = b.response(RequestStats{10, 4, 0, 0, 0});
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["usage"]["total_tokens"], 14);
+  const Json& msg = r["choices"][0]["message"];
+  EXPECT_EQ(msg["content"], "I will look.");
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(msg["tool_calls"][1]["function"]["arguments"], "{\"a\": 1, \"b\": 2}");
+  EXPECT_EQ(r["choices"][0]["logprobs"]["content"][0]["logprob"], -0.5f);
+}
+
+TEST(OpenAIResponse, CompletionChunksAndUsage) {
+  std::string param;
+  ApiRequest req = parse_api_request(ApiKind::kCompletion,
+                                     Json{{"prompt", "x"}, {"logprobs", 1}, {"stream", true},
+                                          {"stream_options", {{"include_usage", true}}}},
+                                     &param)
+                       .value();
+  ResponseBuilder b(req, "cmpl-1", "m", nullptr);
+  EXPECT_TRUE(b.opening_chunks().empty());
+  EngineEvent e1, e2;
+  e1.text = "ab";
+  e1.tokens = {TokenOutput{1, "a", Sampled{1, -1, {{1, -1}}}}, TokenOutput{2, "b", Sampled{2, -2, {{3, -1}}}}};
+  e2.text = "c";
+  e2.tokens = {TokenOutput{4, "c", Sampled{4, -3, {{4, -3}}}}};
+  e2.finish = FinishReason::kLength;
+  b.chunks(e1);
+  const Json last = b.chunks(e2).at(0);
+  EXPECT_EQ(last["object"], "text_completion");
+  EXPECT_EQ(last["choices"][0]["text"], "c");
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(last["choices"][0]["logprobs"]["text_offset"][0], 2);
+  EXPECT_TRUE(last["usage"].is_null());
+  const Json u = b.usage_chunk(RequestStats{3, 3, 0, 0, 0});
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["completion_tokens"], 3);
+  const Json r = b.response(RequestStats{3, 3, 0, 0, 0});
+  EXPECT_EQ(r["choices"][0]["text"], "abc");
+  EXPECT_EQ(r["choices"][0]["logprobs"]["tokens"], Json({"a", "b", "c"}));
+  EXPECT_EQ(r["choices"][0]["logprobs"]["text_offset"], Json({0, 1, 2}));
+}
+
+}  // namespace
+}  // namespace klinear

@@ -1,0 +1,130 @@
+// A klinear server whose "model" follows a script: the HTTP, OpenAI and engine layers are the
+// real ones, only the runner is replaced, so client tests can check exact outputs that a random
+// checkpoint never produces (tool calls in the Kimi K2 format, content before them).
+//
+// The reply to a chat prompt is script i, where i is the number of earlier assistant turns in the
+// prompt (so a conversation walks through the scripts), followed by <|im_end|>.
+//
+//   klinear_scripted_server --tokenizer DIR --script TEXT [--script TEXT ...] [--port N]
+// prints "listening on PORT" on stdout and serves until SIGINT/SIGTERM.
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/tokenizer.h"
+#include "runtime/engine.h"
+#include "server/http_server.h"
+
+namespace klinear {
+namespace {
+
+volatile std::sig_atomic_t g_signal = 0;
+
+class ScriptedRunner final : public StepRunner {
+ public:
+  ScriptedRunner(const Tokenizer& tok, std::vector<std::vector<int32_t>> scripts)
+      : vocab_(tok.vocab_size()), scripts_(std::move(scripts)) {
+    assistant_ = *tok.special_id("<|im_assistant|>");
+    middle_ = *tok.special_id("<|im_middle|>");
+    end_ = *tok.special_id("<|im_end|>");
+  }
+  int64_t vocab_size() const override { return vocab_; }
+  int64_t max_model_len() const override { return 65536; }
+  CacheUsage usage() const override {
+    CacheUsage u{64, 64 - static_cast<int64_t>(seqs_.size()), 4096, 4096, 16};
+    for (const auto& [id, s] : seqs_) u.pages_free -= pages_for(static_cast<int64_t>(s.size()), 16);
+    return u;
+  }
+  Result<RunnerSeq> open() override {
+    if (seqs_.size() >= 64) return Status::ResourceExhausted("no slot");
+    seqs_[next_] = {};
+    return next_++;
+  }
+  void close(RunnerSeq seq) override { seqs_.erase(seq); }
+  Result<Tensor> run(std::span<const RunnerStep> steps) override {
+    int64_t rows = 0;
+    for (const RunnerStep& s : steps) rows += s.want_logits;
+    Tensor out = Tensor::zeros(DType::kF32, {rows, vocab_});
+    int64_t row = 0;
+    for (const RunnerStep& s : steps) {
+      std::vector<int32_t>& fed = seqs_[s.seq];
+      fed.insert(fed.end(), s.ids.begin(), s.ids.end());
+      if (s.want_logits) out.f32()[row++ * vocab_ + next_token(fed)] = 20.0f;
+    }
+    return out;
+  }
+
+ private:
+  // The reply starts after the <|im_middle|> that follows the last <|im_assistant|> (the
+  // generation prompt); earlier assistant markers are answered turns.
+  int32_t next_token(const std::vector<int32_t>& fed) const {
+    size_t start = 0, assistants = 0;
+    for (size_t i = 0; i < fed.size(); ++i) {
+      if (fed[i] != assistant_) continue;
+      ++assistants;
+      const auto middle = std::find(fed.begin() + static_cast<std::ptrdiff_t>(i), fed.end(), middle_);
+      start = static_cast<size_t>(middle - fed.begin()) + 1;
+    }
+    const size_t script = std::min(assistants == 0 ? 0 : assistants - 1, scripts_.size() - 1);
+    const size_t k = fed.size() - std::min(start, fed.size());
+    return k < scripts_[script].size() ? scripts_[script][k] : end_;
+  }
+
+  int64_t vocab_;
+  std::vector<std::vector<int32_t>> scripts_;
+  int32_t assistant_, middle_, end_;
+  std::map<RunnerSeq, std::vector<int32_t>> seqs_;
+  RunnerSeq next_ = 1;
+};
+
+int main_impl(int argc, char** argv) {
+  std::string tok_dir;
+  std::vector<std::string> scripts;
+  int port = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--tokenizer")) tok_dir = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--script")) scripts.push_back(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--port")) port = std::atoi(argv[i + 1]);
+  }
+  auto tok = Tokenizer::load(tok_dir);
+  if (!tok.ok() || scripts.empty()) {
+    std::fprintf(stderr, "usage: %s --tokenizer DIR --script TEXT [--script TEXT ...] [--port N]\n", argv[0]);
+    return 2;
+  }
+  std::vector<std::vector<int32_t>> ids;
+  for (const std::string& s : scripts) ids.push_back(tok->encode(s, Tokenizer::Specials::kParse));
+  ScriptedRunner runner(*tok, ids);
+  EngineOptions eo;
+  eo.eos_ids = {*tok->special_id("<|im_end|>")};
+  Engine engine(runner, &*tok, eo);
+  ServerOptions so;
+  so.port = port;
+  so.model_name = "scripted";
+  HttpServer server(engine, &*tok, ChatFormat::kKimiK2, so);
+  std::signal(SIGINT, [](int s) { g_signal = s; });
+  std::signal(SIGTERM, [](int s) { g_signal = s; });
+  std::thread engine_thread([&] { engine.serve(); });
+  if (Status st = server.start(); !st.ok()) {
+    std::fprintf(stderr, "%s\n", st.to_string().c_str());
+    engine.request_stop();
+    engine_thread.join();
+    return 1;
+  }
+  std::printf("listening on %d\n", server.port());
+  std::fflush(stdout);
+  while (!g_signal) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  engine.request_stop();
+  engine_thread.join();
+  server.stop();
+  return 0;
+}
+
+}  // namespace
+}  // namespace klinear
+
+int main(int argc, char** argv) { return klinear::main_impl(argc, argv); }

@@ -1,0 +1,352 @@
+// Serving subcommands: serve (the OpenAI-compatible server), run (the offline batch runner over a
+// JSONL file) and bench-serve (load against a running server). serve and run share one engine
+// set-up: the model, its tokenizer and chat format, and the cache budgets.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "backend/backend.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "io/chat_template.h"
+#include "io/tokenizer.h"
+#include "model/model.h"
+#include "runtime/chat_session.h"
+#include "runtime/engine.h"
+#include "runtime/model_runner.h"
+#include "server/bench_client.h"
+#include "server/http_server.h"
+#include "server/openai.h"
+
+namespace klinear::cli {
+
+namespace {
+
+volatile std::sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+void install_signal_handlers() {
+  g_signal = 0;
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not a dead server
+}
+
+// "1073741824", "512M", "4G", "4GiB" (binary units) -> bytes.
+Result<uint64_t> parse_bytes(const std::string& text, const std::string& flag) {
+  size_t used = 0;
+  unsigned long long v = 0;
+  bool ok = !text.empty() && std::isdigit(static_cast<unsigned char>(text[0]));
+  if (ok) v = std::stoull(text, &used);
+  std::string unit = text.substr(used);
+  if (unit.size() == 3 && unit.substr(1) == "iB") unit = unit.substr(0, 1);
+  const std::map<std::string, int> shifts{{"", 0}, {"K", 10}, {"M", 20}, {"G", 30}, {"T", 40}};
+  const auto it = shifts.find(unit);
+  if (!ok || it == shifts.end())
+    return Status::InvalidArgument(flag + ": '" + text + "' is not a size; expected bytes with an optional K, M, G or T");
+  return static_cast<uint64_t>(v) << it->second;
+}
+
+// ---- shared engine set-up
+struct EngineArgs {
+  std::string model_dir, device = "cpu", dtype, tokenizer;
+  int64_t max_num_tokens = 2048, max_num_seqs = 16, page_size = 64;
+  std::string cache_memory = "0";
+};
+
+void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
+  sub->add_option("--model", a.model_dir, "checkpoint directory (config.json + safetensors)")->required();
+  sub->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
+  sub->add_option("--dtype", a.dtype, "float32 or bfloat16 (default: float32 on the CPU, bfloat16 on CUDA)");
+  sub->add_option("--tokenizer", a.tokenizer, "tokenizer directory (default: the model directory, if it has one)");
+  sub->add_option("--max-num-tokens", a.max_num_tokens, "tokens per engine step (decodes + prefill chunks)")->capture_default_str();
+  sub->add_option(max_seqs_flag, a.max_num_seqs, "sequences running at once (state slots)")->capture_default_str();
+  sub->add_option("--cache-memory", a.cache_memory, "memory for the caches: state slots first, the rest latent pages "
+                                                    "(bytes, or with K/M/G/T; 0: room for every sequence at the full "
+                                                    "context, at most a quarter of the free memory)")->capture_default_str();
+  sub->add_option("--page-size", a.page_size, "tokens per latent cache page")->capture_default_str();
+}
+
+struct Serving {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;  // behind a pointer: the engine keeps its address
+  ChatFormat format = ChatFormat::kKimiK2;
+  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<Engine> engine;
+};
+
+Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char* cmd) {
+  KL_ASSIGN_OR_RETURN(uint64_t memory, parse_bytes(a.cache_memory, "--cache-memory"));
+  if (a.max_num_tokens < 1) return Status::InvalidArgument("--max-num-tokens must be >= 1");
+  BackendOptions bo;
+  KL_ASSIGN_OR_RETURN(bo.device, parse_device(a.device));
+  KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(!a.dtype.empty() ? a.dtype : bo.device == Device::kCuda ? "bfloat16" : "float32"));
+  Serving s;
+  KL_ASSIGN_OR_RETURN(s.backend, make_backend(bo));
+  KL_ASSIGN_OR_RETURN(s.model, Model::load(a.model_dir, *s.backend));
+  const std::string tok_dir = a.tokenizer.empty() ? a.model_dir : a.tokenizer;
+  auto tok = Tokenizer::load(tok_dir);
+  if (tok.ok()) s.tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
+  else if (!a.tokenizer.empty()) return tok.status().with_context("--tokenizer");
+  else std::fprintf(stderr, "klinear %s: no tokenizer in %s: token-id prompts only\n", cmd, a.model_dir.c_str());
+  const ModelConfig& c = s.model->config();
+  s.format = chat_format_for(c);
+  KL_ASSIGN_OR_RETURN(s.runner, ModelRunner::create(*s.model, CacheOptions{a.max_num_seqs, a.page_size, memory}));
+  EngineOptions eo;
+  eo.scheduler = {a.max_num_tokens, a.max_num_seqs};
+  eo.max_queue = max_queue;
+  for (int64_t id : c.eos_token_ids) eo.eos_ids.push_back(static_cast<int32_t>(id));
+  s.engine = std::make_unique<Engine>(*s.runner, s.tokenizer.get(), eo);
+  const CacheSizes& z = s.runner->sizes();
+  std::fprintf(stderr,
+               "klinear %s: cache %.1f MiB: %.2f MiB per state slot, %.1f KiB per token; %lld slots, %lld pages of %lld "
+               "tokens: at most %lld sequences and %lld tokens at once (%lld per sequence)\n",
+               cmd, z.bytes() / 1048576.0, z.bytes_per_slot / 1048576.0, z.bytes_per_page / 1024.0 / std::max<int64_t>(z.page_size, 1),
+               (long long)z.slots, (long long)z.pages, (long long)z.page_size, (long long)z.slots,
+               (long long)(z.pages * z.page_size), (long long)s.engine->max_sequence_tokens());
+  return s;
+}
+
+// ---- serve
+struct ServeArgs {
+  EngineArgs engine;
+  ServerOptions server;
+  int64_t max_queue = 256;
+};
+
+int run_serve(const ServeArgs& a) {
+  auto s = make_serving(a.engine, a.max_queue, "serve");
+  if (!s.ok()) return fail("serve", s.status());
+  ServerOptions so = a.server;
+  if (so.model_name.empty()) {
+    std::string dir = a.engine.model_dir;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    so.model_name = dir.substr(dir.find_last_of('/') + 1);
+  }
+  so.http_threads = static_cast<int>(std::max<int64_t>(64, a.max_queue + a.engine.max_num_seqs));
+  HttpServer server(*s->engine, s->tokenizer.get(), s->format, so);
+  install_signal_handlers();
+  std::thread engine_thread([&] { s->engine->serve(); });
+  Status started = server.start();
+  if (!started.ok()) {
+    s->engine->request_stop();
+    engine_thread.join();
+    return fail("serve", started);
+  }
+  std::fprintf(stderr, "klinear serve: serving '%s' on http://%s:%d (Ctrl-C drains and exits)\n", so.model_name.c_str(),
+               so.host.c_str(), server.port());
+  while (!g_signal) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::fprintf(stderr, "klinear serve: signal %d: finishing in-flight requests\n", static_cast<int>(g_signal));
+  s->engine->request_stop();
+  engine_thread.join();
+  server.stop();
+  std::fprintf(stderr, "klinear serve: drained, exiting\n");
+  return 0;
+}
+
+// ---- run
+struct RunArgs {
+  EngineArgs engine;
+  std::string input, output;
+  GenerateOptions defaults;
+  float min_p = 0, presence_penalty = 0, frequency_penalty = 0, repetition_penalty = 1;
+};
+
+struct LineResult {
+  bool done = false, skipped = false;
+  Json out;
+};
+
+int run_run(const RunArgs& a) {
+  auto text = read_text_file(a.input);
+  if (!text.ok()) return fail("run", text.status());
+  std::vector<std::string> lines;
+  for (size_t pos = 0; pos < text->size();) {
+    const size_t nl = std::min(text->find('\n', pos), text->size());
+    lines.push_back(text->substr(pos, nl - pos));
+    pos = nl + 1;
+  }
+  std::ofstream out(a.output, std::ios::trunc);
+  if (!out) return fail("run", Status::IOError(a.output + ": cannot open for writing"));
+  auto s = make_serving(a.engine, static_cast<int64_t>(lines.size()) + 1, "run");
+  if (!s.ok()) return fail("run", s.status());
+  const Tokenizer* tok = s->tokenizer.get();
+
+  // CLI sampling flags are the defaults; each line's fields override them.
+  const Json defaults{{"max_tokens", a.defaults.max_tokens},   {"temperature", a.defaults.sampling.temperature},
+                      {"top_k", a.defaults.sampling.top_k},    {"top_p", a.defaults.sampling.top_p},
+                      {"seed", a.defaults.sampling.seed},      {"ignore_eos", a.defaults.ignore_eos},
+                      {"min_p", a.min_p},                      {"presence_penalty", a.presence_penalty},
+                      {"frequency_penalty", a.frequency_penalty}, {"repetition_penalty", a.repetition_penalty}};
+  std::vector<LineResult> results(lines.size());
+  int64_t skipped = 0, submitted = 0;
+  std::vector<double> ttft;
+  int64_t in_tokens = 0, out_tokens = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    LineResult& res = results[i];
+    auto skip = [&](const Status& st) {
+      std::fprintf(stderr, "klinear run: %s line %zu: %s (skipped)\n", a.input.c_str(), i + 1, st.to_string().c_str());
+      res.skipped = res.done = true;
+      ++skipped;
+    };
+    if (lines[i].find_first_not_of(" \t\r") == std::string::npos) {
+      res.skipped = res.done = true;
+      continue;
+    }
+    auto line = parse_json(lines[i], "line");
+    if (!line.ok() || !line->is_object()) {
+      skip(line.ok() ? Status::InvalidArgument("expected a JSON object") : line.status());
+      continue;
+    }
+    Json merged = defaults;
+    merged.update(*line);
+    if (merged.contains("prompt_ids")) merged["prompt"] = merged["prompt_ids"];
+    const ApiKind kind = merged.contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
+    std::string param;
+    auto req = parse_api_request(kind, merged, &param);
+    if (!req.ok()) {
+      skip(req.status());
+      continue;
+    }
+    if (req->spec.n != 1 || req->stream) {
+      skip(Status::InvalidArgument("n > 1 and stream are not supported by klinear run"));
+      continue;
+    }
+    auto ids = request_prompt_ids(*req, tok, s->format);
+    if (!ids.ok()) {
+      skip(ids.status());
+      continue;
+    }
+    RequestSpec spec = req->spec;
+    spec.prompt = std::move(ids).value();
+    spec.stop.max_tokens = req->max_tokens.value_or(a.defaults.max_tokens);
+    if (kind == ApiKind::kChat && tok)
+      if (auto marker = tok->special_id(chat_stop_marker(s->format))) spec.stop.stop_ids.push_back(*marker);
+    res.out = Json{{"id", line->contains("id") ? (*line)["id"] : Json(i + 1)}, {"text", ""}, {"ids", Json::array()}};
+    auto id = s->engine->submit(std::move(spec), [&res, &ttft, &in_tokens, &out_tokens](const EngineEvent& e) {
+      res.out["text"] = res.out["text"].get<std::string>() + e.text;
+      for (const TokenOutput& t : e.tokens) res.out["ids"].push_back(t.id);
+      if (e.finish) res.out["finish_reason"] = *e.finish == FinishReason::kStop ? "stop" : "length";
+      if (e.end == RequestEnd::kRunning) return;
+      res.done = true;
+      res.out["prompt_tokens"] = e.stats.prompt_tokens;
+      res.out["completion_tokens"] = e.stats.completion_tokens;
+      if (e.end == RequestEnd::kFailed) res.out["error"] = e.error.to_string();
+      ttft.push_back(e.stats.ttft_s);
+      in_tokens += e.stats.prompt_tokens;
+      out_tokens += e.stats.completion_tokens;
+    });
+    if (!id.ok()) {
+      skip(id.status());
+      continue;
+    }
+    ++submitted;
+  }
+
+  install_signal_handlers();
+  const bool bar = isatty(STDERR_FILENO);
+  const auto start = std::chrono::steady_clock::now();
+  size_t written = 0;
+  int64_t finished = 0;
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  auto flush_ready = [&] {
+    for (; written < results.size() && results[written].done; ++written) {
+      if (results[written].skipped) continue;
+      out << results[written].out.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
+      ++finished;
+    }
+    out.flush();
+  };
+  while (!g_signal && s->engine->has_work()) {
+    s->engine->step();
+    flush_ready();
+    if (bar) {
+      const int width = 30, filled = submitted ? static_cast<int>(width * finished / submitted) : width;
+      std::fprintf(stderr, "\r[%s%s] %lld/%lld requests, %lld tokens out, %.1f tokens/s ", std::string(filled, '#').c_str(),
+                   std::string(width - filled, ' ').c_str(), (long long)finished, (long long)submitted, (long long)out_tokens,
+                   out_tokens / std::max(elapsed(), 1e-9));
+    }
+  }
+  flush_ready();
+  if (bar) std::fputs("\n", stderr);
+  const double secs = elapsed();
+  std::sort(ttft.begin(), ttft.end());
+  auto pct = [&](double p) { return ttft.empty() ? 0.0 : 1e3 * ttft[std::min(ttft.size() - 1, size_t(p * ttft.size()))]; };
+  std::fprintf(stderr,
+               "klinear run: %lld requests (%lld malformed lines skipped), %lld input and %lld output tokens in %.2f s: %.1f output "
+               "tokens/s, %.1f total tokens/s; time to first token p50 %.1f ms, p90 %.1f ms, p99 %.1f ms\n",
+               (long long)finished, (long long)skipped, (long long)in_tokens, (long long)out_tokens, secs,
+               out_tokens / std::max(secs, 1e-9), (in_tokens + out_tokens) / std::max(secs, 1e-9), pct(0.5), pct(0.9), pct(0.99));
+  if (g_signal) {
+    std::fprintf(stderr, "klinear run: interrupted; %lld finished lines are in %s\n", (long long)finished, a.output.c_str());
+    return 130;
+  }
+  return skipped ? 2 : 0;
+}
+
+// ---- bench-serve
+int run_bench_serve(const BenchOptions& o) {
+  auto r = run_bench(o);
+  if (!r.ok()) return fail("bench-serve", r.status());
+  std::fputs(bench_report(o, *r).c_str(), stdout);
+  return r->failed ? 1 : 0;
+}
+
+}  // namespace
+
+void add_serve_commands(CLI::App& app, int& exit_code) {
+  {
+    auto a = std::make_shared<ServeArgs>();
+    CLI::App* sub = app.add_subcommand("serve", "serve the model over an OpenAI-compatible HTTP API (chat and text "
+                                                "completions, streaming, tokenize, metrics)");
+    add_engine_args(sub, a->engine, "--max-num-seqs");
+    sub->add_option("--host", a->server.host, "address to bind")->capture_default_str();
+    sub->add_option("--port", a->server.port, "port to bind (0: any free port)")->capture_default_str();
+    sub->add_option("--api-key", a->server.api_key, "require 'Authorization: Bearer KEY' on /v1/* and tokenize routes");
+    sub->add_option("--max-queue", a->max_queue, "requests waiting for admission before new ones get 503")->capture_default_str();
+    sub->add_option("--served-model-name", a->server.model_name, "model id in the API (default: the model directory's name)");
+    sub->add_option("--max-body-bytes", a->server.max_body_bytes, "largest request body (413 above)")->capture_default_str();
+    sub->callback([a, &exit_code] { exit_code = run_serve(*a); });
+  }
+  {
+    auto a = std::make_shared<RunArgs>();
+    CLI::App* sub = app.add_subcommand("run", "offline batch generation: one JSON request per input line (prompt, "
+                                              "prompt_ids or messages, optional sampling fields), results in input order");
+    add_engine_args(sub, a->engine, "--max-batch");
+    sub->add_option("--input", a->input, "input JSONL file")->required();
+    sub->add_option("--output", a->output, "output JSONL file (id, text, ids, finish_reason, token counts)")->required();
+    add_generate_options(sub, a->defaults);
+    sub->add_option("--min-p", a->min_p, "drop ids less likely than min-p times the most likely")->capture_default_str();
+    sub->add_option("--presence-penalty", a->presence_penalty, "penalty on ids already generated")->capture_default_str();
+    sub->add_option("--frequency-penalty", a->frequency_penalty, "penalty per repetition of a generated id")->capture_default_str();
+    sub->add_option("--repetition-penalty", a->repetition_penalty, "divides the logits of ids seen in prompt or output")
+        ->capture_default_str();
+    sub->callback([a, &exit_code] { exit_code = run_run(*a); });
+  }
+  {
+    auto a = std::make_shared<BenchOptions>();
+    CLI::App* sub = app.add_subcommand("bench-serve", "load a running server with concurrent streaming requests; prints "
+                                                      "throughput and latency percentiles");
+    sub->add_option("--url", a->url, "server base URL")->capture_default_str();
+    sub->add_option("--api-key", a->api_key, "API key of the server");
+    sub->add_option("--concurrency", a->concurrency, "requests in flight at once")->capture_default_str();
+    sub->add_option("--requests", a->requests, "requests in all")->capture_default_str();
+    sub->add_option("--input-len", a->input_len, "prompt tokens per request")->capture_default_str();
+    sub->add_option("--output-len", a->output_len, "generated tokens per request")->capture_default_str();
+    sub->add_option("--prefix-len", a->prefix_len, "leading prompt tokens shared by all requests")->capture_default_str();
+    sub->add_option("--seed", a->seed, "seed of the random prompts")->capture_default_str();
+    sub->callback([a, &exit_code] { exit_code = run_bench_serve(*a); });
+  }
+}
+
+}  // namespace klinear::cli
