@@ -1,5 +1,6 @@
 // CPU memory ops: everything is host F32 (and I32 indices); uploads widen other float dtypes and
 // dequantize MXFP4; step tensors come from the arena.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,15 +15,26 @@
 
 namespace klinear::cpu {
 
-// MemAvailable from /proc/meminfo (what can be allocated without swapping), else free pages.
+// MemAvailable from /proc/meminfo (what can be allocated without swapping), else free pages;
+// under an address-space limit (ulimit -v) no more than what the limit leaves.
 uint64_t CpuBackend::available_bytes() const {
+  uint64_t avail = static_cast<uint64_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   std::ifstream meminfo("/proc/meminfo");
-  std::string key;
+  std::string key, unit;
   uint64_t kib = 0;
-  std::string unit;
   while (meminfo >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return static_cast<uint64_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    if (key == "MemAvailable:") {
+      avail = kib * 1024;
+      break;
+    }
+  rlimit lim{};
+  if (getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    uint64_t pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;  // the address space in use, in pages
+    const uint64_t used = pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    avail = std::min<uint64_t>(avail, lim.rlim_cur > used ? lim.rlim_cur - used : 0);
+  }
+  return avail;
 }
 
 CpuBackend::CpuBackend()
@@ -30,7 +42,21 @@ CpuBackend::CpuBackend()
         void* p = std::aligned_alloc(256, bytes);
         if (p == nullptr) throw std::bad_alloc();
         return std::shared_ptr<void>(p, std::free);
-      }) {}
+      }) {
+  // OpenBLAS maps its work buffers on first use and, when a mapping fails (an address-space
+  // limit already taken by our pools), retries for ever. One GEMM on every thread now maps them
+  // while the address space is still free.
+  const float one = 1.0f;
+  float out = 0.0f;
+#pragma omp parallel
+  {
+    float mine = 0.0f;
+    gemm(1, 1, 1, &one, 1, &one, 1, /*b_transposed=*/true, &mine, 1);
+#pragma omp atomic
+    out += mine;
+  }
+  KL_CHECK(out > 0.0f, "BLAS warm-up");
+}
 
 namespace {
 // Copies a host tensor into dst: float dtypes widened to F32, I32 as it is.
