@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "model_bench: give at least one model directory (see --help)\n");
     return 2;
   }
-  auto backend = klinear::make_backend(klinear::DeviceKind::kCpu);
+  auto backend = klinear::make_backend(klinear::BackendOptions{});
   std::printf("%-44s %8s %14s %8s %14s\n", "model", "prefill", "prefill tok/s", "decode", "decode tok/s");
   for (const std::string& dir : dirs) {
     auto model = klinear::Model::load(dir, **backend);
@@ -57,14 +57,19 @@ int main(int argc, char** argv) {
     for (int32_t& id : ids) id = static_cast<int32_t>(rng() % m.config().vocab_size);
     double best_prefill = 1e30, best_decode = 1e30;
     for (int r = 0; r < runs; ++r) {
-      klinear::SequenceState s = m.new_sequence();
+      auto cache = klinear::Cache::create(m.config(), **backend, klinear::CacheOptions{});
+      if (!cache.ok()) {
+        std::fprintf(stderr, "model_bench: %s\n", cache.status().to_string().c_str());
+        return 1;
+      }
+      const klinear::SeqId s = (*cache)->open().value();
       auto t0 = Clock::now();
-      auto logits = m.forward(ids, s, klinear::LogitsMode::kLast);
+      auto logits = m.forward_one(**cache, s, ids, klinear::LogitsMode::kLast);
       best_prefill = std::min(best_prefill, seconds_since(t0));
       t0 = Clock::now();
       for (int i = 0; i < decode && logits.ok(); ++i) {
         const int32_t next[1] = {static_cast<int32_t>(rng() % m.config().vocab_size)};
-        logits = m.forward(next, s, klinear::LogitsMode::kLast);
+        logits = m.forward_one(**cache, s, next, klinear::LogitsMode::kLast);
       }
       if (!logits.ok()) {
         std::fprintf(stderr, "model_bench: %s\n", logits.status().to_string().c_str());

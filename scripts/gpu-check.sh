@@ -4,11 +4,16 @@
 # 1. unpacks third_party/gpu-carry (made here by `scripts/setup.sh --gpu`): the library debs into a
 #    prefix (dpkg -x, nothing installed system-wide) and the FLA wheel into a Python path;
 # 2. builds with -DKLINEAR_CUDA=ON (sm_90a) into build-gpu/;
-# 3. runs every test (ctest: the CPU suite and the GPU tests);
-# 4. runs the benchmarks: bench/cuda/ops_bench (klinear) and bench/cuda/fla_bench.py (FLA) on the
+# 3. runs every GPU test: the CUDA rows of the row-parametrised suite (every op against plain
+#    references, every model fixture, batched == alone), failing if any of them skipped;
+# 4. runs `klinear generate --device cuda` on the fixture models: float32 must give the CPU's
+#    greedy ids, bfloat16 must run (its ids are logged beside the CPU's);
+# 5. runs the benchmarks: bench/cuda/ops_bench (klinear) and bench/cuda/fla_bench.py (FLA) on the
 #    same shapes;
-# 5. runs compute-sanitizer memcheck over the GPU tests;
+# 6. runs compute-sanitizer memcheck over the GPU tests (capped: see memcheck below);
 # and writes each step's log plus summary.md (step, status, seconds; the benchmark tables) to OUTDIR.
+# The CPU suite is CI's (scripts/test.sh); KLINEAR_GPU_CHECK_CPU=1 runs it here too.
+# KLINEAR_GPU_CHECK_SKIP names steps to leave out (space-separated: e.g. "fla_bench memcheck").
 # Every step runs even when an earlier one fails; the exit status is non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +28,7 @@ failed=0
 step() {  # name, command...
   local name=$1
   shift
+  case " ${KLINEAR_GPU_CHECK_SKIP:-} " in *" $name "*) echo "| $name | left out | 0 |" >>"$summary"; return ;; esac
   local t0=$SECONDS
   echo "== $name: $*"
   if "$@" >"$out/$name.log" 2>&1; then
@@ -54,12 +60,57 @@ configure() {
 }
 step configure configure
 step build cmake --build build-gpu -j "$(nproc)"
-step ctest bash -c "cd build-gpu && ctest --output-on-failure -j 4 --timeout 600"
+
+gpu_filter='*cuda_f32:*cuda_bf16'
+gpu_tests() {  # the CUDA rows; a skipped CUDA row on this machine is a failure
+  build-gpu/klinear_tests --gtest_filter="$gpu_filter" || return 1
+  if grep -q '^\[  SKIPPED \]' "$out/gpu_tests.log"; then
+    echo "gpu-check: CUDA rows were skipped on a GPU machine"
+    return 1
+  fi
+}
+step gpu_tests gpu_tests
+
+generate_e2e() {  # klinear generate --device cuda against --device cpu on each fixture model
+  local rc=0 model cpu f32 bf16
+  for model in tests/fixtures/{kimi-linear-tiny,kimi-linear-tiny-bf16,k3-tiny,k3-tiny-mxfp4}/model; do
+    local args=(generate --model "$model" --prompt-ids 1,2,3,4,5,6,7 --max-tokens 24 --ignore-eos --json)
+    cpu=$(build-gpu/klinear "${args[@]}" --device cpu) || return 1
+    f32=$(build-gpu/klinear "${args[@]}" --device cuda --dtype float32) || return 1
+    bf16=$(build-gpu/klinear "${args[@]}" --device cuda --dtype bfloat16) || return 1
+    python3 - "$model" "$cpu" "$f32" "$bf16" <<'PY' || rc=1
+import json, sys
+model, cpu, f32, bf16 = sys.argv[1], *(json.loads(a) for a in sys.argv[2:])
+same = sum(a == b for a, b in zip(cpu["ids"], bf16["ids"]))
+print(f"{model}: cpu {cpu['ids']}\n  cuda float32  {f32['ids']}\n  cuda bfloat16 {bf16['ids']} ({same}/{len(cpu['ids'])} as cpu)")
+print(f"  decode s: cpu {cpu['decode_seconds']:.4f} cuda f32 {f32['decode_seconds']:.4f} bf16 {bf16['decode_seconds']:.4f}")
+sys.exit(0 if f32["ids"] == cpu["ids"] and len(bf16["ids"]) == len(cpu["ids"]) else 1)
+PY
+  done
+  return $rc
+}
+step generate generate_e2e
+
 step ops_bench build-gpu/ops_bench all
 step fla_bench env PYTHONUNBUFFERED=1 python3 bench/cuda/fla_bench.py all
-# memcheck last (it is the slowest step); KLINEAR_MEMCHECK_TIMEOUT caps it (seconds).
-step memcheck timeout "${KLINEAR_MEMCHECK_TIMEOUT:-1800}" compute-sanitizer --tool memcheck --error-exitcode 1 \
-  build-gpu/klinear_tests --gtest_filter='Cuda*' --gtest_brief=1
+if [ "${KLINEAR_GPU_CHECK_CPU:-0}" = 1 ]; then
+  step cpu_ctest bash -c "cd build-gpu && ctest --output-on-failure -j $(nproc) --timeout 600 -E 'cuda_(f32|bf16)'"
+fi
+# memcheck last (the slowest steps): the op tests, then the model tests. Each is capped by
+# KLINEAR_MEMCHECK_TIMEOUT seconds and, when KLINEAR_GPU_CHECK_BUDGET (seconds for the whole script)
+# is set, by what is left of it.
+memcheck() {  # gtest filter
+  local cap=${KLINEAR_MEMCHECK_TIMEOUT:-1800}
+  if [ -n "${KLINEAR_GPU_CHECK_BUDGET:-}" ]; then
+    local left=$((KLINEAR_GPU_CHECK_BUDGET - SECONDS - 10))
+    [ "$left" -lt "$cap" ] && cap=$left
+    [ "$cap" -gt 0 ] || { echo "memcheck: no time left in KLINEAR_GPU_CHECK_BUDGET"; return 1; }
+  fi
+  timeout "$cap" compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/klinear_tests --gtest_filter="$1" \
+    --gtest_brief=1
+}
+step memcheck_ops memcheck 'Backends/*cuda_f32:Backends/*cuda_bf16'
+step memcheck_models memcheck '*cuda_f32:*cuda_bf16-Backends/*'
 
 {
   echo
@@ -69,11 +120,14 @@ step memcheck timeout "${KLINEAR_MEMCHECK_TIMEOUT:-1800}" compute-sanitizer --to
   echo "## FLA (bench/cuda/fla_bench.py)"
   grep '^|' "$out/fla_bench.log" || echo "(no table)"
   echo
-  echo "## ctest"
-  grep -E 'tests passed|tests failed|Skipped|Failed|\*\*\*' "$out/ctest.log" | tail -20
+  echo "## GPU tests"
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests? from .* ran' "$out/gpu_tests.log" | tail -20
+  echo
+  echo "## generate --device cuda"
+  cat "$out/generate.log" 2>/dev/null
   echo
   echo "## memcheck"
-  grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/memcheck.log" | tail -5
+  grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out"/memcheck_*.log | tail -10
 } >>"$summary"
 cat "$summary"
 exit $failed

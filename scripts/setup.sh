@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what klinear builds and tests with. Idempotent; uses sudo when not root.
-#   scripts/setup.sh          # the Debian 12 packages of the CPU build and the tests
+#   scripts/setup.sh          # the Debian 12 packages of the CPU build and the tests, and the PyPI
+#                             # packages of the test oracles (tiktoken for tests/io/k3_reference_encoder.py)
 #   scripts/setup.sh --gpu    # also fetches the pinned GPU dependencies into third_party/ (git-ignored):
 #     third_party/wheels/     the PyPI wheels below, checked against their sha256
 #     third_party/cutlass/include, third_party/flashinfer/include   headers for later kernels
@@ -33,6 +34,10 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -q
   $sudo apt-get install -y -q "${missing[@]}"
+fi
+if ! python3 -c "import tiktoken" 2>/dev/null; then
+  # Debian 12's python3 is externally managed (PEP 668): pip needs --break-system-packages there.
+  $sudo python3 -m pip install -q tiktoken 2>/dev/null || $sudo python3 -m pip install -q --break-system-packages tiktoken
 fi
 
 [ "$gpu" -eq 1 ] || exit 0

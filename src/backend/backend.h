@@ -2,33 +2,42 @@
 // make_backend() is the only place a device is chosen.
 //
 // Contract for every op: tensors live on this backend's device, are contiguous and row-major, and
-// have the activation dtype of the backend (F32 on the CPU) unless stated. Shapes use the letters
-// N tokens, T tokens of one sequence, Tc cached + new tokens, C channels, H heads, d head dim,
-// E experts, K top-k, F expert intermediate. Outputs are written in full and never alias an input
-// unless the op says so. Ops do not allocate persistent state; callers own every tensor.
+// have the backend's activation dtype (F32 on the CPU, BF16 or F32 on CUDA) unless a field says
+// F32 or I32. Shapes use the letters N rows (the new tokens of every sequence of a step,
+// concatenated), B sequences, C channels, H heads, d head dim, E experts, K top-k, F expert
+// intermediate. Outputs are written in full and never alias an input unless the op says so.
+//
+// Memory: alloc() hands out step memory from one arena that begin_step() rewinds, so a step run
+// twice with the same shapes sees the same addresses (what a captured CUDA graph needs); a tensor
+// from alloc() is valid until the next begin_step(). Pools, caches and weights come from
+// alloc_persistent() and upload(), which live as long as their tensors.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "core/kinds.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
 namespace klinear {
 
+// ---- op parameters
+
 // SPEC 3.2. kSilu: silu(gate)·up. kSitu: β·tanh(g/β)·σ(g) · (β_l·tanh(u/β_l) or u).
 struct GluParams {
-  enum class Kind { kSilu, kSitu } kind = Kind::kSilu;
+  Activation kind = Activation::kSilu;
   float beta = 1.0f;
   std::optional<float> linear_beta;
 };
 
 // SPEC 4.3: g = −exp(A)·softplus(f + dt_bias) or lb·σ(exp(A)·(f + dt_bias)).
 struct KdaGateParams {
-  enum class Kind { kSoftplus, kLowerBound } kind = Kind::kSoftplus;
+  KdaGate kind = KdaGate::kSoftplus;
   float lower_bound = 0.0f;
 };
 
@@ -41,6 +50,64 @@ struct RouteParams {
   float scale = 1.0f;
 };
 
+// The sequences of one step (docs/DESIGN.md "One step, many sequences"). Sequence b owns rows
+// [cu_seqlens[b], cu_seqlens[b+1]) of every [N, ...] tensor; its first new token sits at position
+// cached[b]; its KDA and conv states are row slots[b] of the state pools; its MLA latent cache is
+// the pages page_table[b, 0 ..] (position p lives in page page_table[b, p / page_size] at row
+// p % page_size). The host arrays are the truth; `dev` holds the same arrays on the backend's
+// device (I32), made once per step by Backend::upload_layout.
+struct SeqLayout {
+  int64_t page_size = 0;
+  int64_t max_pages = 0;              // columns of page_table
+  std::vector<int32_t> cu_seqlens;    // [B+1], cu_seqlens[0] = 0, non-decreasing
+  std::vector<int32_t> cached;        // [B]
+  std::vector<int32_t> slots;         // [B]
+  std::vector<int32_t> page_table;    // [B, max_pages], −1 past the pages a sequence holds
+  struct Device {
+    Tensor cu_seqlens, cached, slots, page_table;
+  } dev;
+
+  int64_t num_seqs() const { return static_cast<int64_t>(cached.size()); }
+  int64_t num_rows() const { return cu_seqlens.empty() ? 0 : cu_seqlens.back(); }
+  int64_t new_tokens(int64_t b) const { return cu_seqlens[b + 1] - cu_seqlens[b]; }
+  // Sequences [b0, b1) as a layout of their own, rows counted from the first of them (no `dev`).
+  SeqLayout part(int64_t b0, int64_t b1) const;
+};
+
+// Short convolution over a step (SPEC 4.2).
+struct ConvArgs {
+  Tensor x;       // [N, C] pre-conv rows
+  Tensor w;       // [C, Kc]
+  Tensor states;  // [slots, Kc−1, C] pool: the previous Kc−1 pre-conv rows of each slot, oldest first
+  Tensor out;     // [N, C] silu(conv(x))
+};
+
+// The KDA core over a step (SPEC 4.4-4.6).
+struct KdaArgs {
+  Tensor q, k;    // [N, H, dk] raw conv outputs: L2-normalised per head inside, q also scaled by dk^-1/2
+  Tensor v;       // [N, H, dv]
+  Tensor g;       // [N, H, dk] F32 log decay
+  Tensor beta;    // [N, H] F32
+  Tensor states;  // [slots, H, dk, dv] F32 pool (K-first), read and written in place
+  Tensor out;     // [N, H, dv]
+  // The same over rows [r0, r1) (the pool stays whole).
+  KdaArgs rows(int64_t r0, int64_t r1) const {
+    return {q.rows(r0, r1), k.rows(r0, r1), v.rows(r0, r1), g.rows(r0, r1), beta.rows(r0, r1), states, out.rows(r0, r1)};
+  }
+};
+
+// MLA attention over a step (SPEC 5). Queries are the new tokens; keys and values are every
+// token of the sequence (cached and new), read from the paged latent cache.
+struct MlaArgs {
+  Tensor q;       // [N, H, n+r]
+  Tensor pages;   // [pages, page_size, c+r] latent (after kv_a_layernorm) ‖ k_r of each position
+  Tensor kv_b;    // [H·(n+v), c] kv_b_proj: rows h(n+v)+[0,n) are W_UK of head h, the next v rows W_UV
+  float scale = 1.0f;
+  Tensor out;     // [N, H, v]
+  // The same over rows [r0, r1).
+  MlaArgs rows(int64_t r0, int64_t r1) const { return {q.rows(r0, r1), pages, kv_b, scale, out.rows(r0, r1)}; }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -48,43 +115,57 @@ class Backend {
   virtual const char* name() const = 0;
 
   // ---- memory
+  // Dtype of activations (F32 on the CPU).
+  virtual DType activation_dtype() const = 0;
   // Bytes one weight element occupies after upload (4 on the CPU, which widens to F32).
   virtual size_t weight_element_bytes() const = 0;
   // Memory available now for weights and caches.
   virtual uint64_t available_bytes() const = 0;
-  // Uninitialised activation tensor of `shape` (F32 on the CPU).
-  virtual Tensor alloc(const Shape& shape) = 0;
-  virtual Tensor zeros(const Shape& shape) = 0;
-  // Uninitialised I32 tensor (router indices).
-  virtual Tensor alloc_i32(const Shape& shape) = 0;
-  // Device copy of a host weight of any float dtype, in the backend's weight dtype.
-  virtual Tensor upload(const Tensor& host) = 0;
+  // Rewinds the step arena: every tensor from alloc() before this call is dead after it.
+  virtual void begin_step() = 0;
+  // Uninitialised step tensor from the arena.
+  virtual Tensor alloc(DType dtype, const Shape& shape) = 0;
+  // Uninitialised tensor that lives as long as its handles (pools, caches).
+  virtual Tensor alloc_persistent(DType dtype, const Shape& shape) = 0;
+  // t ← value in every element (an I32 tensor takes the integral value). Zeroes fresh state slots;
+  // tests poison outputs with NaN.
+  virtual void fill(const Tensor& t, float value) = 0;
+  // Persistent device copy of a host tensor of any float dtype, converted to `dtype` (the
+  // activation dtype for weight matrices; F32 for the vectors used in fp32 math: router bias,
+  // dt_bias, A_log, AttnRes queries).
+  virtual Tensor upload(const Tensor& host, DType dtype) = 0;
   // Routed expert weights in MXFP4 (SPEC 2.3): packed U8 [..., out, in/2] (low nibble = even
   // column) and scale U8 E8M0 [..., out, in/32]. The result is the backend's expert format.
   virtual Tensor upload_mxfp4(const Tensor& packed, const Tensor& scale) = 0;
-  // Host F32 copy of a device tensor.
+  // Step copy of a host tensor: float data converted to `dtype` (a float dtype), I32 kept as I32.
+  virtual Tensor to_device(const Tensor& host, DType dtype) = 0;
+  // Makes layout.dev for this step.
+  virtual void upload_layout(SeqLayout& layout) = 0;
+  // Host copy of a device tensor: F32 for float dtypes, I32 for I32. Waits for pending work.
   virtual Tensor to_host(const Tensor& t) = 0;
-  // dst ← src, same numel.
+  // dst ← src, same numel and dtype.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   // Strided column copy between two 2-D views with the same row count (rows = numel / last dim):
-  // dst[:, dst_col + j] ← src[:, src_col + j] for j < width. Splits fused projections and writes
-  // cache rows.
+  // dst[:, dst_col + j] ← src[:, src_col + j] for j < width. Splits fused projections.
   virtual void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width) = 0;
+  // out [R, C] ← src [N, C] rows `rows` [R] (I32, each in [0, N)).
+  virtual void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& out) = 0;
 
   // ---- elementwise and small ops
-  // out[n] ← table[ids[n]] for table [V, C], out [N, C]. Ids are validated by the caller.
-  virtual void embedding(std::span<const int32_t> ids, const Tensor& table, const Tensor& out) = 0;
+  // out [N, C] ← table [V, C] rows ids [N] (I32, validated by the caller).
+  virtual void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
   // acc ← acc + x (same shape). In place.
   virtual void add(const Tensor& acc, const Tensor& x) = 0;
   // x ← x ⊙ σ(gate) (same shape). In place.
   virtual void sigmoid_mul(const Tensor& x, const Tensor& gate) = 0;
-  // y ← σ(x) elementwise.
+  // y ← σ(x) elementwise; y may alias x.
   virtual void sigmoid(const Tensor& x, const Tensor& y) = 0;
   // gate_up [N, 2F] (gate first, up second) → out [N, F] (SPEC 3.2).
   virtual void glu(const Tensor& gate_up, const GluParams& p, const Tensor& out) = 0;
 
   // ---- gemm
-  // y [N, M] ← x [N, K] · wᵀ for w [M, K].
+  // y [N, M] ← x [N, K] · wᵀ for w [M, K]; y may be F32 whatever the activation dtype (router
+  // logits, gates, β, the lm_head).
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
 
   // ---- norms (SPEC 3.1, 4.7)
@@ -94,32 +175,29 @@ class Backend {
   virtual void gated_rms_norm(const Tensor& o, const Tensor& w, const Tensor& gate, float eps, const Tensor& y) = 0;
 
   // ---- KDA (SPEC 4)
-  // Causal depthwise conv + SiLU over one sequence: x [T, C], w [C, Kc], state [Kc-1, C] holding
-  // the previous Kc-1 pre-conv inputs (zeros for a fresh sequence), updated in place; out [T, C].
-  virtual void short_conv(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& out) = 0;
-  // g [T, H·d] ← gate(f [T, H·d] + dt_bias [H·d], A_log [H]) in fp32.
+  // Causal depthwise conv + SiLU of every sequence, continuing from and updating its state slot.
+  virtual void short_conv(const ConvArgs& a, const SeqLayout& layout) = 0;
+  // g [N, H·d] (F32) ← gate(f [N, H·d] + dt_bias [H·d], A_log [H]).
   virtual void kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& a_log, const KdaGateParams& p,
                         const Tensor& g) = 0;
-  // The KDA core over one sequence, continuing from `state` [H, dk, dv] (fp32, updated in place).
-  // q, k [T, H, dk] are raw: both are L2-normalised per head inside (eps 1e-6 inside the sum) and
-  // q is scaled by dk^-1/2. v [T, H, dv], g [T, H, dk] log decay, beta [T, H]. out [T, H, dv].
-  // kda_chunked uses the chunk-64 algorithm (SPEC 4.6), kda_recurrent the token loop (SPEC 4.5).
-  virtual void kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                           const Tensor& state, const Tensor& out) = 0;
-  virtual void kda_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                             const Tensor& state, const Tensor& out) = 0;
+  // The delta rule of every sequence from its state slot, written back: kda_chunked by the
+  // chunk-64 algorithm (SPEC 4.6), kda_recurrent by the token loop (SPEC 4.5). Equal up to rounding.
+  virtual void kda_chunked(const KdaArgs& a, const SeqLayout& layout) = 0;
+  virtual void kda_recurrent(const KdaArgs& a, const SeqLayout& layout) = 0;
 
-  // ---- MLA (SPEC 5), one sequence whose first Tc − T tokens are cached
-  // Expanded form: q [T, H, n+r], kv [Tc, H, n+v] = kv_b_proj(latent), k_r [Tc, r];
-  // causal softmax(q·[k_n ‖ k_r]ᵀ · scale) · v → out [T, H, v].
-  virtual void mla_attention(const Tensor& q, const Tensor& kv, const Tensor& k_r, float scale, const Tensor& out) = 0;
-  // Absorbed form over the latent cache: q [T, H, n+r], latent [Tc, c] (after kv_a_layernorm),
-  // k_r [Tc, r], kv_b [H·(n+v), c]; same result as mla_attention up to rounding.
-  virtual void mla_attention_absorbed(const Tensor& q, const Tensor& latent, const Tensor& k_r, const Tensor& kv_b,
-                                      float scale, const Tensor& out) = 0;
+  // ---- MLA (SPEC 5)
+  // Writes rows [N, c+r] (latent ‖ k_r of each new token) into `pages` at the positions the
+  // layout gives (row i of sequence b at position cached[b] + i).
+  virtual void mla_cache_write(const Tensor& rows, const Tensor& pages, const SeqLayout& layout) = 0;
+  // Causal attention of each sequence's new queries over its cached + new positions (query i of
+  // sequence b sees positions 0 .. cached[b] + i). mla_prefill expands keys and values through
+  // kv_b (SPEC 5, prefill form); mla_decode attends in the latent space with W_UK absorbed into
+  // the query and W_UV applied after (SPEC 5, decode form). Equal up to rounding.
+  virtual void mla_prefill(const MlaArgs& a, const SeqLayout& layout) = 0;
+  virtual void mla_decode(const MlaArgs& a, const SeqLayout& layout) = 0;
 
   // ---- MoE (SPEC 3.3, 3.4)
-  // Router: logits [N, E] (fp32), bias [E] → idx [N, K] (I32), weights [N, K] (F32).
+  // Router: logits [N, E] (F32), bias [E] (F32) → idx [N, K] (I32), weights [N, K] (F32).
   virtual void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
                          const Tensor& weights) = 0;
   // out [N, Dout] ← Σ_k weights[n,k] · down_e(glu(gate_up_e(x[n]))) with e = idx[n, k];
@@ -128,14 +206,22 @@ class Backend {
                            const Tensor& w2, const GluParams& p, const Tensor& out) = 0;
 
   // ---- AttnRes (SPEC 7.1)
-  // out [T, D] ← Σ_i softmax_i(ρ_i · (v_i · e)) · v_i over candidates v_i [T, D], with
+  // out [N, D] ← Σ_i softmax_i(ρ_i · (v_i · e)) · v_i over candidates v_i [N, D], with
   // ρ_i = rsqrt(mean(v_i²) + eps) and the effective query e [D] (F32).
   virtual void attn_res_read(std::span<const Tensor> candidates, const Tensor& e, float eps, const Tensor& out) = 0;
 };
 
-// The only place a device is chosen. "cpu" always works; "cuda" needs a CUDA build and a GPU.
-enum class DeviceKind { kCpu, kCuda };
-Result<DeviceKind> parse_device(const std::string& name);
-Result<std::unique_ptr<Backend>> make_backend(DeviceKind device);
+// What make_backend builds: the device and the dtype of weights and activations (F32 or BF16;
+// the CPU computes in F32 only).
+struct BackendOptions {
+  Device device = Device::kCpu;
+  DType dtype = DType::kF32;
+};
+
+// The only place a device is chosen. kCpu always works; kCuda needs a CUDA build and a GPU.
+Result<Device> parse_device(const std::string& name);
+// "float32" / "bfloat16" (as --dtype spells them).
+Result<DType> parse_compute_dtype(const std::string& name);
+Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options);
 
 }  // namespace klinear

@@ -1,20 +1,39 @@
 // The only place a device is chosen.
 #include "backend/backend.h"
 #include "backend/cpu/backend.h"
+#ifdef KLINEAR_WITH_CUDA
+#include "backend/cuda/backend.h"
+#endif
 
 namespace klinear {
 
-Result<DeviceKind> parse_device(const std::string& name) {
-  if (name == "cpu") return DeviceKind::kCpu;
-  if (name == "cuda") return DeviceKind::kCuda;
+Result<Device> parse_device(const std::string& name) {
+  if (name == "cpu") return Device::kCpu;
+  if (name == "cuda") return Device::kCuda;
   return Status::InvalidArgument("device '" + name + "' is not one of: cpu, cuda");
 }
 
-Result<std::unique_ptr<Backend>> make_backend(DeviceKind device) {
-  switch (device) {
-    case DeviceKind::kCpu: return std::unique_ptr<Backend>(std::make_unique<cpu::CpuBackend>());
-    case DeviceKind::kCuda:
-      return Status::NotSupported("the CUDA backend is not implemented yet in this build; use --device cpu");
+Result<DType> parse_compute_dtype(const std::string& name) {
+  if (name == "float32") return DType::kF32;
+  if (name == "bfloat16") return DType::kBF16;
+  return Status::InvalidArgument("dtype '" + name + "' is not one of: float32, bfloat16");
+}
+
+Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& o) {
+  switch (o.device) {
+    case Device::kCpu:
+      if (o.dtype != DType::kF32)
+        return Status::NotSupported(std::string("the CPU backend computes in float32 only, not ") + dtype_name(o.dtype));
+      return std::unique_ptr<Backend>(std::make_unique<cpu::CpuBackend>());
+    case Device::kCuda: {
+#ifdef KLINEAR_WITH_CUDA
+      auto be = cuda::CudaBackend::create(o.dtype);
+      if (!be.ok()) return be.status();
+      return std::unique_ptr<Backend>(std::move(be).value());
+#else
+      return Status::NotSupported("this klinear was built without CUDA (configure with -DKLINEAR_CUDA=ON); use --device cpu");
+#endif
+    }
   }
   return Status::InvalidArgument("unknown device");
 }

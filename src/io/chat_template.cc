@@ -7,10 +7,13 @@
 // To keep the caller's key order, tools and arguments are parsed with nlohmann's ordered_json.
 #include "io/chat_template.h"
 
+#include "core/check.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -268,11 +271,14 @@ std::string escape_attribute(std::string_view v) {
   return out;
 }
 
+// `<|open|>tag key="value"...<|sep|>`, each attribute as the four text segments ` key`, `="`,
+// value, `"`.
 void k3_open(SegmentWriter& w, std::string_view tag, const Attributes& attrs = {}) {
   w.marker("<|open|>");
   w.text(tag);
   for (const auto& [key, value] : attrs) {
-    w.text(" " + key + "=\"");
+    w.text(" " + key);
+    w.text("=\"");
     w.text(escape_attribute(value));
     w.text("\"");
   }
@@ -283,6 +289,33 @@ void k3_close(SegmentWriter& w, std::string_view tag) {
   w.marker("<|close|>");
   w.text(tag);
   w.marker("<|sep|>");
+}
+
+void k3_content(SegmentWriter& w, const ChatMessage& m) {
+  if (m.content_parts.empty()) {
+    w.text(m.content);
+  } else {
+    for (const std::string& part : m.content_parts) w.text(part);
+  }
+}
+
+// A system message of one of the encoder's own types; `body` has no surrounding whitespace.
+void k3_system(SegmentWriter& w, std::string_view type, std::string_view body) {
+  k3_open(w, "message", {{"role", "system"}, {"type", std::string(type)}});
+  w.text(body);
+  k3_close(w, "message");
+  w.marker("<|end_of_msg|>");
+}
+
+enum class ToolDeclaration { kInitial, kDynamic };
+
+void k3_declare_tools(SegmentWriter& w, const OrderedJson& tools, ToolDeclaration kind) {
+  std::string body = kind == ToolDeclaration::kInitial
+                         ? "# Tools\nHere are the available tools, described in JSONSchema.\n\n"
+                         : "## New Tools Available\nThe system dynamically extends the toolset via lazy-loading.\n"
+                           "You have access to all existing and extended tools.\n"
+                           "Here are the specs for the extended tools.\n\n";
+  k3_system(w, "tool-declare", body + "```json\n" + py_dumps(tools, kPyCompactSorted) + "\n```");
 }
 
 const char* k3_type_name(const OrderedJson& v) {
@@ -296,55 +329,124 @@ const char* k3_type_name(const OrderedJson& v) {
   }
 }
 
-// `<|open|>tools<|sep|>` ... one `call` per tool call, one `argument` per top-level argument
-// (strings verbatim, other values as json.dumps) ... `<|close|>tools<|sep|>`.
-Status k3_tool_calls(SegmentWriter& w, const ChatMessage& m, size_t message_index) {
-  k3_open(w, "tools");
-  for (size_t k = 0; k < m.tool_calls.size(); ++k) {
-    const ToolCall& call = m.tool_calls[k];
-    const std::string where = "messages[" + std::to_string(message_index) + "].tool_calls[" + std::to_string(k) + "]";
-    OrderedJson args = OrderedJson::object();
-    if (!call.arguments_json.empty()) {
-      KL_ASSIGN_OR_RETURN(args, parse_ordered_json(call.arguments_json, where + ".arguments"));
+// One `call`: an `argument` element per top-level argument (strings raw, other values as
+// json.dumps), or a `json` element holding arguments that are not JSON; blank arguments are none.
+Status k3_tool_call(SegmentWriter& w, const ToolCall& call, size_t index, const std::string& where) {
+  OrderedJson args = OrderedJson::object();
+  std::optional<std::string> raw;
+  if (!is_python_blank(call.arguments_json)) {
+    Result<OrderedJson> parsed = parse_ordered_json(call.arguments_json, where + ".arguments");
+    if (!parsed.ok()) {
+      raw = call.arguments_json;
+    } else if (!parsed.value().is_object()) {
+      return Status::InvalidArgument(where + ".arguments: expected a JSON object, got " + parsed.value().type_name());
+    } else {
+      args = std::move(parsed).value();
     }
-    if (!args.is_object())
-      return Status::InvalidArgument(where + ".arguments: expected a JSON object, got " + args.type_name());
-    k3_open(w, "call", {{"tool", call.name}, {"index", std::to_string(k + 1)}});
-    for (const auto& [key, value] : args.items()) {
-      k3_open(w, "argument", {{"key", key}, {"type", k3_type_name(value)}});
-      w.text(value.is_string() ? value.get<std::string>() : py_dumps(value, kPyDefault));
-      k3_close(w, "argument");
-    }
-    k3_close(w, "call");
   }
-  k3_close(w, "tools");
+  k3_open(w, "call", {{"tool", call.name}, {"index", std::to_string(index)}});
+  if (raw) {
+    k3_open(w, "json", {{"type", "object"}});
+    w.text(*raw);
+    k3_close(w, "json");
+  }
+  for (const auto& [key, value] : args.items()) {
+    k3_open(w, "argument", {{"key", key}, {"type", k3_type_name(value)}});
+    w.text(value.is_string() ? value.get_ref<const std::string&>() : py_dumps(value, kPyDefault));
+    k3_close(w, "argument");
+  }
+  k3_close(w, "call");
   return Status();
 }
+
+// The messages in rendering order: each run of consecutive tool results whose tool_call_ids all
+// match calls of the latest assistant message is sorted (stably) by the 1-based position of the
+// call, and each takes that call's name; a run with any unmatched result keeps its order.
+struct OrderedMessage {
+  size_t index;           // into the caller's messages
+  std::string call_name;  // the matched call's name, or "" when unmatched
+};
+
+std::vector<OrderedMessage> k3_order(const std::vector<ChatMessage>& messages) {
+  std::vector<OrderedMessage> out;
+  std::map<std::string, std::pair<size_t, std::string>> calls;  // id -> (position, name); first id wins
+  for (size_t i = 0; i < messages.size();) {
+    const ChatMessage& m = messages[i];
+    if (m.role != "tool") {
+      if (m.role == "assistant") {
+        calls.clear();
+        for (size_t k = 0; k < m.tool_calls.size(); ++k)
+          if (!m.tool_calls[k].id.empty()) calls.emplace(m.tool_calls[k].id, std::make_pair(k + 1, m.tool_calls[k].name));
+      }
+      out.push_back({i++, ""});
+      continue;
+    }
+    size_t end = i;
+    while (end < messages.size() && messages[end].role == "tool") ++end;
+    std::vector<std::pair<size_t, OrderedMessage>> run;  // (call position, message)
+    bool matched = true;
+    for (size_t j = i; j < end; ++j) {
+      auto it = messages[j].tool_call_id.empty() ? calls.end() : calls.find(messages[j].tool_call_id);
+      if (it == calls.end()) {
+        matched = false;
+        break;
+      }
+      run.push_back({it->second.first, {j, it->second.second}});
+    }
+    if (matched) {
+      std::stable_sort(run.begin(), run.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (auto& [position, om] : run) out.push_back(std::move(om));
+    } else {
+      for (size_t j = i; j < end; ++j) out.push_back({j, ""});
+    }
+    i = end;
+  }
+  return out;
+}
+
+const char* effort_name(ThinkingEffort e) {
+  switch (e) {
+    case ThinkingEffort::kLow: return "low";
+    case ThinkingEffort::kHigh: return "high";
+    case ThinkingEffort::kMax: return "max";
+    case ThinkingEffort::kUnset: break;
+  }
+  KL_CHECK(false);
+  return "";
+}
+
+constexpr const char* kRawJsonRule =
+    "Your response must be raw JSON data without markdown code blocks (```json) or any additional formatting.";
 
 Result<std::vector<ChatSegment>> render_k3(const std::vector<ChatMessage>& messages, const ChatOptions& options) {
   KL_ASSIGN_OR_RETURN(std::optional<OrderedJson> tools, parse_tools(options));
   SegmentWriter w(/*merge_text=*/false);
-  if (tools) {
-    k3_open(w, "message", {{"role", "system"}, {"type", "tool-declare"}});
-    w.text("# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n" +
-           py_dumps(*tools, kPyCompactSorted) + "\n```");
-    k3_close(w, "message");
-    w.marker("<|end_of_msg|>");
-  }
+  if (tools) k3_declare_tools(w, *tools, ToolDeclaration::kInitial);
+  if (options.thinking && options.thinking_effort != ThinkingEffort::kUnset)
+    k3_system(w, "thinking-effort",
+              std::string("`thinking_effort` guides on how much to think in your thinking channel (not including the "
+                          "response channel), supported values include `low`, `medium`, `high`, and `max`.\n"
+                          "Now the system is invoked with `thinking_effort=") +
+                  effort_name(options.thinking_effort) + "`.");
   const ChatMessage* last_assistant = nullptr;
   size_t tool_index = 0;  // 1-based index of a tool result among those after the last assistant
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
+  for (const OrderedMessage& om : k3_order(messages)) {
+    const ChatMessage& m = messages[om.index];
+    const std::string where = "messages[" + std::to_string(om.index) + "]";
+    if (m.role == "system" && !m.tools_json.empty()) {
+      KL_ASSIGN_OR_RETURN(OrderedJson declared, parse_ordered_json(m.tools_json, where + ".tools"));
+      k3_declare_tools(w, declared, ToolDeclaration::kDynamic);
+      continue;
+    }
     Attributes attrs{{"role", m.role}};
     if (m.role == "tool") {
       ++tool_index;
-      std::string tool = m.name;
+      std::string tool = !om.call_name.empty() ? om.call_name : !m.tool.empty() ? m.tool : m.name;
       if (tool.empty() && last_assistant && tool_index <= last_assistant->tool_calls.size())
         tool = last_assistant->tool_calls[tool_index - 1].name;
       if (tool.empty())
-        return Status::InvalidArgument("messages[" + std::to_string(i) +
-                                       "]: expected a tool name ('name', or a preceding assistant tool call in the "
-                                       "same position), found none");
+        return Status::InvalidArgument(where + ": expected a tool name ('tool', 'name', a tool_call_id of the "
+                                               "preceding assistant's calls, or a call at the same position), found none");
       attrs.emplace_back("tool", tool);
       attrs.emplace_back("index", std::to_string(tool_index));
     } else if (!m.name.empty()) {
@@ -352,18 +454,44 @@ Result<std::vector<ChatSegment>> render_k3(const std::vector<ChatMessage>& messa
     }
     k3_open(w, "message", attrs);
     if (m.role == "assistant") {
-      // Earlier thinking is not part of the history: only the response (and tool calls).
       last_assistant = &m;
       tool_index = 0;
+      if (options.thinking) {
+        k3_open(w, "think");
+        if (!is_python_blank(m.reasoning)) w.text(m.reasoning);
+        k3_close(w, "think");
+      }
       k3_open(w, "response");
-      w.text(m.content);
+      k3_content(w, m);
       k3_close(w, "response");
-      if (!m.tool_calls.empty()) KL_RETURN_IF_ERROR(k3_tool_calls(w, m, i));
+      if (!m.tool_calls.empty()) {
+        k3_open(w, "tools");
+        for (size_t k = 0; k < m.tool_calls.size(); ++k)
+          KL_RETURN_IF_ERROR(k3_tool_call(w, m.tool_calls[k], k + 1, where + ".tool_calls[" + std::to_string(k) + "]"));
+        k3_close(w, "tools");
+      }
     } else {
-      w.text(m.content);
+      k3_content(w, m);
     }
     k3_close(w, "message");
     w.marker("<|end_of_msg|>");
+  }
+  if (options.tool_choice == ToolChoice::kRequired)
+    k3_system(w, "tool-choice",
+              "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.");
+  if (options.tool_choice == ToolChoice::kNone)
+    k3_system(w, "tool-choice",
+              "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message.");
+  const ResponseFormat& rf = options.response_format;
+  if (rf.kind == ResponseFormat::Kind::kJsonObject)
+    k3_system(w, "response-format",
+              std::string("The system is invoked with `response_format=json_object`.\n") + kRawJsonRule);
+  if (rf.kind == ResponseFormat::Kind::kJsonSchema) {
+    KL_ASSIGN_OR_RETURN(OrderedJson schema, parse_ordered_json(rf.schema_json, "response_format schema"));
+    k3_system(w, "response-format",
+              std::string("The system is invoked with `response_format=json_schema`.\n") + kRawJsonRule +
+                  "\nThe JSON data must match the following schema:\n```json\n" + py_dumps(schema, kPyCompactSorted) +
+                  "\n```");
   }
   if (options.add_generation_prompt) {
     k3_open(w, "message", {{"role", "assistant"}});
@@ -373,6 +501,56 @@ Result<std::vector<ChatSegment>> render_k3(const std::vector<ChatMessage>& messa
 }
 
 }  // namespace
+
+Result<ThinkingEffort> parse_thinking_effort(std::string_view name) {
+  if (name == "low") return ThinkingEffort::kLow;
+  if (name == "high") return ThinkingEffort::kHigh;
+  if (name == "max") return ThinkingEffort::kMax;
+  return Status::InvalidArgument("thinking effort: expected one of low, high, max; got '" + std::string(name) + "'");
+}
+
+Result<ToolChoice> parse_tool_choice(std::string_view name) {
+  if (name == "auto") return ToolChoice::kAuto;
+  if (name == "required") return ToolChoice::kRequired;
+  if (name == "none") return ToolChoice::kNone;
+  return Status::InvalidArgument("tool choice: expected one of auto, required, none; got '" + std::string(name) + "'");
+}
+
+Result<ResponseFormat> parse_response_format(const OrderedJson& rf) {
+  const OrderedJson* type = &rf;
+  if (rf.is_object()) {
+    auto it = rf.find("type");
+    if (it == rf.end()) return Status::InvalidArgument("response_format: expected a field 'type'");
+    type = &*it;
+  }
+  if (!type->is_string())
+    return Status::InvalidArgument(std::string("response_format.type: expected a string, got ") + type->type_name());
+  const std::string& name = type->get_ref<const std::string&>();
+  ResponseFormat out;
+  if (name == "text") return out;
+  if (name == "json_object") {
+    out.kind = ResponseFormat::Kind::kJsonObject;
+    return out;
+  }
+  if (name != "json_schema")
+    return Status::InvalidArgument("response_format.type: expected one of text, json_object, json_schema; got '" +
+                                   name + "'");
+  out.kind = ResponseFormat::Kind::kJsonSchema;
+  OrderedJson schema;  // null when absent
+  if (rf.is_object() && rf.contains("json_schema") && !rf["json_schema"].is_null()) {
+    const OrderedJson& holder = rf["json_schema"];
+    schema = holder;
+    if (holder.is_object()) {
+      if (holder.contains("schema")) {
+        schema = holder["schema"];
+      } else if (holder.contains("json_schema")) {
+        schema = holder["json_schema"];
+      }
+    }
+  }
+  out.schema_json = schema.dump();
+  return out;
+}
 
 Result<std::vector<ChatSegment>> render_chat_segments(ChatFormat format, const std::vector<ChatMessage>& messages,
                                                       const ChatOptions& options) {
@@ -406,48 +584,69 @@ Result<std::vector<int32_t>> encode_chat(const Tokenizer& tokenizer, const std::
   return ids;
 }
 
+Result<RenderedChat> render_chat_ids(const Tokenizer& tokenizer, ChatFormat format,
+                                     const std::vector<ChatMessage>& messages, const ChatOptions& options) {
+  KL_ASSIGN_OR_RETURN(std::vector<ChatSegment> segments, render_chat_segments(format, messages, options));
+  RenderedChat out;
+  KL_ASSIGN_OR_RETURN(out.ids, encode_chat(tokenizer, segments));
+  out.text = tokenizer.decode(out.ids);
+  return out;
+}
+
 namespace {
 
-// OpenAI content: a string, null, or a list of text parts.
-Result<std::string> parse_content(const Json& m, const std::string& where) {
+// A string field of an OpenAI message object: nullopt when absent or null.
+Result<std::optional<std::string>> opt_string(const OrderedJson& obj, const char* key, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::optional<std::string>{};
+  if (!it->is_string())
+    return Status::InvalidArgument(where + "." + key + ": expected a string, got " + it->type_name());
+  return std::optional<std::string>{it->get<std::string>()};
+}
+
+// OpenAI content: a string, null, or a list of text parts (returned one by one in `parts`).
+Status parse_content(const OrderedJson& m, const std::string& where, ChatMessage& msg) {
   auto it = m.find("content");
-  if (it == m.end() || it->is_null()) return std::string();
-  if (it->is_string()) return it->get<std::string>();
+  if (it == m.end() || it->is_null()) return Status();
+  if (it->is_string()) {
+    msg.content = it->get<std::string>();
+    return Status();
+  }
   if (!it->is_array())
     return Status::InvalidArgument(where + ".content: expected a string, null or a list of parts, got " +
                                    it->type_name());
-  std::string text;
   for (size_t j = 0; j < it->size(); ++j) {
-    const Json& part = (*it)[j];
+    const OrderedJson& part = (*it)[j];
     const std::string pw = where + ".content[" + std::to_string(j) + "]";
     if (!part.is_object()) return Status::InvalidArgument(pw + ": expected an object, got " + part.type_name());
-    KL_ASSIGN_OR_RETURN(std::optional<std::string> type, json_opt_string(part, "type", pw));
+    KL_ASSIGN_OR_RETURN(std::optional<std::string> type, opt_string(part, "type", pw));
     if (type && *type != "text")
       return Status::NotSupported(pw + ": part type '" + *type + "' is not supported (the model reads text only)");
-    KL_ASSIGN_OR_RETURN(std::optional<std::string> part_text, json_opt_string(part, "text", pw));
+    KL_ASSIGN_OR_RETURN(std::optional<std::string> part_text, opt_string(part, "text", pw));
     if (!part_text) return Status::InvalidArgument(pw + ": expected a string field 'text'");
-    text += *part_text;
+    msg.content += *part_text;
+    msg.content_parts.push_back(std::move(*part_text));
   }
-  return text;
+  return Status();
 }
 
-Result<std::vector<ToolCall>> parse_tool_calls(const Json& m, const std::string& where) {
+Result<std::vector<ToolCall>> parse_tool_calls(const OrderedJson& m, const std::string& where) {
   std::vector<ToolCall> calls;
   auto it = m.find("tool_calls");
   if (it == m.end() || it->is_null()) return calls;
   if (!it->is_array())
     return Status::InvalidArgument(where + ".tool_calls: expected an array, got " + std::string(it->type_name()));
   for (size_t k = 0; k < it->size(); ++k) {
-    const Json& c = (*it)[k];
+    const OrderedJson& c = (*it)[k];
     const std::string cw = where + ".tool_calls[" + std::to_string(k) + "]";
     if (!c.is_object()) return Status::InvalidArgument(cw + ": expected an object, got " + c.type_name());
     ToolCall call;
-    KL_ASSIGN_OR_RETURN(std::optional<std::string> id, json_opt_string(c, "id", cw));
+    KL_ASSIGN_OR_RETURN(std::optional<std::string> id, opt_string(c, "id", cw));
     call.id = id.value_or("");
     auto fn = c.find("function");
     if (fn == c.end() || !fn->is_object())
       return Status::InvalidArgument(cw + ": expected an object field 'function'");
-    KL_ASSIGN_OR_RETURN(std::optional<std::string> name, json_opt_string(*fn, "name", cw + ".function"));
+    KL_ASSIGN_OR_RETURN(std::optional<std::string> name, opt_string(*fn, "name", cw + ".function"));
     if (!name) return Status::InvalidArgument(cw + ".function: expected a string field 'name'");
     call.name = *name;
     auto args = fn->find("arguments");
@@ -468,28 +667,43 @@ Result<std::vector<ToolCall>> parse_tool_calls(const Json& m, const std::string&
 
 }  // namespace
 
-Result<std::vector<ChatMessage>> parse_chat_messages(const Json& openai_messages) {
+Result<std::vector<ChatMessage>> parse_chat_messages(const OrderedJson& openai_messages) {
   if (!openai_messages.is_array())
     return Status::InvalidArgument(std::string("messages: expected an array, got ") + openai_messages.type_name());
   std::vector<ChatMessage> out;
   for (size_t i = 0; i < openai_messages.size(); ++i) {
-    const Json& m = openai_messages[i];
+    const OrderedJson& m = openai_messages[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) return Status::InvalidArgument(where + ": expected an object, got " + m.type_name());
     ChatMessage msg;
-    KL_ASSIGN_OR_RETURN(std::optional<std::string> role, json_opt_string(m, "role", where));
+    KL_ASSIGN_OR_RETURN(std::optional<std::string> role, opt_string(m, "role", where));
     if (!role) return Status::InvalidArgument(where + ": expected a string field 'role'");
     msg.role = *role;
-    KL_ASSIGN_OR_RETURN(msg.content, parse_content(m, where));
+    KL_RETURN_IF_ERROR(parse_content(m, where, msg));
     KL_ASSIGN_OR_RETURN(msg.tool_calls, parse_tool_calls(m, where));
-    KL_ASSIGN_OR_RETURN(std::optional<std::string> call_id, json_opt_string(m, "tool_call_id", where));
+    KL_ASSIGN_OR_RETURN(std::optional<std::string> call_id, opt_string(m, "tool_call_id", where));
     msg.tool_call_id = call_id.value_or("");
-    KL_ASSIGN_OR_RETURN(std::optional<std::string> name, json_opt_string(m, "name", where));
+    KL_ASSIGN_OR_RETURN(std::optional<std::string> name, opt_string(m, "name", where));
     msg.name = name.value_or("");
+    KL_ASSIGN_OR_RETURN(std::optional<std::string> tool, opt_string(m, "tool", where));
+    msg.tool = tool.value_or("");
+    KL_ASSIGN_OR_RETURN(std::optional<std::string> reasoning_content, opt_string(m, "reasoning_content", where));
+    KL_ASSIGN_OR_RETURN(std::optional<std::string> reasoning, opt_string(m, "reasoning", where));
+    msg.reasoning = reasoning_content.value_or("").empty() ? reasoning.value_or("") : *reasoning_content;
+    auto tools = m.find("tools");
+    if (tools != m.end() && !tools->is_null()) {
+      if (!tools->is_array())
+        return Status::InvalidArgument(where + ".tools: expected an array, got " + tools->type_name());
+      if (!tools->empty()) msg.tools_json = tools->dump();
+    }
     out.push_back(std::move(msg));
   }
   KL_RETURN_IF_ERROR(check_roles(out));
   return out;
+}
+
+Result<std::vector<ChatMessage>> parse_chat_messages(const Json& openai_messages) {
+  return parse_chat_messages(OrderedJson::parse(openai_messages.dump()));
 }
 
 std::string chat_stop_marker(ChatFormat format) {

@@ -6,12 +6,14 @@
 // into their ids and encodes every text segment with specials as plain text, so a "<|im_end|>"
 // typed by a user can never close a turn. For K2 the text between two markers is one segment,
 // which gives the same ids as Hugging Face's encode of the rendered string (for content without
-// special names); for K3 the text segments follow the official encoder's boundaries (tag, each
-// ` key="`, value, `"`, content), which change BPE boundaries and so must be kept.
+// special names); for K3 the text segments follow Moonshot's encoder (encoding_k3.py, main)
+// exactly: tag name, each attribute as ` key`, `="`, escaped value, `"`, each content part, which
+// change BPE boundaries and so must be kept. tests/io/k3_reference_encoder.py is the K3 oracle.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -28,19 +30,52 @@ struct ToolCall {
   std::string arguments_json;  // the function's arguments as JSON text (OpenAI sends a string)
 };
 
+// One message. An empty string field counts as absent (the reference encoders test truthiness,
+// except for a tool message's explicit empty `name`, which K3 would render as tool="").
 struct ChatMessage {
   std::string role;                  // "system", "user", "assistant" or "tool"
   std::string content;               // text parts joined; "" for null
   std::vector<ToolCall> tool_calls;  // assistant only
   std::string tool_call_id;          // tool only: the call this result answers
   std::string name;                  // optional: K3 renders it as an attribute; tool: the tool's name
+  std::string reasoning = {};        // assistant: reasoning_content (else reasoning); K3 <think> body
+  // Content given as a list: each text part (K3 encodes each on its own); empty otherwise. When
+  // set, `content` is their concatenation.
+  std::vector<std::string> content_parts = {};
+  std::string tool = {};             // tool only: the `tool` field (K3 prefers it over name)
+  std::string tools_json = {};       // system only: tools it declares, a JSON array (K3 "New Tools Available")
+};
+
+// K3's thinking-effort system message (rendered only with thinking on).
+enum class ThinkingEffort { kUnset, kLow, kHigh, kMax };
+// K3: kRequired / kNone add a tool-choice system message after the conversation.
+enum class ToolChoice { kAuto, kRequired, kNone };
+
+// OpenAI `response_format`; K3 adds a response-format system message for the JSON kinds.
+struct ResponseFormat {
+  enum class Kind { kText, kJsonObject, kJsonSchema };
+  Kind kind = Kind::kText;
+  std::string schema_json;  // kJsonSchema: the schema as JSON text ("null" when the request has none)
 };
 
 struct ChatOptions {
   bool add_generation_prompt = true;
-  bool thinking = false;   // K3 only: the generation prompt opens <think> instead of <response>
+  bool thinking = true;  // K3: assistant turns carry <think>; the generation prompt opens think, else response
+  // K3, with thinking on. kMax is what Moonshot's tokenizer (apply_chat_template) passes by default.
+  ThinkingEffort thinking_effort = ThinkingEffort::kMax;
+  ToolChoice tool_choice = ToolChoice::kAuto;  // K3
+  ResponseFormat response_format;              // K3
   std::string tools_json;  // OpenAI tools array as JSON text; empty = no tools
 };
+
+// "low", "high" or "max"; anything else is InvalidArgument naming the accepted values.
+Result<ThinkingEffort> parse_thinking_effort(std::string_view name);
+// "auto", "required" or "none".
+Result<ToolChoice> parse_tool_choice(std::string_view name);
+// OpenAI `response_format`: a string type or an object {"type": ..., "json_schema": {...}} with type
+// text, json_object or json_schema. The schema is `json_schema.schema` (else `json_schema.json_schema`,
+// else `json_schema` itself), as Moonshot's encoder reads it.
+Result<ResponseFormat> parse_response_format(const OrderedJson& response_format);
 
 enum class SegmentKind {
   kMarker,  // exactly one special-token name
@@ -52,9 +87,13 @@ struct ChatSegment {
   std::string text;
 };
 
-// Renders `messages` as segments (see the file comment). Errors: InvalidArgument naming the
-// message and field for an unknown role, tools_json that is not a JSON array, K3 tool-call
-// arguments that are not a JSON object, or a K3 tool result whose tool name cannot be resolved.
+// Renders `messages` as segments (see the file comment). One interface for both formats; K2 ignores
+// the K3-only options (thinking, effort, tool choice, response format) and fields. K3 order: tool
+// declaration, thinking-effort message, the messages (a run of tool results re-sorted by the
+// position of the call each answers), tool-choice and response-format messages, generation prompt.
+// Errors: InvalidArgument naming the message and field for an unknown role, tools_json that is not
+// a JSON array, K3 tool-call arguments that are valid JSON but not an object, or a K3 tool result
+// whose tool name cannot be resolved.
 Result<std::vector<ChatSegment>> render_chat_segments(ChatFormat format, const std::vector<ChatMessage>& messages,
                                                       const ChatOptions& options);
 
@@ -72,9 +111,20 @@ Result<std::vector<int32_t>> encode_chat(const Tokenizer& tokenizer, const std::
 // Converts an OpenAI-style `messages` array. `content` may be a string, null, or a list of
 // {"type": "text", "text": ...} parts (joined without separator, as both formats do); other part
 // types are NotSupported (the models are text-only). tool_calls[].function.arguments may be a
-// string (kept verbatim) or an object (serialized compactly; key order is not preserved).
+// string (kept verbatim) or an object (serialized compactly, keys in document order). Also read:
+// `reasoning_content` / `reasoning` (assistant), `tool` (tool), `tools` (system).
 // Errors: InvalidArgument naming `messages[i].field`, the expected and the actual.
+Result<std::vector<ChatMessage>> parse_chat_messages(const OrderedJson& openai_messages);
+// The same from a Json value, whose objects have already lost their key order.
 Result<std::vector<ChatMessage>> parse_chat_messages(const Json& openai_messages);
+
+// Renders and encodes in one step: the ids the model reads and their decoded text.
+struct RenderedChat {
+  std::vector<int32_t> ids;
+  std::string text;  // tokenizer.decode(ids)
+};
+Result<RenderedChat> render_chat_ids(const Tokenizer& tokenizer, ChatFormat format,
+                                     const std::vector<ChatMessage>& messages, const ChatOptions& options);
 
 // The special-token name that ends an assistant turn: "<|im_end|>" (K2) or "<|end_of_msg|>" (K3).
 std::string chat_stop_marker(ChatFormat format);

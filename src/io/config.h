@@ -9,13 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "core/kinds.h"
 #include "core/status.h"
 #include "io/json.h"
 
 namespace klinear {
 
-enum class Activation { kSilu, kSitu };        // SwiGLU / SiTU-GLU (SPEC 3.2)
-enum class KdaGate { kSoftplus, kLowerBound };  // SPEC 4.3
 enum class KdaOutputGate { kLowRank, kFullRank };
 enum class Mixer { kKda, kMla };
 enum class Ffn { kDense, kMoe };

@@ -739,4 +739,11 @@ std::string StreamDecoder::finish() {
   return out;
 }
 
+bool is_python_blank(std::string_view text) {
+  const auto* p = reinterpret_cast<const uint8_t*>(text.data());
+  for (size_t i = 0; i < text.size();)
+    if (!py_isspace(next_code_point(p, i))) return false;
+  return true;
+}
+
 }  // namespace klinear

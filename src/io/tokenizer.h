@@ -71,6 +71,10 @@ class Tokenizer {
   std::shared_ptr<const Tables> t_;
 };
 
+// Python's `not text.strip()`: true when `text` (valid UTF-8) is empty or every code point is
+// whitespace by str.isspace(). Moonshot's K3 encoder uses it for blank arguments and reasoning.
+bool is_python_blank(std::string_view text);
+
 // Incremental decode for streaming generation: push() returns the text that is final so far and
 // holds back an incomplete UTF-8 tail (1,172 Kimi tokens are not valid UTF-8 alone), so the
 // concatenation of every push() and the final finish() equals decode() of all the ids.

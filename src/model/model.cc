@@ -23,57 +23,42 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, Backend& back
   return std::make_unique<Model>(std::move(config), std::move(weights), backend);
 }
 
-SequenceState Model::new_sequence() const {
-  SequenceState s;
-  const ModelConfig& c = config_;
-  s.kda.resize(static_cast<size_t>(c.num_layers));
-  s.mla.resize(static_cast<size_t>(c.num_layers));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    if (c.mixer(l) != Mixer::kKda) continue;
-    s.kda[l].conv = backend_.zeros({c.conv_kernel - 1, 3 * c.kda_proj()});
-    s.kda[l].recurrent = backend_.zeros({c.kda_heads, c.kda_head_dim, c.kda_head_dim});
-  }
-  return s;
-}
-
 Tensor Model::attn_res_read(std::vector<Tensor> candidates, const Tensor& query) {
   if (candidates.size() == 1) return candidates[0];  // SPEC 7.1: one candidate is returned unchanged
-  Tensor out = backend_.alloc(candidates[0].shape());
+  Tensor out = act(candidates[0].shape());
   backend_.attn_res_read(candidates, query, static_cast<float>(config_.rms_norm_eps), out);
   return out;
 }
 
-Result<Tensor> Model::forward(std::span<const int32_t> ids, SequenceState& state, LogitsMode mode) {
+Result<Tensor> Model::forward(Batch& batch, Cache& cache) {
   const ModelConfig& c = config_;
   Backend& be = backend_;
-  const int64_t T = static_cast<int64_t>(ids.size()), D = c.hidden_size;
-  if (T == 0) return Status::InvalidArgument("forward: no tokens to run");
-  for (int64_t i = 0; i < T; ++i)
-    if (ids[i] < 0 || ids[i] >= c.vocab_size)
-      return Status::InvalidArgument("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                                     " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
-  if (c.max_position_embeddings > 0 && state.tokens + T > c.max_position_embeddings)
-    return Status::InvalidArgument("sequence of " + std::to_string(state.tokens + T) +
-                                   " tokens exceeds the model's context of " +
-                                   std::to_string(c.max_position_embeddings) + " tokens");
-  const int64_t past = state.tokens;
-  const bool decode = T == 1 && past > 0;
+  const int64_t N = batch.layout.num_rows(), D = c.hidden_size;
+  KL_CHECK(N == static_cast<int64_t>(batch.ids.size()) && N > 0, "forward: batch not from Cache::plan");
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  Tensor h = be.alloc({T, D});
-  be.embedding(ids, weights_.embed, h);
+  be.begin_step();
+  be.upload_layout(batch.layout);
+  be.upload_layout(batch.decode);
+  be.upload_layout(batch.prefill);
+  Tensor h = act({N, D});
+  // Host int32 arrays of the batch, copied to the device for this step.
+  auto on_device = [&](std::vector<int32_t>& v) {
+    const Tensor host = Tensor::wrap(DType::kI32, {static_cast<int64_t>(v.size())}, v.data(), nullptr, Device::kCpu);
+    return be.to_device(host, DType::kI32);
+  };
+  be.embedding(on_device(batch.ids), weights_.embed, h);
 
   auto mixer = [&](int64_t l, const Tensor& xn) {
     const LayerWeights& lw = weights_.layers[l];
-    return lw.mixer == Mixer::kKda ? kda(lw.kda, xn, state.kda[l], decode)
-                                   : mla(lw.mla, xn, state.mla[l], past, decode);
+    return lw.mixer == Mixer::kKda ? kda(lw.kda, xn, l, batch, cache) : mla(lw.mla, xn, l, batch, cache);
   };
   auto ffn = [&](int64_t l, const Tensor& xn) {
     const LayerWeights& lw = weights_.layers[l];
     return lw.ffn == Ffn::kDense ? mlp(lw.mlp, xn) : moe(lw.moe, xn);
   };
   auto normed = [&](const Tensor& x, const Tensor& w) {
-    Tensor y = be.alloc(x.shape());
+    Tensor y = act(x.shape());
     be.rms_norm(x, w, eps, y);
     return y;
   };
@@ -111,12 +96,21 @@ Result<Tensor> Model::forward(std::span<const int32_t> ids, SequenceState& state
     }
     x = attn_res_read(with_partial(p), weights_.output_res_query);
   }
-  state.tokens += T;
+  cache.advance(batch);
 
-  Tensor last = mode == LogitsMode::kLast ? x.rows(T - 1, T) : x;
-  Tensor logits = be.alloc({last.dim(0), c.vocab_size});
-  be.linear(normed(last, weights_.final_norm), weights_.lm_head, logits);
-  return be.to_host(logits);
+  const int64_t R = static_cast<int64_t>(batch.logit_rows.size());
+  Tensor selected = act({R, D});
+  be.gather_rows(x, on_device(batch.logit_rows), selected);
+  Tensor logits = be.alloc(DType::kF32, {R, c.vocab_size});
+  be.linear(normed(selected, weights_.final_norm), weights_.lm_head, logits);
+  return logits;
+}
+
+Result<Tensor> Model::forward_one(Cache& cache, SeqId seq, std::span<const int32_t> ids, LogitsMode mode) {
+  const SeqStep step{seq, ids, mode};
+  KL_ASSIGN_OR_RETURN(Batch batch, cache.plan(std::span<const SeqStep>(&step, 1)));
+  KL_ASSIGN_OR_RETURN(Tensor logits, forward(batch, cache));
+  return backend_.to_host(logits);
 }
 
 }  // namespace klinear

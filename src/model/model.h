@@ -1,10 +1,12 @@
 // Model: the whole Kimi Linear / K3 forward as backend calls (SPEC 6-8). It knows the math and
 // the layer table, never the device.
 //
-// forward() runs T new tokens of one sequence from `state` and advances it: a multi-token step is
-// a prefill (chunked KDA, expanded MLA over all cached + new tokens), a single token after earlier
-// tokens is a decode step (recurrent KDA, absorbed MLA over the latent cache). Both continue from
-// whatever the state holds, so a prompt can be fed in pieces.
+// forward() runs one step over many sequences (docs/DESIGN.md "One step, many sequences"): the
+// new tokens of every sequence of a planned Batch, each continuing from its state in the Cache.
+// Decoding sequences (one token after earlier ones) take the decode forms (recurrent KDA, absorbed
+// MLA over the latent pages), the others the prefill forms (chunked KDA, expanded MLA), each part
+// in one op call. Token-wise work (embedding, norms, GEMMs, MoE, AttnRes) runs on all N rows at
+// once; only the mixers and the logits selection look at the sequences.
 #pragma once
 
 #include <memory>
@@ -13,12 +15,10 @@
 
 #include "backend/backend.h"
 #include "io/config.h"
-#include "model/state.h"
+#include "model/cache.h"
 #include "model/weights.h"
 
 namespace klinear {
-
-enum class LogitsMode { kAll, kLast };
 
 class Model {
  public:
@@ -28,18 +28,21 @@ class Model {
       : config_(std::move(config)), weights_(std::move(weights)), backend_(backend) {}
 
   const ModelConfig& config() const { return config_; }
-  SequenceState new_sequence() const;
+  Backend& backend() const { return backend_; }
 
-  // Logits [T, V] (kAll) or [1, V] (kLast) as host F32. Errors: empty input, an id outside the
-  // vocabulary, or a sequence that would exceed max_position_embeddings; the state is unchanged.
-  Result<Tensor> forward(std::span<const int32_t> ids, SequenceState& state, LogitsMode mode);
+  // Runs `batch` (from cache.plan) and advances its sequences. Returns the logits of the batch's
+  // logit_rows, [R, V] F32 on the backend's device, valid until the backend's next step.
+  Result<Tensor> forward(Batch& batch, Cache& cache);
+  // One sequence's step: plan + forward, logits as a host F32 tensor ([1, V] or [T, V]).
+  Result<Tensor> forward_one(Cache& cache, SeqId seq, std::span<const int32_t> ids, LogitsMode mode);
 
  private:
-  Tensor kda(const KdaWeights& w, const Tensor& x, KdaLayerState& s, bool decode);
-  Tensor mla(const MlaWeights& w, const Tensor& x, MlaLayerState& s, int64_t past, bool decode);
+  Tensor kda(const KdaWeights& w, const Tensor& x, int64_t layer, const Batch& batch, Cache& cache);
+  Tensor mla(const MlaWeights& w, const Tensor& x, int64_t layer, const Batch& batch, Cache& cache);
   Tensor mlp(const MlpWeights& w, const Tensor& x);
   Tensor moe(const MoeWeights& w, const Tensor& x);
   Tensor attn_res_read(std::vector<Tensor> candidates, const Tensor& query);
+  Tensor act(const Shape& shape) { return backend_.alloc(backend_.activation_dtype(), shape); }
 
   ModelConfig config_;
   ModelWeights weights_;

@@ -7,19 +7,18 @@ namespace klinear {
 
 namespace {
 GluParams glu_params(const ModelConfig& c) {
-  return {c.activation == Activation::kSitu ? GluParams::Kind::kSitu : GluParams::Kind::kSilu, c.situ_beta,
-          c.situ_linear_beta};
+  return {c.activation, c.situ_beta, c.situ_linear_beta};
 }
 }  // namespace
 
 Tensor Model::mlp(const MlpWeights& w, const Tensor& x) {
   Backend& be = backend_;
   const int64_t T = x.dim(0), F = w.down.dim(1);
-  Tensor gu = be.alloc({T, 2 * F});
+  Tensor gu = act({T, 2 * F});
   be.linear(x, w.gate_up, gu);
-  Tensor a = be.alloc({T, F});
+  Tensor a = act({T, F});
   be.glu(gu, glu_params(config_), a);
-  Tensor out = be.alloc({T, w.down.dim(0)});
+  Tensor out = act({T, w.down.dim(0)});
   be.linear(a, w.down, out);
   return out;
 }
@@ -29,22 +28,22 @@ Tensor Model::moe(const MoeWeights& w, const Tensor& x) {
   const ModelConfig& c = config_;
   const int64_t T = x.dim(0), K = c.experts_per_token;
 
-  Tensor logits = be.alloc({T, c.num_experts});
+  Tensor logits = be.alloc(DType::kF32, {T, c.num_experts});
   be.linear(x, w.router, logits);
-  Tensor idx = be.alloc_i32({T, K});
-  Tensor weights = be.alloc({T, K});
+  Tensor idx = be.alloc(DType::kI32, {T, K});
+  Tensor weights = be.alloc(DType::kF32, {T, K});
   const RouteParams route{static_cast<int>(K),
                           c.grouped_selection() ? static_cast<int>(c.num_expert_group) : 1,
                           c.grouped_selection() ? static_cast<int>(c.topk_group) : 1, c.moe_renormalize,
                           c.routed_scaling_factor};
   be.moe_route(logits, w.router_bias, route, idx, weights);
 
-  Tensor out = be.alloc({T, c.hidden_size});
+  Tensor out = act({T, c.hidden_size});
   if (c.has_latent_moe()) {
     const int64_t L = c.routed_expert_hidden_size;
-    Tensor z = be.alloc({T, L});
+    Tensor z = act({T, L});
     be.linear(x, w.latent_down, z);
-    Tensor r = be.alloc({T, L});
+    Tensor r = act({T, L});
     be.moe_experts(z, idx, weights, w.w13, w.w2, glu_params(c), r);
     if (w.latent_norm.defined()) be.rms_norm(r, w.latent_norm, static_cast<float>(c.rms_norm_eps), r);
     be.linear(r, w.latent_up, out);

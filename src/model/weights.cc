@@ -10,14 +10,19 @@ class Loader {
  public:
   Loader(Checkpoint& ckpt, Backend& backend) : ckpt_(ckpt), backend_(backend) {}
 
+  // Weight matrices and norm weights are stored in the activation dtype; `dtype` overrides it for
+  // the vectors that enter fp32 math.
   Status take(const std::string& name, const Shape& shape, Tensor* out) {
+    return take(name, shape, backend_.activation_dtype(), out);
+  }
+  Status take(const std::string& name, const Shape& shape, DType dtype, Tensor* out) {
     KL_ASSIGN_OR_RETURN(Tensor host, ckpt_.take(name, shape));
-    *out = backend_.upload(host);
+    *out = backend_.upload(host, dtype);
     return Status();
   }
   Status concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes, Tensor* out) {
     KL_ASSIGN_OR_RETURN(Tensor host, ckpt_.take_concat(parts, shapes));
-    *out = backend_.upload(host);
+    *out = backend_.upload(host, backend_.activation_dtype());
     return Status();
   }
   // [w1; w3] of each expert stacked into [E, 2F, in] and w2 into [E, out, F]; MXFP4 experts are
@@ -34,7 +39,7 @@ class Loader {
       const int64_t rows_all = rows * static_cast<int64_t>(mats.size());
       if (format == ExpertFormat::kDense) {
         KL_ASSIGN_OR_RETURN(Tensor t, ckpt_.take_stacked(names(mats, ".weight"), {rows, in}));
-        *out = backend_.upload(t.view({num_experts, rows_all, in}));
+        *out = backend_.upload(t.view({num_experts, rows_all, in}), backend_.activation_dtype());
       } else {
         KL_ASSIGN_OR_RETURN(Tensor packed,
                             ckpt_.take_stacked(names(mats, ".weight_packed"), {rows, in / 2}, StoredAs::kU8));
@@ -57,7 +62,7 @@ class Loader {
     convert_to_f32(norm.dtype(), norm.data(), e.f32(), static_cast<size_t>(d));
     convert_to_f32(proj.dtype(), proj.data(), pf.f32(), static_cast<size_t>(d));
     for (int64_t j = 0; j < d; ++j) e.f32()[j] *= pf.f32()[j];
-    *out = backend_.upload(e);
+    *out = backend_.upload(e, DType::kF32);
     return Status();
   }
   Checkpoint& ckpt() { return ckpt_; }
@@ -81,17 +86,17 @@ Status load_kda(Loader& ld, const ModelConfig& c, const std::string& p, KdaWeigh
     KL_ASSIGN_OR_RETURN(Tensor conv, ld.ckpt().take_concat({p + "q_conv1d.weight", p + "k_conv1d.weight",
                                                             p + "v_conv1d.weight"},
                                                            {{P, 1, Kc}, {P, 1, Kc}, {P, 1, Kc}}));
-    w->conv = ld.backend().upload(conv.view({3 * P, Kc}));
+    w->conv = ld.backend().upload(conv.view({3 * P, Kc}), ld.backend().activation_dtype());
   }
   KL_RETURN_IF_ERROR(ld.take(p + "f_a_proj.weight", {d, D}, &w->f_a));
   KL_RETURN_IF_ERROR(ld.take(p + "f_b_proj.weight", {P, d}, &w->f_b));
   // dt_bias is [P] in the published checkpoints; per-head [H, d] layouts are the same numbers.
   const Shape dt_shape = ld.ckpt().shape_of(p + "dt_bias") == Shape{H, d} ? Shape{H, d} : Shape{P};
-  KL_RETURN_IF_ERROR(ld.take(p + "dt_bias", dt_shape, &w->dt_bias));
+  KL_RETURN_IF_ERROR(ld.take(p + "dt_bias", dt_shape, DType::kF32, &w->dt_bias));
   w->dt_bias = w->dt_bias.view({P});
   {
     KL_ASSIGN_OR_RETURN(Tensor a_log, ld.ckpt().take_head_vector(p + "A_log", H));
-    w->a_log = ld.backend().upload(a_log);
+    w->a_log = ld.backend().upload(a_log, DType::kF32);
   }
   KL_RETURN_IF_ERROR(ld.take(p + "b_proj.weight", {H, D}, &w->b_proj));
   if (c.kda_output_gate == KdaOutputGate::kFullRank) {
@@ -125,9 +130,9 @@ Status load_moe(Loader& ld, const ModelConfig& c, const std::string& p, MoeWeigh
   const int64_t D = c.hidden_size, E = c.num_experts, F = c.moe_intermediate_size, L = c.expert_io_dim();
   KL_RETURN_IF_ERROR(ld.take(p + "gate.weight", {E, D}, &w->router));
   if (ld.ckpt().has(p + "gate.e_score_correction_bias")) {
-    KL_RETURN_IF_ERROR(ld.take(p + "gate.e_score_correction_bias", {E}, &w->router_bias));
+    KL_RETURN_IF_ERROR(ld.take(p + "gate.e_score_correction_bias", {E}, DType::kF32, &w->router_bias));
   } else {
-    w->router_bias = ld.backend().zeros({E});
+    w->router_bias = ld.backend().upload(Tensor::zeros(DType::kF32, {E}), DType::kF32);
   }
   KL_RETURN_IF_ERROR(ld.experts(p + "experts.", E, F, L, L, c.expert_format, &w->w13, &w->w2));
   if (c.has_latent_moe()) {

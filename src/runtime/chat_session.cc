@@ -6,10 +6,14 @@ ChatFormat chat_format_for(const ModelConfig& config) {
   return config.model_type == "kimi_k3" ? ChatFormat::kK3 : ChatFormat::kKimiK2;
 }
 
-ChatSession::ChatSession(Model& model, Tokenizer tokenizer, ChatFormat format, std::string system_prompt)
-    : model_(model), tokenizer_(std::move(tokenizer)), format_(format), state_(model.new_sequence()) {
-  stop_id_ = tokenizer_.special_id(chat_stop_marker(format_)).value_or(-1);
-  if (!system_prompt.empty()) history_.push_back(ChatMessage{"system", std::move(system_prompt), {}, "", ""});
+Result<std::unique_ptr<ChatSession>> ChatSession::create(Model& model, const CacheOptions& cache, Tokenizer tokenizer,
+                                                         ChatFormat format, std::string system_prompt) {
+  std::unique_ptr<ChatSession> s(new ChatSession(model, std::move(tokenizer), format));
+  KL_ASSIGN_OR_RETURN(s->cache_, Cache::create(model.config(), model.backend(), cache));
+  KL_ASSIGN_OR_RETURN(s->seq_, s->cache_->open());
+  s->stop_id_ = s->tokenizer_.special_id(chat_stop_marker(format)).value_or(-1);
+  if (!system_prompt.empty()) s->history_.push_back(ChatMessage{"system", std::move(system_prompt), {}, "", ""});
+  return s;
 }
 
 Result<std::string> ChatSession::turn(const std::string& user_text, const GenerateOptions& options,
@@ -42,7 +46,7 @@ Result<std::string> ChatSession::turn(const std::string& user_text, const Genera
     if (on_text && !piece.empty()) on_text(piece);
     return true;
   };
-  KL_ASSIGN_OR_RETURN(GenerateResult r, generate(model_, state_, ids, o, on_token));
+  KL_ASSIGN_OR_RETURN(GenerateResult r, generate(model_, *cache_, seq_, ids, o, on_token));
   std::string tail = decoder.finish();
   reply += tail;
   if (on_text && !tail.empty()) on_text(tail);
@@ -50,7 +54,7 @@ Result<std::string> ChatSession::turn(const std::string& user_text, const Genera
   // never run through the model: it is fed at the start of the next turn.
   if (!r.ids.empty() && r.ids.back() != stop_id_) {
     const int32_t last[1] = {r.ids.back()};
-    KL_ASSIGN_OR_RETURN(Tensor unused, model_.forward(last, state_, LogitsMode::kLast));
+    KL_ASSIGN_OR_RETURN(Tensor unused, model_.forward_one(*cache_, seq_, last, LogitsMode::kLast));
     (void)unused;
   }
   stop_pending_ = true;

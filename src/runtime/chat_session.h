@@ -1,4 +1,4 @@
-// ChatSession: a multi-turn conversation over one SequenceState. Each turn feeds only what is new
+// ChatSession: a multi-turn conversation over one sequence of a cache of its own. Each turn feeds only what is new
 // since the last turn (the end marker of the previous reply, the new user message and the
 // generation prompt); earlier turns are never re-read, so a turn costs its own tokens only.
 //
@@ -20,20 +20,26 @@ namespace klinear {
 
 class ChatSession {
  public:
-  ChatSession(Model& model, Tokenizer tokenizer, ChatFormat format, std::string system_prompt);
+  // Errors when the cache for one sequence does not fit in memory.
+  static Result<std::unique_ptr<ChatSession>> create(Model& model, const CacheOptions& cache, Tokenizer tokenizer,
+                                                     ChatFormat format, std::string system_prompt);
 
   // Adds a user message, generates the reply (streamed through `on_text`) and returns it.
   // Errors leave the session usable only if they happen before anything was fed (bad options).
   Result<std::string> turn(const std::string& user_text, const GenerateOptions& options,
                            const std::function<void(const std::string&)>& on_text);
-  int64_t tokens() const { return state_.tokens; }
+  int64_t tokens() const { return cache_->tokens(seq_); }
 
  private:
+  ChatSession(Model& model, Tokenizer tokenizer, ChatFormat format)
+      : model_(model), tokenizer_(std::move(tokenizer)), format_(format) {}
+
   Model& model_;
   Tokenizer tokenizer_;
   ChatFormat format_;
   int32_t stop_id_;
-  SequenceState state_;
+  std::unique_ptr<Cache> cache_;
+  SeqId seq_ = 0;
   std::vector<ChatMessage> history_;
   std::vector<ChatSegment> fed_;   // the rendering the state corresponds to
   bool stop_pending_ = false;      // the previous reply's end marker has not been fed yet

@@ -2,39 +2,70 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 namespace klinear {
+
+namespace {
+// A step whose logits hold NaN or Inf is an error, never a silent token 0.
+Status check_finite(const Tensor& logits, int64_t position) {
+  const float* p = logits.f32();
+  for (int64_t i = 0; i < logits.numel(); ++i)
+    if (!std::isfinite(p[i]))
+      return Status::Corruption("the logits at position " + std::to_string(position) + " are not finite (" +
+                              std::to_string(p[i]) + " for token " + std::to_string(i) +
+                              "): the weights or the computation went non-finite (try `klinear info --verify`)");
+  return Status();
+}
+}  // namespace
 
 bool is_stop_token(const ModelConfig& config, const GenerateOptions& options, int32_t id) {
   return !options.ignore_eos &&
          (config.is_eos(id) || std::find(options.stop_ids.begin(), options.stop_ids.end(), id) != options.stop_ids.end());
 }
 
-Result<GenerateResult> generate(Model& model, SequenceState& state, std::span<const int32_t> prompt,
+Result<GenerateResult> generate(Model& model, Cache& cache, SeqId seq, std::span<const int32_t> prompt,
                                 const GenerateOptions& options, const TokenCallback& on_token) {
   KL_RETURN_IF_ERROR(validate_sampling(options.sampling));
   if (options.max_tokens < 0) return Status::InvalidArgument("max_tokens must be >= 0");
+  if (options.prefill_chunk < 1) return Status::InvalidArgument("prefill_chunk must be >= 1");
+  if (prompt.empty()) return Status::InvalidArgument("the prompt is empty");
+  const ModelConfig& c = model.config();
+  const int64_t context = c.max_position_embeddings;
+  const int64_t start = cache.tokens(seq), prompt_len = static_cast<int64_t>(prompt.size());
+  if (context > 0 && start + prompt_len > context)
+    return Status::InvalidArgument("the prompt of " + std::to_string(prompt_len) + " tokens" +
+                                   (start > 0 ? " after " + std::to_string(start) + " earlier ones" : std::string()) +
+                                   " does not fit the model's context of " + std::to_string(context) + " tokens");
   GenerateResult r;
-  r.prompt_tokens = static_cast<int64_t>(prompt.size());
+  r.prompt_tokens = prompt_len;
   Sampler sampler(options.sampling);
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
-  KL_ASSIGN_OR_RETURN(Tensor logits, model.forward(prompt, state, LogitsMode::kLast));
+  Tensor logits;
+  for (int64_t done = 0; done < prompt_len; done += options.prefill_chunk) {
+    const int64_t n = std::min(options.prefill_chunk, prompt_len - done);
+    KL_ASSIGN_OR_RETURN(logits, model.forward_one(cache, seq, prompt.subspan(done, n), LogitsMode::kLast));
+  }
   r.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   t0 = Clock::now();
-  const int64_t vocab = model.config().vocab_size;
   for (int i = 0; i < options.max_tokens; ++i) {
-    const int32_t next = sampler.sample(std::span<const float>(logits.f32(), static_cast<size_t>(vocab)));
+    KL_RETURN_IF_ERROR(check_finite(logits, cache.tokens(seq) - 1));
+    const int32_t next = sampler.sample(std::span<const float>(logits.f32(), static_cast<size_t>(logits.numel())));
     r.ids.push_back(next);
-    const bool stop = is_stop_token(model.config(), options, next);
+    const bool stop = is_stop_token(c, options, next);
     if (on_token && !on_token(next)) break;
     if (stop) {
       r.finish = FinishReason::kStop;
       break;
     }
     if (i + 1 == options.max_tokens) break;
+    if (context > 0 && cache.tokens(seq) + 1 > context) {
+      r.finish = FinishReason::kContext;
+      break;
+    }
     const int32_t one[1] = {next};
-    KL_ASSIGN_OR_RETURN(logits, model.forward(one, state, LogitsMode::kLast));
+    KL_ASSIGN_OR_RETURN(logits, model.forward_one(cache, seq, one, LogitsMode::kLast));
   }
   r.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
@@ -42,8 +73,9 @@ Result<GenerateResult> generate(Model& model, SequenceState& state, std::span<co
 
 Result<GenerateResult> generate(Model& model, std::span<const int32_t> prompt, const GenerateOptions& options,
                                 const TokenCallback& on_token) {
-  SequenceState state = model.new_sequence();
-  return generate(model, state, prompt, options, on_token);
+  KL_ASSIGN_OR_RETURN(std::unique_ptr<Cache> cache, Cache::create(model.config(), model.backend(), CacheOptions{}));
+  KL_ASSIGN_OR_RETURN(SeqId seq, cache->open());
+  return generate(model, *cache, seq, prompt, options, on_token);
 }
 
 }  // namespace klinear

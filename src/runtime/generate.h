@@ -1,5 +1,6 @@
-// generate(): the offline generation loop for one sequence: prefill the prompt, then decode one
-// token at a time through the model's decode path, sampling each next token.
+// generate(): the offline generation loop for one sequence: prefill the prompt in chunks of
+// bounded size (memory stays bounded whatever the prompt's length), then decode one token at a
+// time through the model's decode path, sampling each next token.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +19,12 @@ struct GenerateOptions {
   SamplingParams sampling;
   bool ignore_eos = false;
   std::vector<int32_t> stop_ids;  // extra stop ids besides the config's eos
+  int64_t prefill_chunk = 2048;   // prompt tokens per prefill step
 };
 
-enum class FinishReason { kLength, kStop };
+// kLength: max_tokens reached; kStop: a stop id; kContext: the model's context is full (what was
+// generated is kept).
+enum class FinishReason { kLength, kStop, kContext };
 
 struct GenerateResult {
   std::vector<int32_t> ids;  // generated ids (a stop id that ended generation is included)
@@ -36,10 +40,12 @@ bool is_stop_token(const ModelConfig& config, const GenerateOptions& options, in
 // Called after each generated token (a stop token too); returning false stops generation early.
 using TokenCallback = std::function<bool(int32_t id)>;
 
-// Runs `prompt` from `state` (continuing whatever it holds) and generates up to max_tokens.
-Result<GenerateResult> generate(Model& model, SequenceState& state, std::span<const int32_t> prompt,
+// Runs `prompt` on sequence `seq` of `cache` (continuing whatever it holds) and generates up to
+// max_tokens. A prompt that does not fit in the context is an error before anything runs; the
+// last generated token is sampled but not run (the caller feeds it on if it continues).
+Result<GenerateResult> generate(Model& model, Cache& cache, SeqId seq, std::span<const int32_t> prompt,
                                 const GenerateOptions& options, const TokenCallback& on_token);
-// The same from a fresh sequence.
+// The same from a fresh sequence in a cache of its own.
 Result<GenerateResult> generate(Model& model, std::span<const int32_t> prompt, const GenerateOptions& options,
                                 const TokenCallback& on_token);
 

@@ -1,8 +1,9 @@
-// CPU activations against their formulas on random inputs: SwiGLU and SiTU-GLU (SPEC 3.2, with
-// and without the linear beta) and the sigmoid output gate of MLA (SPEC 5.1 step 8).
+// Activations and the small elementwise ops against their formulas on random inputs, on every
+// backend row: SwiGLU and SiTU-GLU (SPEC 3.2, with and without the linear beta), the sigmoid
+// output gate of MLA (SPEC 5.1 step 8), sigmoid, the residual add and the embedding lookup.
 #include <gtest/gtest.h>
 
-#include "backend/cpu/backend.h"
+#include "backend_cases.h"
 #include "test_util.h"
 
 namespace klinear {
@@ -10,36 +11,74 @@ namespace {
 
 using testing::sig;
 
-TEST(Activations, SwigluSituAndSigmoidGate) {
+class Activations : public testing::BackendTest {};
+
+TEST_P(Activations, SwigluAndSitu) {
   std::mt19937_64 rng(testing::fresh_seed());
-  cpu::CpuBackend be;
   const int64_t n = 5, f = 24;
   Tensor gu = testing::random_tensor(rng, {n, 2 * f}, -30.0f, 30.0f);  // wide: exercises both tanh saturations
   struct Case {
     GluParams p;
     const char* name;
   };
-  for (const Case& c : {Case{{GluParams::Kind::kSilu, 1.0f, std::nullopt}, "silu"},
-                        Case{{GluParams::Kind::kSitu, 4.0f, 25.0f}, "situ 4/25"},
-                        Case{{GluParams::Kind::kSitu, 2.0f, std::nullopt}, "situ 2/none"}}) {
-    Tensor out = Tensor::empty(DType::kF32, {n, f}), expect = Tensor::empty(DType::kF32, {n, f});
-    be.glu(gu, c.p, out);
+  for (const Case& c : {Case{{Activation::kSilu, 1.0f, std::nullopt}, "silu"},
+                        Case{{Activation::kSitu, 4.0f, 25.0f}, "situ 4/25"},
+                        Case{{Activation::kSitu, 2.0f, std::nullopt}, "situ 2/none"}}) {
+    Tensor out = poisoned({n, f}), expect = Tensor::empty(DType::kF32, {n, f});
+    be().glu(dev(gu), c.p, out);
     for (int64_t r = 0; r < n; ++r)
       for (int64_t j = 0; j < f; ++j) {
         const double g = gu.f32()[r * 2 * f + j], u = gu.f32()[r * 2 * f + f + j];
         double v;
-        if (c.p.kind == GluParams::Kind::kSilu) v = g * sig(g) * u;
+        if (c.p.kind == Activation::kSilu) v = g * sig(g) * u;
         else v = c.p.beta * std::tanh(g / c.p.beta) * sig(g) * (c.p.linear_beta ? *c.p.linear_beta * std::tanh(u / *c.p.linear_beta) : u);
         expect.f32()[r * f + j] = float(v);
       }
-    EXPECT_TRUE(testing::close_rel(out, expect, 1e-5)) << c.name;
+    EXPECT_TRUE(testing::close(host(out), expect, tol())) << c.name;
   }
-  Tensor x = testing::random_tensor(rng, {n, f}), gate = testing::random_tensor(rng, {n, f}, -5.0f, 5.0f);
-  Tensor expect = Tensor::empty(DType::kF32, {n, f});
-  for (int64_t i = 0; i < n * f; ++i) expect.f32()[i] = float(x.f32()[i] * sig(gate.f32()[i]));
-  be.sigmoid_mul(x, gate);
-  EXPECT_TRUE(testing::close_rel(x, expect, 1e-6));
 }
+
+TEST_P(Activations, SigmoidGateSigmoidAndAdd) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const int64_t n = 6, f = 33;
+  Tensor x = testing::random_tensor(rng, {n, f}), gate = testing::random_tensor(rng, {n, f}, -5.0f, 5.0f);
+  Tensor gated = Tensor::empty(DType::kF32, {n, f}), s = Tensor::empty(DType::kF32, {n, f}),
+         sum = Tensor::empty(DType::kF32, {n, f});
+  for (int64_t i = 0; i < n * f; ++i) {
+    gated.f32()[i] = float(x.f32()[i] * sig(gate.f32()[i]));
+    s.f32()[i] = float(sig(x.f32()[i]));
+    sum.f32()[i] = x.f32()[i] + gate.f32()[i];
+  }
+  Tensor dx = dev(x);
+  be().sigmoid_mul(dx, dev(gate));
+  EXPECT_TRUE(testing::close(host(dx), gated, tol())) << "sigmoid_mul";
+  Tensor y = poisoned({n, f}, DType::kF32);
+  be().sigmoid(dev(x, DType::kF32), y);
+  EXPECT_TRUE(testing::close(host(y), s, tol())) << "sigmoid";
+  Tensor inplace = dev(x, DType::kF32);
+  be().sigmoid(inplace, inplace);
+  EXPECT_TRUE(testing::close(host(inplace), s, tol())) << "sigmoid in place";
+  Tensor acc = dev(x);
+  be().add(acc, dev(gate));
+  EXPECT_TRUE(testing::close(host(acc), sum, tol())) << "add";
+}
+
+TEST_P(Activations, EmbeddingRows) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const int64_t vocab = 50, c = 17;
+  Tensor table = testing::random_tensor(rng, {vocab, c});
+  Tensor ids = Tensor::empty(DType::kI32, {9});
+  for (int64_t i = 0; i < 9; ++i) ids.data_as<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+  ids.data_as<int32_t>()[3] = ids.data_as<int32_t>()[7];  // a repeated id
+  Tensor out = poisoned({9, c});
+  be().embedding(dev(ids, DType::kI32), persistent(table, act()), out);
+  Tensor expect = Tensor::empty(DType::kF32, {9, c});
+  for (int64_t i = 0; i < 9; ++i)
+    for (int64_t j = 0; j < c; ++j) expect.f32()[i * c + j] = table.f32()[ids.data_as<int32_t>()[i] * c + j];
+  EXPECT_TRUE(testing::close(host(out), expect, tol()));
+}
+
+KL_BACKEND_SUITE(Activations);
 
 }  // namespace
 }  // namespace klinear

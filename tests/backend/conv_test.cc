@@ -1,49 +1,69 @@
-// CPU short conv (SPEC 4.2): the causal depthwise conv + SiLU against its formula, and a sequence
-// run in pieces through the conv state equal to the whole sequence at once.
+// Short conv (SPEC 4.2) over a step of several sequences, on every backend row: each sequence's
+// causal depthwise conv + SiLU against its formula from its own state slot, the slot updated to
+// the last Kc−1 inputs, untouched slots left alone, and a sequence run in pieces through its
+// state equal to the whole sequence at once.
 #include <gtest/gtest.h>
 
 #include <cstring>
 
-#include "backend/cpu/backend.h"
+#include "backend_cases.h"
 #include "test_util.h"
 
 namespace klinear {
 namespace {
 
-TEST(ShortConv, FormulaAndPiecesThroughTheState) {
-  std::mt19937_64 rng(testing::fresh_seed());
-  cpu::CpuBackend be;
-  for (int64_t kc : {2, 3, 4}) {
-    const int64_t t = 23, c = 12;
-    Tensor x = testing::random_tensor(rng, {t, c}), w = testing::random_tensor(rng, {c, kc});
-    Tensor s0 = testing::random_tensor(rng, {kc - 1, c});  // a non-empty history
-    Tensor state = Tensor::empty(DType::kF32, s0.shape());
-    std::memcpy(state.data(), s0.data(), s0.nbytes());
-    Tensor whole = Tensor::empty(DType::kF32, {t, c});
-    be.short_conv(x, w, state, whole);
-    // Formula: out[t, ch] = silu(Σ_j w[ch, j] · in[t − (kc−1) + j, ch]) over [s0 ; x].
-    Tensor expect = Tensor::empty(DType::kF32, {t, c});
-    for (int64_t i = 0; i < t; ++i)
-      for (int64_t ch = 0; ch < c; ++ch) {
-        double acc = 0;
-        for (int64_t j = 0; j < kc; ++j) {
-          const int64_t row = i - (kc - 1) + j;
-          acc += double(w.f32()[ch * kc + j]) * (row < 0 ? s0.f32()[(row + kc - 1) * c + ch] : x.f32()[row * c + ch]);
-        }
-        expect.f32()[i * c + ch] = float(acc / (1 + std::exp(-acc)));
-      }
-    EXPECT_TRUE(testing::close_rel(whole, expect, 1e-6)) << "kc " << kc;
-    // The final state holds the last kc−1 inputs.
-    EXPECT_EQ(std::memcmp(state.data(), x.rows(t - (kc - 1), t).data(), state.nbytes()), 0);
+class ShortConv : public testing::BackendTest {};
 
-    // Pieces 1 + 9 + 13 through the state.
-    std::memcpy(state.data(), s0.data(), s0.nbytes());
-    Tensor pieces = Tensor::empty(DType::kF32, {t, c});
-    for (auto [b, e] : {std::pair<int64_t, int64_t>{0, 1}, {1, 10}, {10, t}})
-      be.short_conv(x.rows(b, e), w, state, pieces.rows(b, e));
-    EXPECT_TRUE(testing::close_rel(pieces, whole, 1e-6)) << "kc " << kc;
+TEST_P(ShortConv, BatchAgainstFormulaAndPieces) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  for (int64_t kc : {2, 3, 4}) {
+    const int64_t c = 12, slots = 5;
+    const std::vector<int32_t> lens{23, 1, 9, 2}, slot_of{3, 0, 4, 1};  // slot 2 is unused
+    SeqLayout layout = testing::make_layout(lens, {0, 5, 0, 70}, slot_of, 16, 64, rng);
+    be().upload_layout(layout);
+    const int64_t n = layout.num_rows();
+    Tensor x = testing::random_tensor(rng, {n, c}), w = testing::random_tensor(rng, {c, kc});
+    Tensor s0 = testing::random_tensor(rng, {slots, kc - 1, c});  // non-empty histories
+    Tensor states = persistent(s0, act());
+    Tensor out = poisoned({n, c});
+    be().short_conv(ConvArgs{dev(x), persistent(w, act()), states, out}, layout);
+
+    Tensor expect = Tensor::empty(DType::kF32, {n, c}), expect_state = Tensor::empty(DType::kF32, s0.shape());
+    std::memcpy(expect_state.data(), s0.data(), s0.nbytes());
+    for (size_t b = 0; b < lens.size(); ++b) {
+      const int64_t r0 = layout.cu_seqlens[b], t = lens[b];
+      const float* hist = s0.f32() + slot_of[b] * (kc - 1) * c;
+      // in[i] for i in [−(kc−1), t): the slot's history, then this sequence's rows.
+      auto in = [&](int64_t i, int64_t ch) { return i < 0 ? hist[(i + kc - 1) * c + ch] : x.f32()[(r0 + i) * c + ch]; };
+      for (int64_t i = 0; i < t; ++i)
+        for (int64_t ch = 0; ch < c; ++ch) {
+          double acc = 0;
+          for (int64_t j = 0; j < kc; ++j) acc += double(w.f32()[ch * kc + j]) * in(i - (kc - 1) + j, ch);
+          expect.f32()[(r0 + i) * c + ch] = float(acc / (1 + std::exp(-acc)));
+        }
+      for (int64_t r = 0; r < kc - 1; ++r)
+        for (int64_t ch = 0; ch < c; ++ch)
+          expect_state.f32()[(slot_of[b] * (kc - 1) + r) * c + ch] = in(t - (kc - 1) + r, ch);
+    }
+    EXPECT_TRUE(testing::close(host(out), expect, tol())) << "kc " << kc;
+    EXPECT_TRUE(testing::close_rel(host(states), expect_state, tol())) << "states, kc " << kc;
+
+    // The first sequence alone in pieces 1 + 9 + 13 through its slot equals the batch result.
+    Tensor piece_states = persistent(s0, act());
+    Tensor pieces = Tensor::empty(DType::kF32, {lens[0], c});
+    for (auto [b, e] : {std::pair<int32_t, int32_t>{0, 1}, {1, 10}, {10, lens[0]}}) {
+      SeqLayout one = testing::make_layout({e - b}, {b}, {slot_of[0]}, 16, 64, rng);
+      be().upload_layout(one);
+      Tensor o = poisoned({e - b, c});
+      be().short_conv(ConvArgs{dev(x.rows(b, e)), persistent(w, act()), piece_states, o}, one);
+      const Tensor oh = host(o);
+      std::memcpy(pieces.f32() + b * c, oh.f32(), oh.nbytes());
+    }
+    EXPECT_TRUE(testing::close(pieces, host(out).rows(0, lens[0]), tol())) << "pieces, kc " << kc;
   }
 }
+
+KL_BACKEND_SUITE(ShortConv);
 
 }  // namespace
 }  // namespace klinear

@@ -1,33 +1,32 @@
-// KDA core on the CPU: both forms against the kda-op fixture (the HF recurrence, T=200 not a
-// multiple of 64, non-zero initial state), and chunked vs recurrent on random inputs over a case
-// table (lengths around the chunk size, both gate forms).
+// The KDA core on every backend row: both forms against the kda-op fixture (the HF recurrence,
+// T=200 not a multiple of 64, non-zero initial state, run as a batch of its sequences), and both
+// forms against a plain double-precision recurrence over a case table of mixed batches (lengths
+// around the chunk size and up to 1000, head dims up to 128, decode rows, both gate forms with
+// strong decay, zero and non-zero states, slots out of order), and the gate forms on hand-checked
+// values.
 #include <gtest/gtest.h>
 
 #include <cstring>
 
-#include "backend/cpu/backend.h"
+#include "backend_cases.h"
 #include "io/safetensors.h"
 #include "test_util.h"
 
 namespace klinear {
 namespace {
 
-using testing::close_rel;
+using testing::close;
 
 enum class Form { kChunked, kRecurrent };
+const char* form_name(Form f) { return f == Form::kChunked ? "chunked" : "recurrent"; }
 
-// Runs one form over [B, T, H, D] fixture tensors sequence by sequence.
-void run_form(cpu::CpuBackend& be, Form form, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-              const Tensor& beta, const Tensor& state, const Tensor& out) {
-  const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3);
-  for (int64_t b = 0; b < B; ++b) {
-    auto seq = [&](const Tensor& t, Shape s) { return t.rows(b, b + 1).view(std::move(s)); };
-    const Shape thd{T, H, D};
-    auto fn = form == Form::kChunked ? &cpu::CpuBackend::kda_chunked : &cpu::CpuBackend::kda_recurrent;
-    (be.*fn)(seq(q, thd), seq(k, thd), seq(v, thd), seq(g, thd), seq(beta, {T, H}), seq(state, {H, D, D}),
-             seq(out, thd));
+class KdaOps : public testing::BackendTest {
+ public:
+  void run(Form form, const KdaArgs& a, const SeqLayout& layout) {
+    if (form == Form::kChunked) be().kda_chunked(a, layout);
+    else be().kda_recurrent(a, layout);
   }
-}
+};
 
 Tensor host_copy(const Tensor& t) {
   Tensor c = Tensor::empty(DType::kF32, t.shape());
@@ -35,80 +34,174 @@ Tensor host_copy(const Tensor& t) {
   return c;
 }
 
-TEST(KdaOp, FixtureBothForms) {
+TEST_P(KdaOps, FixtureBothForms) {
   auto f = SafetensorsFile::open(testing::fixture_path("kda-op/kda.safetensors"));
   ASSERT_TRUE(f.ok()) << f.status().to_string();
   auto get = [&](const char* n) { return host_copy(f->tensor(*f->find(n))); };
-  cpu::CpuBackend be;
+  const Tensor q = get("q"), v = get("v");
+  const int64_t B = q.dim(0), T = q.dim(1), H = q.dim(2), D = q.dim(3);
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::vector<int32_t> slots(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) slots[b] = static_cast<int32_t>(B - 1 - b);  // reversed slots
+  SeqLayout layout = testing::make_layout(std::vector<int32_t>(B, static_cast<int32_t>(T)), std::vector<int32_t>(B, 0),
+                                          slots, 64, 64, rng);
+  be().upload_layout(layout);
+  auto rows = [&](const Tensor& t) { return t.view({B * T, H, t.numel() / (B * T * H)}); };
+  // Sequence b's state lives in slot B−1−b.
+  Tensor s0 = get("initial_state"), s0_slots = Tensor::empty(DType::kF32, s0.shape());
+  Tensor final_expect = get("final_state"), final_slots = Tensor::empty(DType::kF32, s0.shape());
+  const size_t per = static_cast<size_t>(H * D * D) * sizeof(float);
+  for (int64_t b = 0; b < B; ++b) {
+    std::memcpy(s0_slots.f32() + slots[b] * H * D * D, s0.f32() + b * H * D * D, per);
+    std::memcpy(final_slots.f32() + slots[b] * H * D * D, final_expect.f32() + b * H * D * D, per);
+  }
   for (Form form : {Form::kChunked, Form::kRecurrent}) {
-    SCOPED_TRACE(form == Form::kChunked ? "chunked" : "recurrent");
-    Tensor state = get("initial_state");
-    Tensor out = Tensor::zeros(DType::kF32, get("v").shape());
-    run_form(be, form, get("q"), get("k"), get("v"), get("g"), get("beta"), state, out);
-    EXPECT_TRUE(close_rel(out, get("out"), 1e-5));
-    EXPECT_TRUE(close_rel(state, get("final_state"), 1e-5));
+    SCOPED_TRACE(form_name(form));
+    Tensor states = persistent(s0_slots, DType::kF32);
+    Tensor out = poisoned({B * T, H, D});
+    run(form, KdaArgs{dev(rows(q)), dev(rows(get("k"))), dev(rows(v)), dev(rows(get("g")), DType::kF32),
+                      dev(get("beta").view({B * T, H}), DType::kF32), states, out},
+        layout);
+    EXPECT_TRUE(close(host(out), rows(get("out")), tol())) << "out";
+    EXPECT_TRUE(close(host(states), final_slots, tol())) << "final state";
   }
 }
 
+// SPEC 4.5 in double precision, sequence by sequence, updating `states` [slots, H, dk, dv].
+Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, Tensor& states,
+                 const SeqLayout& layout) {
+  const int64_t H = q.dim(1), dk = q.dim(2), dv = v.dim(2);
+  Tensor out = Tensor::empty(DType::kF32, {q.dim(0), H, dv});
+  for (int64_t b = 0; b < layout.num_seqs(); ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      float* Sf = states.f32() + (layout.slots[b] * H + h) * dk * dv;
+      std::vector<double> S(Sf, Sf + dk * dv);
+      for (int64_t t = layout.cu_seqlens[b]; t < layout.cu_seqlens[b + 1]; ++t) {
+        auto normalized = [&](const Tensor& x, double scale) {
+          const float* p = x.f32() + (t * H + h) * dk;
+          double ss = 0;
+          for (int64_t j = 0; j < dk; ++j) ss += double(p[j]) * p[j];
+          std::vector<double> r(dk);
+          for (int64_t j = 0; j < dk; ++j) r[j] = p[j] * scale / std::sqrt(ss + 1e-6);
+          return r;
+        };
+        const std::vector<double> qt = normalized(q, 1.0 / std::sqrt(double(dk))), kt = normalized(k, 1.0);
+        const float* gt = g.f32() + (t * H + h) * dk;
+        const float* vt = v.f32() + (t * H + h) * dv;
+        const double bt = beta.f32()[t * H + h];
+        for (int64_t j = 0; j < dk; ++j)
+          for (int64_t c = 0; c < dv; ++c) S[j * dv + c] *= std::exp(double(gt[j]));
+        for (int64_t c = 0; c < dv; ++c) {
+          double kS = 0;
+          for (int64_t j = 0; j < dk; ++j) kS += kt[j] * S[j * dv + c];
+          const double u = bt * (vt[c] - kS);
+          for (int64_t j = 0; j < dk; ++j) S[j * dv + c] += kt[j] * u;
+        }
+        for (int64_t c = 0; c < dv; ++c) {
+          double o = 0;
+          for (int64_t j = 0; j < dk; ++j) o += qt[j] * S[j * dv + c];
+          out.f32()[(t * H + h) * dv + c] = float(o);
+        }
+      }
+      for (int64_t i = 0; i < dk * dv; ++i) Sf[i] = float(S[i]);
+    }
+  return out;
+}
+
 struct KdaCase {
-  int64_t t, heads, d;
-  KdaGateParams::Kind gate;
+  std::vector<int32_t> lens, cached;  // per sequence: new rows, positions before them
+  int64_t heads, d;
+  KdaGate gate;
   bool zero_state;
 };
 
-class KdaChunkVsRecurrent : public ::testing::TestWithParam<KdaCase> {};
+class KdaCases : public KdaOps {
+ public:
+  static const std::vector<KdaCase>& cases() {
+    static const std::vector<KdaCase> c = {
+        {{1}, {0}, 2, 16, KdaGate::kSoftplus, false},
+        {{63}, {0}, 2, 16, KdaGate::kLowerBound, false},
+        {{64}, {0}, 3, 32, KdaGate::kSoftplus, true},
+        {{65}, {0}, 2, 32, KdaGate::kLowerBound, true},
+        {{150}, {10}, 2, 32, KdaGate::kSoftplus, false},
+        {{200}, {0}, 4, 32, KdaGate::kLowerBound, false},
+        {{131}, {0}, 1, 64, KdaGate::kSoftplus, false},
+        // Mixed steps: prefill chunks of several lengths beside decode rows.
+        {{1, 65, 1, 7, 130}, {9, 0, 300, 64, 5}, 2, 32, KdaGate::kSoftplus, false},
+        {{3, 1, 64, 1}, {0, 1, 128, 2}, 2, 16, KdaGate::kLowerBound, false},
+        {{1, 1, 1, 1, 1, 1}, {4, 5, 6, 7, 8, 9}, 3, 16, KdaGate::kSoftplus, false},
+        // The real head dim (128: a GPU state tile's full height) over 16 chunks, and in a mix.
+        {{1000}, {0}, 1, 128, KdaGate::kSoftplus, false},
+        {{65, 1, 130, 7}, {0, 40, 0, 3}, 2, 128, KdaGate::kLowerBound, false},
+    };
+    return c;
+  }
+};
 
-TEST_P(KdaChunkVsRecurrent, Match) {
-  const KdaCase c = GetParam();
-  std::printf("[ case ] T=%lld H=%lld d=%lld gate=%s zero_state=%d\n", (long long)c.t, (long long)c.heads,
-              (long long)c.d, c.gate == KdaGateParams::Kind::kSoftplus ? "softplus" : "lower-bound", c.zero_state);
+TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
   std::mt19937_64 rng(testing::fresh_seed());
-  cpu::CpuBackend be;
-  const Shape thd{c.t, c.heads, c.d};
-  Tensor q = testing::random_tensor(rng, thd), k = testing::random_tensor(rng, thd), v = testing::random_tensor(rng, thd);
-  // Realistic gates: f random, then the model's gate op.
-  Tensor f = testing::random_tensor(rng, {c.t, c.heads * c.d}, -3.0f, 3.0f);
-  Tensor dt = testing::random_tensor(rng, {c.heads * c.d});
-  Tensor a_log = testing::random_tensor(rng, {c.heads}, 0.0f, 2.0f);
-  Tensor g = Tensor::empty(DType::kF32, thd);
-  be.kda_gate(f, dt, a_log, {c.gate, -5.0f}, g.view({c.t, c.heads * c.d}));
-  Tensor beta = testing::random_tensor(rng, {c.t, c.heads}, 0.0f, 1.0f);
-  Tensor s0 = c.zero_state ? Tensor::zeros(DType::kF32, {c.heads, c.d, c.d})
-                           : testing::random_tensor(rng, {c.heads, c.d, c.d});
-  Tensor s_chunk = Tensor::empty(DType::kF32, s0.shape()), s_rec = Tensor::empty(DType::kF32, s0.shape());
-  std::memcpy(s_chunk.data(), s0.data(), s0.nbytes());
-  std::memcpy(s_rec.data(), s0.data(), s0.nbytes());
-  Tensor o_chunk = Tensor::empty(DType::kF32, thd), o_rec = Tensor::empty(DType::kF32, thd);
-  be.kda_chunked(q, k, v, g, beta, s_chunk, o_chunk);
-  be.kda_recurrent(q, k, v, g, beta, s_rec, o_rec);
-  EXPECT_TRUE(close_rel(o_chunk, o_rec, 1e-5));
-  EXPECT_TRUE(close_rel(s_chunk, s_rec, 1e-5));
+  for (const KdaCase& c : KdaCases::cases()) {
+    const int64_t seqs = static_cast<int64_t>(c.lens.size()), slots = seqs + 2;
+    std::vector<int32_t> slot_of(static_cast<size_t>(slots));
+    std::iota(slot_of.begin(), slot_of.end(), 0);
+    std::shuffle(slot_of.begin(), slot_of.end(), rng);
+    slot_of.resize(static_cast<size_t>(seqs));
+    SeqLayout layout = testing::make_layout(c.lens, c.cached, slot_of, 64, 64, rng);
+    be().upload_layout(layout);
+    const int64_t n = layout.num_rows(), H = c.heads, d = c.d;
+    std::string what = "H " + std::to_string(H) + " d " + std::to_string(d) + " lens";
+    for (int32_t l : c.lens) what += " " + std::to_string(l);
+    SCOPED_TRACE(what + (c.gate == KdaGate::kSoftplus ? " softplus" : " lower-bound"));
+
+    const Shape nhd{n, H, d};
+    Tensor q = testing::random_tensor(rng, nhd), k = testing::random_tensor(rng, nhd), v = testing::random_tensor(rng, nhd);
+    // Realistic gates through the gate op on the CPU: f random with strong decay (A up to e^2.5,
+    // lower bound −5: cumulative log decay far below −100 inside a chunk).
+    Tensor f = testing::random_tensor(rng, {n, H * d}, -3.0f, 3.0f);
+    Tensor dt = testing::random_tensor(rng, {H * d});
+    Tensor a_log = testing::random_tensor(rng, {H}, 0.0f, 2.5f);
+    Tensor g = Tensor::empty(DType::kF32, nhd);
+    auto cpu = make_backend(BackendOptions{});
+    (*cpu)->kda_gate(f, dt, a_log, {c.gate, -5.0f}, g.view({n, H * d}));
+    Tensor beta = testing::random_tensor(rng, {n, H}, 0.0f, 1.0f);
+    Tensor s0 = c.zero_state ? Tensor::zeros(DType::kF32, {slots, H, d, d}) : testing::random_tensor(rng, {slots, H, d, d}, -0.5f, 0.5f);
+
+    Tensor s_ref = Tensor::empty(DType::kF32, s0.shape());
+    std::memcpy(s_ref.data(), s0.data(), s0.nbytes());
+    const Tensor o_ref = reference(q, k, v, g, beta, s_ref, layout);
+    // The row's tolerance ×4: a recurrence over up to 300 positions from a non-zero state
+    // accumulates its dtype's rounding step after step (fp32 seen up to 2.1e-5 per row).
+    const double t = 4 * tol();
+    for (Form form : {Form::kChunked, Form::kRecurrent}) {
+      Tensor states = persistent(s0, DType::kF32);
+      Tensor out = poisoned(nhd);
+      run(form, KdaArgs{dev(q), dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), states, out}, layout);
+      EXPECT_TRUE(close(host(out), o_ref, t)) << form_name(form) << " out";
+      EXPECT_TRUE(close(host(states), s_ref, t)) << form_name(form) << " states (untouched slots included)";
+    }
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    KdaCases, KdaChunkVsRecurrent,
-    ::testing::Values(KdaCase{1, 2, 16, KdaGateParams::Kind::kSoftplus, false},
-                      KdaCase{63, 2, 16, KdaGateParams::Kind::kLowerBound, false},
-                      KdaCase{64, 3, 32, KdaGateParams::Kind::kSoftplus, true},
-                      KdaCase{65, 2, 32, KdaGateParams::Kind::kLowerBound, true},
-                      KdaCase{150, 2, 32, KdaGateParams::Kind::kSoftplus, false},
-                      KdaCase{200, 4, 32, KdaGateParams::Kind::kLowerBound, false},
-                      KdaCase{131, 1, 64, KdaGateParams::Kind::kSoftplus, false}));
-
 // The gate forms themselves (SPEC 4.3) on hand-checked values.
-TEST(KdaGate, Forms) {
-  cpu::CpuBackend be;
+TEST_P(KdaOps, GateForms) {
   Tensor f = Tensor::from_f32({1, 2}, {0.5f, 30.0f});
   Tensor dt = Tensor::from_f32({2}, {0.25f, -1.0f});
   Tensor a_log = Tensor::from_f32({1}, {std::log(2.0f)});
-  Tensor g = Tensor::empty(DType::kF32, {1, 2});
-  be.kda_gate(f, dt, a_log, {KdaGateParams::Kind::kSoftplus, 0.0f}, g);
-  EXPECT_NEAR(g.f32()[0], -2.0f * std::log1p(std::exp(0.75f)), 1e-6);
-  EXPECT_NEAR(g.f32()[1], -2.0f * 29.0f, 1e-4);  // softplus is the identity above 20
-  be.kda_gate(f, dt, a_log, {KdaGateParams::Kind::kLowerBound, -5.0f}, g);
-  EXPECT_NEAR(g.f32()[0], -5.0f / (1.0f + std::exp(-2.0f * 0.75f)), 1e-6);
-  EXPECT_NEAR(g.f32()[1], -5.0f, 1e-5);
+  Tensor g = poisoned({1, 2}, DType::kF32);
+  be().kda_gate(dev(f, DType::kF32), persistent(dt, DType::kF32), persistent(a_log, DType::kF32),
+                {KdaGate::kSoftplus, 0.0f}, g);
+  Tensor gh = host(g);
+  EXPECT_NEAR(gh.f32()[0], -2.0f * std::log1p(std::exp(0.75f)), 1e-6);
+  EXPECT_NEAR(gh.f32()[1], -2.0f * 29.0f, 1e-4);  // softplus is the identity above 20
+  be().kda_gate(dev(f, DType::kF32), persistent(dt, DType::kF32), persistent(a_log, DType::kF32),
+                {KdaGate::kLowerBound, -5.0f}, g);
+  gh = host(g);
+  EXPECT_NEAR(gh.f32()[0], -5.0f / (1.0f + std::exp(-2.0f * 0.75f)), 1e-6);
+  EXPECT_NEAR(gh.f32()[1], -5.0f, 1e-5);
 }
+
+KL_BACKEND_SUITE(KdaOps);
+KL_BACKEND_SUITE(KdaCases);
 
 }  // namespace
 }  // namespace klinear

@@ -1,72 +1,128 @@
-// CPU MLA attention: the expanded form against a plain per-head, per-position reference, and the
-// absorbed form against the expanded one, over a case table (decode T=1 and multi-token steps
-// with cached positions, q-head widths with and without a rope part).
+// MLA attention over the paged latent cache on every backend row: the new positions written by
+// mla_cache_write, then the expanded (prefill) and absorbed (decode) forms against a plain
+// per-head, per-position reference, over a case table of steps (decode rows, multi-token rows with
+// cached positions, several sequences with scattered pages, q-head widths with and without a rope
+// part, page sizes that do and do not divide the lengths).
 #include <gtest/gtest.h>
 
-#include "backend/cpu/backend.h"
+#include <cstring>
+
+#include "backend_cases.h"
 #include "test_util.h"
 
 namespace klinear {
 namespace {
 
 struct MlaCase {
-  int64_t t, past, heads, nope, rope, v, latent;
+  std::vector<int32_t> lens, cached;
+  int64_t heads, nope, rope, v, latent, page_size;
 };
 
-class MlaOps : public ::testing::TestWithParam<MlaCase> {};
+class MlaOps : public testing::BackendTest {};
 
-// out[t, h] = Σ_τ≤past+t softmax(scale · q[t,h]·[k_n[τ,h] ‖ k_r[τ]]) · val[τ, h]
-Tensor reference(const Tensor& q, const Tensor& kv, const Tensor& k_r, int64_t nope, float scale) {
-  const int64_t t = q.dim(0), heads = q.dim(1), tc = kv.dim(0), r = k_r.dim(1), vd = kv.dim(2) - nope;
+// out[t, h] = Σ_τ≤past+t softmax(scale · q[t,h]·[k_n[τ,h] ‖ k_r[τ]]) · val[τ, h], with
+// [k_n ‖ val] = kv_b · latent[τ], for one sequence: q [T, H, n+r], latent [Tc, c], k_r [Tc, r].
+Tensor reference(const Tensor& q, const Tensor& latent, const Tensor& k_r, const Tensor& kv_b, int64_t nope, int64_t vd,
+                 float scale) {
+  const int64_t t = q.dim(0), heads = q.dim(1), tc = latent.dim(0), c = latent.dim(1), r = k_r.dim(1);
+  std::vector<double> kv(static_cast<size_t>(tc * heads * (nope + vd)));
+  for (int64_t j = 0; j < tc; ++j)
+    for (int64_t o = 0; o < heads * (nope + vd); ++o) {
+      double acc = 0;
+      for (int64_t x = 0; x < c; ++x) acc += double(kv_b.f32()[o * c + x]) * latent.f32()[j * c + x];
+      kv[j * heads * (nope + vd) + o] = acc;
+    }
   Tensor out = Tensor::zeros(DType::kF32, {t, heads, vd});
   for (int64_t i = 0; i < t; ++i)
     for (int64_t h = 0; h < heads; ++h) {
       const float* qi = q.f32() + (i * heads + h) * (nope + r);
-      std::vector<double> s(tc);
-      double mx = -1e300;
       const int64_t visible = tc - t + i + 1;
+      std::vector<double> s(visible);
+      double mx = -1e300;
       for (int64_t j = 0; j < visible; ++j) {
-        const float* kj = kv.f32() + (j * heads + h) * (nope + vd);
+        const double* kj = kv.data() + (j * heads + h) * (nope + vd);
         double dot = 0;
-        for (int64_t c = 0; c < nope; ++c) dot += double(qi[c]) * kj[c];
-        for (int64_t c = 0; c < r; ++c) dot += double(qi[nope + c]) * k_r.f32()[j * r + c];
+        for (int64_t x = 0; x < nope; ++x) dot += qi[x] * kj[x];
+        for (int64_t x = 0; x < r; ++x) dot += double(qi[nope + x]) * k_r.f32()[j * r + x];
         s[j] = dot * scale;
         mx = std::max(mx, s[j]);
       }
       double z = 0;
       for (int64_t j = 0; j < visible; ++j) z += (s[j] = std::exp(s[j] - mx));
-      for (int64_t j = 0; j < visible; ++j)
-        for (int64_t c = 0; c < vd; ++c)
-          out.f32()[(i * heads + h) * vd + c] += float(s[j] / z * kv.f32()[(j * heads + h) * (nope + vd) + nope + c]);
+      for (int64_t x = 0; x < vd; ++x) {
+        double acc = 0;
+        for (int64_t j = 0; j < visible; ++j) acc += s[j] / z * kv[(j * heads + h) * (nope + vd) + nope + x];
+        out.f32()[(i * heads + h) * vd + x] = float(acc);
+      }
     }
   return out;
 }
 
-TEST_P(MlaOps, ExpandedMatchesReferenceAndAbsorbedMatchesExpanded) {
-  const MlaCase c = GetParam();
-  std::printf("[ case ] T=%lld past=%lld H=%lld n=%lld r=%lld v=%lld c=%lld\n", (long long)c.t, (long long)c.past,
-              (long long)c.heads, (long long)c.nope, (long long)c.rope, (long long)c.v, (long long)c.latent);
+TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
+  const std::vector<MlaCase> cases = {
+      {{1}, {0}, 2, 16, 8, 16, 32, 64},
+      {{1}, {37}, 4, 32, 16, 32, 64, 16},
+      {{9}, {0}, 3, 8, 8, 12, 24, 4},
+      {{25}, {40}, 2, 16, 0, 16, 32, 64},
+      {{70}, {5}, 4, 32, 16, 32, 64, 64},
+      {{1, 13, 1, 64}, {100, 0, 3, 64}, 2, 16, 8, 16, 32, 7},
+      // Long cached contexts (a GPU decode splits them over blocks) beside a short one.
+      {{1, 1, 2}, {1000, 70, 0}, 2, 16, 8, 16, 32, 16},
+  };
   std::mt19937_64 rng(testing::fresh_seed());
-  cpu::CpuBackend be;
-  const int64_t tc = c.past + c.t;
-  Tensor q = testing::random_tensor(rng, {c.t, c.heads, c.nope + c.rope});
-  Tensor latent = testing::random_tensor(rng, {tc, c.latent});
-  Tensor k_r = testing::random_tensor(rng, {tc, c.rope});
-  Tensor kv_b = testing::random_tensor(rng, {c.heads * (c.nope + c.v), c.latent}, -0.3f, 0.3f);
-  Tensor kv = Tensor::empty(DType::kF32, {tc, c.heads, c.nope + c.v});
-  be.linear(latent, kv_b, kv);
-  const float scale = 1.0f / std::sqrt(float(c.nope + c.rope));
-  Tensor expanded = Tensor::empty(DType::kF32, {c.t, c.heads, c.v}), absorbed = Tensor::empty(DType::kF32, {c.t, c.heads, c.v});
-  be.mla_attention(q, kv, k_r, scale, expanded);
-  be.mla_attention_absorbed(q, latent, k_r, kv_b, scale, absorbed);
-  EXPECT_TRUE(testing::close_rel(expanded, reference(q, kv, k_r, c.nope, scale), 1e-5));
-  EXPECT_TRUE(testing::close_rel(absorbed, expanded, 1e-5));
+  for (const MlaCase& c : cases) {
+    const int64_t width = c.latent + c.rope, pages = 80;
+    SeqLayout layout = testing::make_layout(c.lens, c.cached, std::vector<int32_t>(c.lens.size(), 0), c.page_size, pages, rng);
+    be().upload_layout(layout);
+    const int64_t n = layout.num_rows(), B = layout.num_seqs();
+    SCOPED_TRACE("case with " + std::to_string(B) + " sequences, " + std::to_string(n) + " rows, page " +
+                 std::to_string(c.page_size));
+    Tensor q = testing::random_tensor(rng, {n, c.heads, c.nope + c.rope});
+    Tensor kv_b = testing::random_tensor(rng, {c.heads * (c.nope + c.v), c.latent}, -0.3f, 0.3f);
+    // Every position of every sequence: [latent ‖ k_r]. Cached ones go into the pages on the host,
+    // new ones through mla_cache_write; unused page rows stay NaN.
+    Tensor pool = Tensor::empty(DType::kF32, {pages, c.page_size, width});
+    std::fill(pool.f32(), pool.f32() + pool.numel(), std::numeric_limits<float>::quiet_NaN());
+    std::vector<Tensor> seq_rows;
+    Tensor new_rows = Tensor::empty(DType::kF32, {n, width});
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t tc = c.cached[b] + c.lens[b];
+      Tensor all = testing::random_tensor(rng, {tc, width});
+      for (int64_t p = 0; p < tc; ++p) {
+        const float* src = all.f32() + p * width;
+        if (p < c.cached[b]) {
+          const int32_t page = layout.page_table[b * layout.max_pages + p / c.page_size];
+          std::memcpy(pool.f32() + (page * c.page_size + p % c.page_size) * width, src, width * sizeof(float));
+        } else {
+          std::memcpy(new_rows.f32() + (layout.cu_seqlens[b] + p - c.cached[b]) * width, src, width * sizeof(float));
+        }
+      }
+      seq_rows.push_back(all);
+    }
+    Tensor dpages = persistent(pool, act());
+    be().mla_cache_write(dev(new_rows), dpages, layout);
+    const float scale = 1.0f / std::sqrt(float(c.nope + c.rope));
+    Tensor expect = Tensor::empty(DType::kF32, {n, c.heads, c.v});
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t tc = c.cached[b] + c.lens[b], r0 = layout.cu_seqlens[b];
+      Tensor latent = Tensor::empty(DType::kF32, {tc, c.latent}), k_r = Tensor::empty(DType::kF32, {tc, c.rope});
+      for (int64_t p = 0; p < tc; ++p) {
+        std::memcpy(latent.f32() + p * c.latent, seq_rows[b].f32() + p * width, c.latent * sizeof(float));
+        std::memcpy(k_r.f32() + p * c.rope, seq_rows[b].f32() + p * width + c.latent, c.rope * sizeof(float));
+      }
+      const Tensor o = reference(q.rows(r0, r0 + c.lens[b]), latent, k_r, kv_b, c.nope, c.v, scale);
+      std::memcpy(expect.f32() + r0 * c.heads * c.v, o.f32(), o.nbytes());
+    }
+    const Tensor dq = dev(q), dkv_b = persistent(kv_b, act());
+    Tensor expanded = poisoned({n, c.heads, c.v}), absorbed = poisoned({n, c.heads, c.v});
+    be().mla_prefill(MlaArgs{dq, dpages, dkv_b, scale, expanded}, layout);
+    be().mla_decode(MlaArgs{dq, dpages, dkv_b, scale, absorbed}, layout);
+    EXPECT_TRUE(testing::close(host(expanded), expect, tol())) << "prefill (expanded)";
+    EXPECT_TRUE(testing::close(host(absorbed), expect, tol())) << "decode (absorbed)";
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(MlaCases, MlaOps,
-                         ::testing::Values(MlaCase{1, 0, 2, 16, 8, 16, 32}, MlaCase{1, 37, 4, 32, 16, 32, 64},
-                                           MlaCase{9, 0, 3, 8, 8, 12, 24}, MlaCase{25, 40, 2, 16, 0, 16, 32},
-                                           MlaCase{70, 5, 4, 32, 16, 32, 64}));
+KL_BACKEND_SUITE(MlaOps);
 
 }  // namespace
 }  // namespace klinear

@@ -1,17 +1,19 @@
-// CPU routed experts (SPEC 3.4) against a plain per-token loop: out[t] = Σ_k w[t,k] ·
+// Routed experts (SPEC 3.4) on every backend row against a plain per-token loop: out[t] = Σ_k w[t,k] ·
 // down_e(glu(gate_up_e(x[t]))) with e = idx[t,k], for both activations and an expert used by
 // several tokens, by one, and by none.
 #include <gtest/gtest.h>
 
 #include "backend/cpu/backend.h"
+#include "backend_cases.h"
 #include "test_util.h"
 
 namespace klinear {
 namespace {
 
-TEST(MoeExperts, MatchPerTokenLoop) {
+class MoeExperts : public testing::BackendTest {};
+
+TEST_P(MoeExperts, MatchPerTokenLoop) {
   std::mt19937_64 rng(testing::fresh_seed());
-  cpu::CpuBackend be;
   const int64_t n = 9, din = 20, f = 12, dout = 16, num_experts = 6, k = 3;
   Tensor x = testing::random_tensor(rng, {n, din});
   Tensor w13 = testing::random_tensor(rng, {num_experts, 2 * f, din}, -0.5f, 0.5f);
@@ -25,9 +27,10 @@ TEST(MoeExperts, MatchPerTokenLoop) {
     const int32_t row[3] = {0, pool[0], pool[1]};
     for (int64_t i = 0; i < k; ++i) idx.data_as<int32_t>()[t * k + i] = row[i];
   }
-  for (GluParams p : {GluParams{GluParams::Kind::kSilu, 1.0f, std::nullopt}, GluParams{GluParams::Kind::kSitu, 4.0f, 25.0f}}) {
-    Tensor out = Tensor::empty(DType::kF32, {n, dout}), expect = Tensor::zeros(DType::kF32, {n, dout});
-    be.moe_experts(x, idx, weights, w13, w2, p, out);
+  const Tensor dw13 = persistent(w13, act()), dw2 = persistent(w2, act());
+  for (GluParams p : {GluParams{Activation::kSilu, 1.0f, std::nullopt}, GluParams{Activation::kSitu, 4.0f, 25.0f}}) {
+    Tensor out = poisoned({n, dout}), expect = Tensor::zeros(DType::kF32, {n, dout});
+    be().moe_experts(dev(x), dev(idx, DType::kI32), dev(weights, DType::kF32), dw13, dw2, p, out);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t i = 0; i < k; ++i) {
         const int32_t e = idx.data_as<int32_t>()[t * k + i];
@@ -44,9 +47,11 @@ TEST(MoeExperts, MatchPerTokenLoop) {
           expect.f32()[t * dout + r] += float(weights.f32()[t * k + i] * acc);
         }
       }
-    EXPECT_TRUE(testing::close_rel(out, expect, 1e-5));
+    EXPECT_TRUE(testing::close(host(out), expect, tol()));
   }
 }
+
+KL_BACKEND_SUITE(MoeExperts);
 
 }  // namespace
 }  // namespace klinear

@@ -1,16 +1,15 @@
 // Chat format tests. K2 / Kimi Linear: byte identity with Python jinja2 rendering the template
 // string of tokenizer_config.json (tests/io/render_chat_template.py, transformers' environment) on
-// hand-written and random message lists. K3: the documented XTML strings of CHAT-FORMATS.md.
+// hand-written and random message lists. K3 is tested in k3_chat_test.cc.
 //
 // Decision: the jinja2 oracle is required, not optional: if python3 or jinja2 is missing the K2
 // test fails and says what to install (CI installs python3-jinja2), so a green run always means
 // the comparison ran. Random lists print their seed; KLINEAR_TEST_SEED replays one.
 #include "io/chat_template.h"
+#include "python_oracle.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -23,10 +22,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kSourceDir = KLINEAR_SOURCE_DIR;
 const std::string& kTokenizerDir = testing::kimi_tokenizer_dir();
 const Tokenizer* kimi() { return testing::kimi_tokenizer(); }
-using TempDir = testing::ScratchDir;
 
 struct K2Case {
   Json messages;
@@ -145,24 +142,12 @@ std::vector<K2Case> random_cases(std::mt19937_64& rng, int count) {
 
 // Renders every case with jinja2 through tests/io/render_chat_template.py.
 Result<std::vector<std::string>> render_with_jinja(const std::vector<K2Case>& cases) {
-  TempDir dir;
   Json list = Json::array();
   for (const K2Case& c : cases)
     list.push_back(Json{{"messages", c.messages}, {"tools_json", c.tools_json}, {"add_generation_prompt", c.add_generation_prompt}});
-  fs::path cases_path = fs::path(dir.str()) / "cases.json", out_path = fs::path(dir.str()) / "out.json", err_path = fs::path(dir.str()) / "err.txt";
-  std::ofstream(cases_path) << list.dump();
-  std::string cmd = "python3 '" + kSourceDir + "/tests/io/render_chat_template.py' '" + kTokenizerDir +
-                    "/tokenizer_config.json' '" + cases_path.string() + "' '" + out_path.string() + "' 2>'" +
-                    err_path.string() + "'";
-  int status = std::system(cmd.c_str());
-  int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::string err = read_text_file(err_path.string()).ok() ? read_text_file(err_path.string()).value() : "";
-  if (code == 127)
-    return Status::NotFound("python3 is not on PATH: the K2 chat template test needs python3 and jinja2 "
-                            "(Debian: apt-get install python3 python3-jinja2). " + err);
-  if (code == 3) return Status::NotFound("jinja2 is missing: " + err);
-  if (code != 0) return Status::IOError("render_chat_template.py exited with " + std::to_string(code) + ": " + err);
-  KL_ASSIGN_OR_RETURN(Json out, read_json_file(out_path.string()));
+  KL_ASSIGN_OR_RETURN(Json out, testing::run_python_oracle("render_chat_template.py",
+                                                           "'" + kTokenizerDir + "/tokenizer_config.json'", list,
+                                                           "jinja2 (Debian: apt-get install python3 python3-jinja2)"));
   if (!out.is_array() || out.size() != cases.size())
     return Status::Corruption("render_chat_template.py: expected " + std::to_string(cases.size()) + " strings");
   return out.get<std::vector<std::string>>();
@@ -217,7 +202,9 @@ TEST(ChatK2, SegmentEncodingMatchesEncodingTheRenderedString) {
       continue;
     auto messages = parse_chat_messages(c.messages);
     ASSERT_TRUE(messages.ok()) << messages.status().to_string();
-    ChatOptions options{c.add_generation_prompt, false, c.tools_json};
+    ChatOptions options;
+    options.add_generation_prompt = c.add_generation_prompt;
+    options.tools_json = c.tools_json;
     auto segments = render_chat_segments(ChatFormat::kKimiK2, messages.value(), options);
     ASSERT_TRUE(segments.ok()) << segments.status().to_string();
     auto ids = encode_chat(*tok, segments.value());
@@ -241,150 +228,6 @@ TEST(ChatK2, MarkersTypedByTheUserStayText) {
   EXPECT_EQ(tok->decode(ids.value()), render_chat(ChatFormat::kKimiK2, messages, ChatOptions{}).value());
 }
 
-// ---- K3 ---------------------------------------------------------------------------------------
-
-TEST(ChatK3, DocumentedMessages) {
-  std::vector<ChatMessage> messages{
-      {"system", "Be brief.", {}, "", ""},
-      {"user", "Hi", {}, "", ""},
-      {"assistant", "Hello!", {}, "", ""},
-      {"user", "Weather?", {}, "", ""},
-  };
-  const std::string history =
-      "<|open|>message role=\"system\"<|sep|>Be brief.<|close|>message<|sep|><|end_of_msg|>"
-      "<|open|>message role=\"user\"<|sep|>Hi<|close|>message<|sep|><|end_of_msg|>"
-      "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>Hello!<|close|>response<|sep|>"
-      "<|close|>message<|sep|><|end_of_msg|>"
-      "<|open|>message role=\"user\"<|sep|>Weather?<|close|>message<|sep|><|end_of_msg|>";
-  ChatOptions off;
-  EXPECT_EQ(render_chat(ChatFormat::kK3, messages, off).value(),
-            history + "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>");
-  ChatOptions on;
-  on.thinking = true;
-  EXPECT_EQ(render_chat(ChatFormat::kK3, messages, on).value(),
-            history + "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");
-  ChatOptions none;
-  none.add_generation_prompt = false;
-  EXPECT_EQ(render_chat(ChatFormat::kK3, messages, none).value(), history);
-  EXPECT_EQ(chat_stop_marker(ChatFormat::kK3), "<|end_of_msg|>");
-}
-
-TEST(ChatK3, ToolCallsAndResults) {
-  std::vector<ChatMessage> messages{
-      {"user", "Weather in Rome?", {}, "", ""},
-      {"assistant", "", {{"call_0", "get_weather", R"({"city": "Rome"})"}}, "", ""},
-      {"tool", "sunny", {}, "call_0", ""},
-  };
-  ChatOptions options;
-  options.add_generation_prompt = false;
-  EXPECT_EQ(render_chat(ChatFormat::kK3, messages, options).value(),
-            "<|open|>message role=\"user\"<|sep|>Weather in Rome?<|close|>message<|sep|><|end_of_msg|>"
-            "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|><|close|>response<|sep|>"
-            "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
-            "<|open|>argument key=\"city\" type=\"string\"<|sep|>Rome<|close|>argument<|sep|>"
-            "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
-            "<|open|>message role=\"tool\" tool=\"get_weather\" index=\"1\"<|sep|>sunny<|close|>message<|sep|>"
-            "<|end_of_msg|>");
-}
-
-TEST(ChatK3, ArgumentTypesKeepKeyOrder) {
-  std::vector<ChatMessage> messages{
-      {"assistant", "ok", {{"", "f", R"({"z": "s", "n": 2, "u": null, "b": true, "l": [1, "a"], "o": {"y": 1, "x": 2.50}})"},
-                           {"", "g", "{}"}}, "", ""},
-      {"tool", "r1", {}, "", ""},
-      {"tool", "r2", {}, "", "explicit_name"},
-  };
-  ChatOptions options;
-  options.add_generation_prompt = false;
-  auto r = render_chat(ChatFormat::kK3, messages, options);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r.value(),
-            "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>ok<|close|>response<|sep|><|open|>tools<|sep|>"
-            "<|open|>call tool=\"f\" index=\"1\"<|sep|>"
-            "<|open|>argument key=\"z\" type=\"string\"<|sep|>s<|close|>argument<|sep|>"
-            "<|open|>argument key=\"n\" type=\"number\"<|sep|>2<|close|>argument<|sep|>"
-            "<|open|>argument key=\"u\" type=\"null\"<|sep|>null<|close|>argument<|sep|>"
-            "<|open|>argument key=\"b\" type=\"boolean\"<|sep|>true<|close|>argument<|sep|>"
-            "<|open|>argument key=\"l\" type=\"array\"<|sep|>[1, \"a\"]<|close|>argument<|sep|>"
-            "<|open|>argument key=\"o\" type=\"object\"<|sep|>{\"y\": 1, \"x\": 2.5}<|close|>argument<|sep|>"
-            "<|close|>call<|sep|><|open|>call tool=\"g\" index=\"2\"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
-            "<|close|>message<|sep|><|end_of_msg|>"
-            "<|open|>message role=\"tool\" tool=\"f\" index=\"1\"<|sep|>r1<|close|>message<|sep|><|end_of_msg|>"
-            "<|open|>message role=\"tool\" tool=\"explicit_name\" index=\"2\"<|sep|>r2<|close|>message<|sep|><|end_of_msg|>");
-}
-
-TEST(ChatK3, ToolDeclarationIsSortedCompactJson) {
-  ChatOptions options;
-  options.add_generation_prompt = false;
-  options.tools_json = R"([{"type": "function", "function": {"name": "f", "description": "天气 \"q\"", "parameters": {"type": "object", "properties": {}}}}])";
-  auto r = render_chat(ChatFormat::kK3, {}, options);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r.value(),
-            "<|open|>message role=\"system\" type=\"tool-declare\"<|sep|># Tools\nHere are the available tools, described in "
-            "JSONSchema.\n\n```json\n[{\"function\":{\"description\":\"天气 \\\"q\\\"\",\"name\":\"f\",\"parameters\":"
-            "{\"properties\":{},\"type\":\"object\"}},\"type\":\"function\"}]\n```<|close|>message<|sep|><|end_of_msg|>");
-}
-
-TEST(ChatK3, AttributeValuesAreEscaped) {
-  std::vector<ChatMessage> messages{{"user", "x", {}, "", "a&\"b<c>"}};
-  ChatOptions options;
-  options.add_generation_prompt = false;
-  EXPECT_EQ(render_chat(ChatFormat::kK3, messages, options).value(),
-            "<|open|>message role=\"user\" name=\"a&amp;&quot;b<c>\"<|sep|>x<|close|>message<|sep|><|end_of_msg|>");
-}
-
-TEST(ChatK3, Errors) {
-  ChatOptions options;
-  auto r = render_chat(ChatFormat::kK3, {{"tool", "r", {}, "", ""}}, options);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("messages[0]"), std::string::npos) << r.status().message();
-  r = render_chat(ChatFormat::kK3, {{"assistant", "", {{"", "f", "[1]"}}, "", ""}}, options);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("messages[0].tool_calls[0].arguments: expected a JSON object, got array"),
-            std::string::npos)
-      << r.status().message();
-  options.tools_json = "{\"not\": \"an array\"}";
-  r = render_chat(ChatFormat::kK3, {}, options);
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("tools_json: expected a JSON array, got object"), std::string::npos);
-}
-
-// K3 markers are special ids under a K3 tokenizer config (built here from the K2 ranks and the K3
-// names), text segments are encoded separately, and a marker typed by the user stays text.
-TEST(ChatK3, EncodesWithAK3Tokenizer) {
-  TempDir dir;
-  fs::create_symlink(kTokenizerDir + "/tiktoken.model", fs::path(dir.str()) / "tiktoken.model");
-  std::ofstream(fs::path(dir.str()) / "tokenizer_config.json")
-      << R"({"added_tokens_decoder": {"163586": {"content": "<|end_of_msg|>"}, "163587": {"content": "<|open|>"},
-            "163588": {"content": "<|close|>"}, "163589": {"content": "<|sep|>"}}})";
-  auto k3 = Tokenizer::load(dir.str());
-  ASSERT_TRUE(k3.ok()) << k3.status().to_string();
-  std::vector<ChatMessage> messages{{"user", "<|open|>hi", {}, "", ""}};
-  auto segments = render_chat_segments(ChatFormat::kK3, messages, ChatOptions{});
-  ASSERT_TRUE(segments.ok());
-  auto ids = encode_chat(k3.value(), segments.value());
-  ASSERT_TRUE(ids.ok()) << ids.status().to_string();
-  std::vector<int32_t> want;
-  for (const ChatSegment& s : segments.value()) {
-    if (s.kind == SegmentKind::kMarker) {
-      want.push_back(k3.value().special_id(s.text).value());
-    } else {
-      for (int32_t id : k3.value().encode(s.text)) want.push_back(id);
-    }
-  }
-  EXPECT_EQ(ids.value(), want);
-  EXPECT_EQ(std::count(ids.value().begin(), ids.value().end(), 163587), 3);  // message, message, response
-  EXPECT_EQ(k3.value().decode(ids.value()), render_chat(ChatFormat::kK3, messages, ChatOptions{}).value());
-
-  const Tokenizer* k2 = kimi();
-  ASSERT_NE(k2, nullptr);
-  auto wrong = encode_chat(*k2, segments.value());
-  ASSERT_FALSE(wrong.ok());
-  EXPECT_EQ(wrong.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(wrong.status().message().find("<|open|>"), std::string::npos);
-}
-
 // ---- OpenAI messages --------------------------------------------------------------------------
 
 TEST(ChatMessages, ParsesOpenAiShapes) {
@@ -394,11 +237,13 @@ TEST(ChatMessages, ParsesOpenAiShapes) {
     {"role": "assistant", "content": null, "tool_calls": [
       {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}},
       {"id": "c2", "type": "function", "function": {"name": "g", "arguments": {"y": 2}}}]},
-    {"role": "tool", "tool_call_id": "c1", "content": "r"}])");
+    {"role": "tool", "tool_call_id": "c1", "content": "r", "tool": "f"},
+    {"role": "assistant", "content": "x", "reasoning_content": "", "reasoning": "why"},
+    {"role": "system", "content": null, "tools": [{"z": 1, "a": 2}]}])");
   auto r = parse_chat_messages(j);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   const auto& m = r.value();
-  ASSERT_EQ(m.size(), 4u);
+  ASSERT_EQ(m.size(), 6u);
   EXPECT_EQ(m[1].content, "ab");
   EXPECT_EQ(m[1].name, "bob");
   EXPECT_EQ(m[2].content, "");
@@ -407,6 +252,14 @@ TEST(ChatMessages, ParsesOpenAiShapes) {
   EXPECT_EQ(m[2].tool_calls[0].arguments_json, "{\"x\": 1}");
   EXPECT_EQ(m[2].tool_calls[1].arguments_json, "{\"y\":2}");
   EXPECT_EQ(m[3].tool_call_id, "c1");
+  EXPECT_EQ(m[1].content_parts, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(m[0].content_parts.empty());
+  EXPECT_EQ(m[3].tool, "f");
+  EXPECT_EQ(m[4].reasoning, "why");  // an empty reasoning_content falls back to reasoning
+  EXPECT_EQ(m[5].tools_json, R"([{"a":2,"z":1}])");  // a Json value has already sorted its keys
+  auto ordered = parse_chat_messages(OrderedJson::parse(R"([{"role": "system", "tools": [{"z": 1, "a": 2}]}])"));
+  ASSERT_TRUE(ordered.ok()) << ordered.status().to_string();
+  EXPECT_EQ(ordered.value()[0].tools_json, R"([{"z":1,"a":2}])");  // document key order kept
 }
 
 TEST(ChatMessages, ErrorsNameTheField) {

@@ -14,7 +14,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/model.h"
-#include "model/presets.h"
+#include "io/presets.h"
 #include "test_util.h"
 
 namespace klinear {
@@ -245,7 +245,7 @@ class CheckpointModelTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
     config_ = *cfg;
     ASSERT_TRUE(write_random_checkpoint(config_, src_.str(), testing::fresh_seed()).ok());
-    auto be = make_backend(DeviceKind::kCpu);
+    auto be = make_backend(BackendOptions{});
     ASSERT_TRUE(be.ok()) << be.status().to_string();
     backend_ = std::move(be).value();
   }

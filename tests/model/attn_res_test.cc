@@ -1,18 +1,19 @@
-// AttnRes: the two-phase (online-softmax) form equals the direct read (SPEC 7.3 vs 7.1) on random
-// blocks, partial sums and queries, with and without a partial candidate; one candidate is the
-// identity.
+// AttnRes: the backend's direct read (SPEC 7.1) equals the two-phase online-softmax form (SPEC 7.3,
+// a host reference) on random blocks, partial sums and queries, with and without a partial
+// candidate, on every backend row.
 #include <gtest/gtest.h>
 
-#include "backend/cpu/backend.h"
-#include "model/attn_res.h"
+#include "attn_res_reference.h"
+#include "backend_cases.h"
 #include "test_util.h"
 
 namespace klinear {
 namespace {
 
-TEST(AttnRes, TwoPhaseEqualsDirect) {
+class AttnRes : public testing::BackendTest {};
+
+TEST_P(AttnRes, DirectEqualsTwoPhase) {
   std::mt19937_64 rng(testing::fresh_seed());
-  cpu::CpuBackend be;
   const float eps = 1e-5f;
   for (int blocks_n : {1, 2, 5, 8}) {
     const int64_t t = 7, d = 48;
@@ -20,30 +21,25 @@ TEST(AttnRes, TwoPhaseEqualsDirect) {
     for (int i = 0; i < blocks_n; ++i) blocks.push_back(testing::random_tensor(rng, {t, d}, -2.0f, 2.0f));
     Tensor e = testing::random_tensor(rng, {d}, -1.0f, 1.0f);
     Tensor p = testing::random_tensor(rng, {t, d}, -3.0f, 3.0f);
-    const AttnResStats stats = attn_res_phase1(blocks, e, eps);
+    const testing::AttnResStats stats = testing::attn_res_phase1(blocks, e, eps);
+    Tensor two = Tensor::empty(DType::kF32, {t, d});
 
-    std::vector<Tensor> with_p = blocks;
-    with_p.push_back(p);
-    Tensor direct = Tensor::empty(DType::kF32, {t, d}), two = Tensor::empty(DType::kF32, {t, d});
-    be.attn_res_read(with_p, e, eps, direct);
-    attn_res_phase2(stats, &p, e, eps, two);
-    EXPECT_TRUE(testing::close_rel(two, direct, 1e-5)) << blocks_n << " blocks + partial";
+    std::vector<Tensor> on_device;
+    for (const Tensor& b : blocks) on_device.push_back(dev(b));
+    Tensor out = poisoned({t, d});
+    be().attn_res_read(on_device, dev(e, DType::kF32), eps, out);
+    testing::attn_res_phase2(stats, nullptr, e, eps, two);
+    EXPECT_TRUE(testing::close(host(out), two, tol())) << blocks_n << " blocks, no partial";
 
-    be.attn_res_read(blocks, e, eps, direct);
-    attn_res_phase2(stats, nullptr, e, eps, two);
-    EXPECT_TRUE(testing::close_rel(two, direct, 1e-5)) << blocks_n << " blocks, no partial";
+    on_device.push_back(dev(p));
+    out = poisoned({t, d});
+    be().attn_res_read(on_device, dev(e, DType::kF32), eps, out);
+    testing::attn_res_phase2(stats, &p, e, eps, two);
+    EXPECT_TRUE(testing::close(host(out), two, tol())) << blocks_n << " blocks + partial";
   }
 }
 
-TEST(AttnRes, SingleCandidateIsIdentity) {
-  std::mt19937_64 rng(testing::fresh_seed());
-  cpu::CpuBackend be;
-  Tensor v = testing::random_tensor(rng, {3, 16});
-  Tensor e = testing::random_tensor(rng, {16});
-  Tensor out = Tensor::empty(DType::kF32, {3, 16});
-  be.attn_res_read(std::vector<Tensor>{v}, e, 1e-5f, out);
-  EXPECT_TRUE(testing::close_rel(out, v, 1e-6));
-}
+KL_BACKEND_SUITE(AttnRes);
 
 }  // namespace
 }  // namespace klinear

@@ -1,81 +1,83 @@
 // The model on configs the fixtures do not cover (other sizes, layer tables, gate variants, group
-// counts, AttnRes block sizes, MXFP4): random-weight checkpoints written with real tensor names,
-// then one prompt run three ways that must agree: a single prefill (chunked KDA, expanded MLA),
-// a prefill in two pieces, and a short prefill followed by token-by-token decode (recurrent KDA,
-// absorbed MLA over the latent cache, conv state carried).
+// counts, AttnRes block sizes, MXFP4), on every backend row: random-weight checkpoints written with
+// real tensor names, then one prompt run three ways that must agree: a single prefill (chunked KDA,
+// expanded MLA), a prefill in two pieces, and a short prefill followed by token-by-token decode
+// (recurrent KDA, absorbed MLA over the latent pages, conv state carried). A row other than the
+// CPU also matches the CPU's single prefill.
 #include <gtest/gtest.h>
 
-#include "backend/backend.h"
+#include "backend_cases.h"
 #include "model/model.h"
-#include "model/presets.h"
+#include "model_cases.h"
 #include "test_util.h"
 
 namespace klinear {
 namespace {
 
+using testing::BackendCase;
+
 // Both sides are fp32 evaluations of the same math in different orders (chunked vs recurrent KDA,
 // expanded vs absorbed MLA) through up to 7 layers of a random network; seen up to ~1.0e-4.
-constexpr double kTol = 5e-4;
+constexpr double kF32Tol = 5e-4;
 
 struct Variant {
   const char* name;
   const char* preset;
   Json text_patch;  // merged into the text config
 };
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
-Json patched(const Variant& v) {
-  Json cfg = preset_config(v.preset).value();
-  Json& text = cfg.contains("text_config") ? cfg["text_config"] : cfg;
-  text.merge_patch(v.text_patch);
-  return cfg;
+class ModelConsistency : public ::testing::TestWithParam<std::tuple<Variant, BackendCase>> {};
+
+// Logits of `ids` run in the given pieces on a fresh sequence; [T, V] host F32 of every position.
+Tensor run_pieces(Model& m, std::span<const int32_t> ids, const std::vector<int64_t>& cuts) {
+  auto cache = Cache::create(m.config(), m.backend(), CacheOptions{1, 16, 64 << 20});
+  KL_CHECK(cache.ok(), cache.status().to_string());
+  const SeqId s = (*cache)->open().value();
+  Tensor all = Tensor::empty(DType::kF32, {static_cast<int64_t>(ids.size()), m.config().vocab_size});
+  int64_t begin = 0;
+  for (size_t i = 0; i <= cuts.size(); ++i) {
+    const int64_t end = i < cuts.size() ? cuts[i] : static_cast<int64_t>(ids.size());
+    auto r = m.forward_one(**cache, s, ids.subspan(begin, end - begin), LogitsMode::kAll);
+    KL_CHECK(r.ok(), r.status().to_string());
+    std::memcpy(all.f32() + begin * all.dim(1), r->f32(), r->nbytes());
+    begin = end;
+  }
+  return all;
 }
 
-class ModelConsistency : public ::testing::TestWithParam<Variant> {};
-
 TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
-  const Variant& v = GetParam();
+  const auto& [v, row] = GetParam();
+  auto be = make_backend(BackendOptions{row.device, row.dtype});
+  if (!be.ok()) GTEST_SKIP() << row.name << ": " << be.status().to_string();
+  const double tol = row.dtype == DType::kF32 ? kF32Tol : row.model_tol;
   const uint64_t seed = testing::fresh_seed();
   const testing::ScratchDir scratch;
-  const std::string dir = scratch.str();
-  ASSERT_TRUE(write_random_checkpoint(patched(v), dir, seed).ok());
-  testing::separate_router_choices(dir, seed);
-  auto be = make_backend(DeviceKind::kCpu);
-  ASSERT_TRUE(be.ok());
-  auto model = Model::load(dir, **be);
+  const Json config = testing::patched_preset(v.preset, v.text_patch);
+  const std::vector<int32_t> ids = testing::random_ids(config, 75, seed);
+  testing::write_untied_checkpoint(config, scratch.str(), {ids}, seed);
+  auto model = Model::load(scratch.str(), **be);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   Model& m = **model;
-  const int64_t vocab = m.config().vocab_size;
 
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> ids(75);
-  for (int32_t& id : ids) id = tok(rng);
-
-  SequenceState whole = m.new_sequence();
-  auto all = m.forward(ids, whole, LogitsMode::kAll);
-  ASSERT_TRUE(all.ok());
-
-  // Two pieces: 70 then 5 (the second continues every cache).
-  SequenceState pieces = m.new_sequence();
-  ASSERT_TRUE(m.forward(std::span(ids).first(70), pieces, LogitsMode::kAll).ok());
-  auto tail = m.forward(std::span(ids).subspan(70), pieces, LogitsMode::kAll);
-  ASSERT_TRUE(tail.ok());
-  EXPECT_TRUE(testing::close_rel(*tail, all->rows(70, 75), kTol)) << "piecewise prefill";
-
-  // Decode: prefill 3 tokens, then one token at a time.
-  SequenceState dec = m.new_sequence();
-  ASSERT_TRUE(m.forward(std::span(ids).first(3), dec, LogitsMode::kAll).ok());
-  for (int64_t i = 3; i < static_cast<int64_t>(ids.size()); ++i) {
-    auto step = m.forward(std::span(ids).subspan(i, 1), dec, LogitsMode::kLast);
-    ASSERT_TRUE(step.ok());
-    ASSERT_TRUE(testing::close_rel(*step, all->rows(i, i + 1), kTol)) << "decode position " << i;
+  const Tensor all = run_pieces(m, ids, {});
+  EXPECT_TRUE(testing::close(run_pieces(m, ids, {70}).rows(70, 75), all.rows(70, 75), tol)) << "piecewise prefill";
+  std::vector<int64_t> one_by_one;
+  for (int64_t i = 3; i < 75; ++i) one_by_one.push_back(i);
+  const Tensor dec = run_pieces(m, ids, one_by_one);
+  for (int64_t i = 3; i < 75; ++i)
+    ASSERT_TRUE(testing::close(dec.rows(i, i + 1), all.rows(i, i + 1), tol)) << "decode position " << i;
+  if (row.device != Device::kCpu) {
+    auto cpu = make_backend(BackendOptions{});
+    auto ref = Model::load(scratch.str(), **cpu);
+    ASSERT_TRUE(ref.ok());
+    EXPECT_TRUE(testing::close(all, run_pieces(**ref, ids, {}), row.model_tol)) << "against the CPU";
   }
-  EXPECT_EQ(dec.tokens, 75);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Variants, ModelConsistency,
-    ::testing::Values(
+    ::testing::Combine(::testing::Values(
         Variant{"kimi_linear", "kimi-linear-tiny", Json::object()},
         Variant{"kimi_linear_wide", "kimi-linear-tiny",
                 Json{{"hidden_size", 96}, {"num_hidden_layers", 4}, {"num_attention_heads", 3},
@@ -96,7 +98,8 @@ INSTANTIATE_TEST_SUITE_P(
                      {"linear_attn_config", {{"use_full_rank_gate", false}, {"kda_layers", {1, 3, 4, 5, 7}},
                                              {"full_attn_layers", {2, 6}}}}}},
         Variant{"k3_mxfp4", "k3-tiny-mxfp4", Json{{"num_expert_group", 4}, {"topk_group", 2}}}),
-    [](const auto& info) { return std::string(info.param.name); });
+        ::testing::ValuesIn(testing::backend_cases())),
+    [](const auto& info) { return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param).name; });
 
 }  // namespace
 }  // namespace klinear

@@ -9,7 +9,7 @@
 #include <set>
 #include <vector>
 
-#include "backend/cpu/backend.h"
+#include "backend_cases.h"
 #include "test_util.h"
 
 namespace klinear {
@@ -22,14 +22,16 @@ struct Routed {
 };
 
 // Runs moe_route on `logits` [N, E] and returns each token's {index -> weight}.
-Routed route(const std::vector<std::vector<float>>& logits, const std::vector<float>& bias, const RouteParams& p) {
+Routed route(testing::BackendTest& t, const std::vector<std::vector<float>>& logits, const std::vector<float>& bias,
+             const RouteParams& p) {
   const int64_t n = static_cast<int64_t>(logits.size()), e = static_cast<int64_t>(bias.size());
   std::vector<float> flat;
   for (const auto& row : logits) flat.insert(flat.end(), row.begin(), row.end());
-  cpu::CpuBackend be;
-  Tensor l = Tensor::from_f32({n, e}, flat), b = Tensor::from_f32({e}, bias);
-  Tensor idx = be.alloc_i32({n, p.top_k}), w = be.alloc({n, p.top_k});
-  be.moe_route(l, b, p, idx, w);
+  Tensor idx = t.poisoned({n, p.top_k}, DType::kI32), w = t.poisoned({n, p.top_k}, DType::kF32);
+  t.be().moe_route(t.dev(Tensor::from_f32({n, e}, flat), DType::kF32), t.dev(Tensor::from_f32({e}, bias), DType::kF32),
+                   p, idx, w);
+  idx = t.host(idx);
+  w = t.host(w);
   Routed out;
   for (int64_t t = 0; t < n; ++t) {
     std::map<int, float> m;
@@ -73,38 +75,40 @@ void expect_weights(const std::map<int, float>& got, const std::map<int, double>
 
 constexpr float kScale = 2.446f;
 
-TEST(RouterTest, BiasChangesSelectionNotWeights) {
+class RouterTest : public testing::BackendTest {};
+
+TEST_P(RouterTest, BiasChangesSelectionNotWeights) {
   const std::vector<float> logits = {2.0f, 1.0f, 0.5f, -1.0f};
   const RouteParams p{2, 1, 1, true, kScale};
-  const Routed plain = route({logits}, {0, 0, 0, 0}, p);
+  const Routed plain = route(*this, {logits}, {0, 0, 0, 0}, p);
   EXPECT_EQ(keys(plain.tokens[0]), (std::set<int>{0, 1}));
   expect_weights(plain.tokens[0], expected_weights(logits, {0, 1}, true, kScale));
 
   // σ(-1) + 1 = 1.27 now beats σ(1) = 0.73, but the weight of expert 3 is still σ(-1), renormalised.
-  const Routed biased = route({logits}, {0, 0, 0, 1.0f}, p);
+  const Routed biased = route(*this, {logits}, {0, 0, 0, 1.0f}, p);
   EXPECT_EQ(keys(biased.tokens[0]), (std::set<int>{0, 3}));
   expect_weights(biased.tokens[0], expected_weights(logits, {0, 3}, true, kScale));
   EXPECT_LT(biased.tokens[0].at(3), biased.tokens[0].at(0));  // unbiased: σ(-1) < σ(2)
 }
 
-TEST(RouterTest, RenormalizeOff) {
+TEST_P(RouterTest, RenormalizeOff) {
   const std::vector<float> logits = {0.3f, -0.2f, 1.7f, 0.9f, -2.5f};
-  const Routed r = route({logits}, {0, 0, 0, 0, 0}, RouteParams{3, 1, 1, false, kScale});
+  const Routed r = route(*this, {logits}, {0, 0, 0, 0, 0}, RouteParams{3, 1, 1, false, kScale});
   EXPECT_EQ(keys(r.tokens[0]), (std::set<int>{0, 2, 3}));
   expect_weights(r.tokens[0], expected_weights(logits, {0, 2, 3}, false, kScale));
   EXPECT_NEAR(r.tokens[0].at(2), sigmoid(1.7) * kScale, 1e-6);
 }
 
-TEST(RouterTest, TopOneIsNotRenormalized) {
+TEST_P(RouterTest, TopOneIsNotRenormalized) {
   const std::vector<float> logits = {0.3f, -0.2f, 1.7f, 0.9f};
-  const Routed r = route({logits}, {0, 0, 0, 0}, RouteParams{1, 1, 1, true, kScale});
+  const Routed r = route(*this, {logits}, {0, 0, 0, 0}, RouteParams{1, 1, 1, true, kScale});
   ASSERT_EQ(keys(r.tokens[0]), (std::set<int>{2}));
   // Renormalising a single weight would give exactly the scale.
   EXPECT_NEAR(r.tokens[0].at(2), sigmoid(1.7) * kScale, 1e-6);
   EXPECT_LT(r.tokens[0].at(2), kScale * 0.9f);
 }
 
-TEST(RouterTest, RenormalizedWeightsSumToScale) {
+TEST_P(RouterTest, RenormalizedWeightsSumToScale) {
   std::mt19937_64 rng(testing::fresh_seed());
   std::normal_distribution<float> d(0.0f, 2.0f);
   std::vector<std::vector<float>> logits(6, std::vector<float>(16));
@@ -112,7 +116,7 @@ TEST(RouterTest, RenormalizedWeightsSumToScale) {
     for (float& x : row) x = d(rng);
   std::vector<float> bias(16);
   for (float& b : bias) b = 0.1f * d(rng);
-  const Routed r = route(logits, bias, RouteParams{4, 1, 1, true, kScale});
+  const Routed r = route(*this, logits, bias, RouteParams{4, 1, 1, true, kScale});
   ASSERT_EQ(r.tokens.size(), 6u);
   for (const auto& tok : r.tokens) {
     double sum = 0;
@@ -130,37 +134,37 @@ TEST(RouterTest, RenormalizedWeightsSumToScale) {
 const std::vector<float> kGroupedLogits = {5.0f, -5.0f, -5.0f, -5.0f, 2.0f, 1.9f, -3.0f, -3.1f,
                                            1.5f, 1.4f,  -2.0f, -2.1f, 0.6f, 0.5f, 0.4f,  0.3f};
 
-TEST(RouterTest, GroupedSelectionDropsGroupsBySumOfTopTwo) {
+TEST_P(RouterTest, GroupedSelectionDropsGroupsBySumOfTopTwo) {
   const RouteParams p{4, 4, 2, true, kScale};
-  const Routed r = route({kGroupedLogits}, std::vector<float>(16, 0.0f), p);
+  const Routed r = route(*this, {kGroupedLogits}, std::vector<float>(16, 0.0f), p);
   EXPECT_EQ(keys(r.tokens[0]), (std::set<int>{4, 5, 8, 9}));
   EXPECT_EQ(r.tokens[0].count(0), 0u) << "expert 0 has the highest score but its group is dropped";
   expect_weights(r.tokens[0], expected_weights(kGroupedLogits, {4, 5, 8, 9}, true, kScale));
 
   // Without grouping, expert 0 wins.
-  const Routed flat = route({kGroupedLogits}, std::vector<float>(16, 0.0f), RouteParams{4, 1, 1, true, kScale});
+  const Routed flat = route(*this, {kGroupedLogits}, std::vector<float>(16, 0.0f), RouteParams{4, 1, 1, true, kScale});
   EXPECT_EQ(keys(flat.tokens[0]), (std::set<int>{0, 4, 5, 8}));
   // num_groups == topk_group keeps every group: no change.
-  const Routed all = route({kGroupedLogits}, std::vector<float>(16, 0.0f), RouteParams{4, 4, 4, true, kScale});
+  const Routed all = route(*this, {kGroupedLogits}, std::vector<float>(16, 0.0f), RouteParams{4, 4, 4, true, kScale});
   EXPECT_EQ(keys(all.tokens[0]), (std::set<int>{0, 4, 5, 8}));
 }
 
-TEST(RouterTest, GroupScoresUseBiasedScores) {
+TEST_P(RouterTest, GroupScoresUseBiasedScores) {
   // +1 on experts 12, 13 lifts g3 to 1.65 + 1.62 = 3.27: kept with g1; g2 is dropped.
   std::vector<float> bias(16, 0.0f);
   bias[12] = bias[13] = 1.0f;
-  const Routed r = route({kGroupedLogits}, bias, RouteParams{4, 4, 2, true, kScale});
+  const Routed r = route(*this, {kGroupedLogits}, bias, RouteParams{4, 4, 2, true, kScale});
   EXPECT_EQ(keys(r.tokens[0]), (std::set<int>{4, 5, 12, 13}));
   expect_weights(r.tokens[0], expected_weights(kGroupedLogits, {4, 5, 12, 13}, true, kScale));
 }
 
-TEST(RouterTest, GroupedTopOneAndSeveralTokens) {
+TEST_P(RouterTest, GroupedTopOneAndSeveralTokens) {
   // Token 0: the grouped case above with k = 1 (expert 4, the best of the kept groups).
   // Token 1: the same logits rotated by one group: g0 now holds {0.6,..}, g1 {5,-5,..}, g2 {2,1.9,..}, g3 {1.5,..}.
   std::vector<float> rotated(16);
   for (int i = 0; i < 16; ++i) rotated[(i + 4) % 16] = kGroupedLogits[i];
   // Rotation: kGroupedLogits group g moves to group (g+1)%4, so g1 -> 2, g2 -> 3.
-  const Routed r = route({kGroupedLogits, rotated}, std::vector<float>(16, 0.0f), RouteParams{1, 4, 2, true, kScale});
+  const Routed r = route(*this, {kGroupedLogits, rotated}, std::vector<float>(16, 0.0f), RouteParams{1, 4, 2, true, kScale});
   ASSERT_EQ(r.tokens.size(), 2u);
   EXPECT_EQ(keys(r.tokens[0]), (std::set<int>{4}));
   EXPECT_NEAR(r.tokens[0].at(4), sigmoid(2.0) * kScale, 1e-6);
@@ -193,7 +197,7 @@ std::set<int> reference_selection(const std::vector<float>& logits, const std::v
   return std::set<int>(order.begin(), order.begin() + k);
 }
 
-TEST(RouterTest, RandomGroupedMatchesReference) {
+TEST_P(RouterTest, RandomGroupedMatchesReference) {
   std::mt19937_64 rng(testing::fresh_seed());
   std::normal_distribution<float> d(0.0f, 1.5f);
   const int n = 32, e = 16;
@@ -202,7 +206,7 @@ TEST(RouterTest, RandomGroupedMatchesReference) {
     for (float& x : row) x = d(rng);
   std::vector<float> bias(e);
   for (float& b : bias) b = 0.2f * d(rng);
-  const Routed r = route(logits, bias, RouteParams{4, 4, 2, true, kScale});
+  const Routed r = route(*this, logits, bias, RouteParams{4, 4, 2, true, kScale});
   for (int t = 0; t < n; ++t) {
     const std::set<int> want = reference_selection(logits[t], bias, 4, 4, 2);
     EXPECT_EQ(keys(r.tokens[t]), want) << "token " << t;
@@ -211,6 +215,8 @@ TEST(RouterTest, RandomGroupedMatchesReference) {
     }
   }
 }
+
+KL_BACKEND_SUITE(RouterTest);
 
 }  // namespace
 }  // namespace klinear

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "backend/backend.h"
-#include "model/presets.h"
+#include "model/model_cases.h"
 #include "runtime/chat_session.h"
 #include "test_util.h"
 
@@ -17,17 +17,20 @@ TEST(ChatSession, SecondTurnEqualsFreshPrefillOfTheConversation) {
   ASSERT_TRUE(tok.ok()) << tok.status().to_string();
   Json cfg = preset_config("kimi-linear-tiny").value();
   cfg["vocab_size"] = tok->vocab_size();
-  const uint64_t seed = testing::fresh_seed();
-  ASSERT_TRUE(write_random_checkpoint(cfg, dir.str(), seed).ok());
-  testing::separate_router_choices(dir.str(), seed);
-  auto be = make_backend(DeviceKind::kCpu);
+  const int32_t im_end = tok->special_id("<|im_end|>").value();
+  std::vector<ChatMessage> msgs{{"user", "Hello there", {}, "", ""}};
+  auto p1 = encode_chat(*tok, render_chat_segments(ChatFormat::kKimiK2, msgs, ChatOptions{}).value()).value();
+  testing::write_untied_checkpoint(cfg, dir.str(), {p1}, testing::fresh_seed());
+  auto be = make_backend(BackendOptions{});
   ASSERT_TRUE(be.ok());
   auto model = Model::load(dir.str(), **be);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
 
   GenerateOptions greedy;
   greedy.max_tokens = 6;
-  ChatSession session(**model, *tok, ChatFormat::kKimiK2, "");
+  auto created = ChatSession::create(**model, CacheOptions{}, *tok, ChatFormat::kKimiK2, "");
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  ChatSession& session = **created;
   auto first = session.turn("Hello there", greedy, nullptr);
   ASSERT_TRUE(first.ok()) << first.status().to_string();
   std::string streamed;
@@ -37,9 +40,6 @@ TEST(ChatSession, SecondTurnEqualsFreshPrefillOfTheConversation) {
 
   // The same conversation from scratch: render turn 1, generate, then append the end marker and
   // the rendering delta of turn 2.
-  const int32_t im_end = tok->special_id("<|im_end|>").value();
-  std::vector<ChatMessage> msgs{{"user", "Hello there", {}, "", ""}};
-  auto p1 = encode_chat(*tok, render_chat_segments(ChatFormat::kKimiK2, msgs, ChatOptions{}).value()).value();
   GenerateOptions o = greedy;
   o.stop_ids.push_back(im_end);
   auto r1 = generate(**model, p1, o, nullptr).value();

@@ -71,6 +71,7 @@ inline void print_generation(const GenerateResult& r, bool json, const std::stri
   if (json) {
     Json out{{"ids", r.ids},
              {"finish_reason", r.finish == FinishReason::kStop ? "stop" : "length"},
+             {"context_full", r.finish == FinishReason::kContext},
              {"prompt_tokens", r.prompt_tokens},
              {"prefill_seconds", r.prefill_seconds},
              {"decode_seconds", r.decode_seconds}};

@@ -14,7 +14,7 @@
 #include "io/checkpoint.h"
 #include "io/npy.h"
 #include "model/model.h"
-#include "model/presets.h"
+#include "io/presets.h"
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "runtime/chat_session.h"
@@ -27,23 +27,46 @@ namespace {
 struct ModelArgs {
   std::string model_dir;
   std::string device = "cpu";
+  std::string dtype;  // empty: float32 on the CPU, bfloat16 on CUDA
+  int64_t page_size = 64;
 };
 
 void add_model_args(CLI::App* sub, ModelArgs& a) {
   sub->add_option("--model", a.model_dir, "checkpoint directory (config.json + safetensors)")->required();
   sub->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
+  sub->add_option("--dtype", a.dtype, "float32 or bfloat16 (default: float32 on cpu, bfloat16 on cuda)");
+  sub->add_option("--page-size", a.page_size, "positions per page of the MLA latent cache")->capture_default_str();
 }
 
 struct LoadedModel {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
+  CacheOptions cache_options;  // one sequence
 };
 
+// The model's cache for one sequence, with that sequence open.
+struct OneSequence {
+  std::unique_ptr<Cache> cache;
+  SeqId seq = 0;
+};
+Result<OneSequence> open_sequence(const LoadedModel& m) {
+  OneSequence s;
+  KL_ASSIGN_OR_RETURN(s.cache, Cache::create(m.model->config(), *m.backend, m.cache_options));
+  KL_ASSIGN_OR_RETURN(s.seq, s.cache->open());
+  return s;
+}
+
 Result<LoadedModel> load(const ModelArgs& a) {
-  KL_ASSIGN_OR_RETURN(DeviceKind kind, parse_device(a.device));
+  BackendOptions o;
+  KL_ASSIGN_OR_RETURN(o.device, parse_device(a.device));
+  KL_ASSIGN_OR_RETURN(o.dtype, parse_compute_dtype(a.dtype.empty() ? (o.device == Device::kCuda ? "bfloat16" : "float32")
+                                                                   : a.dtype));
+  if (a.page_size < 1 || a.page_size > 4096)
+    return Status::InvalidArgument("--page-size " + std::to_string(a.page_size) + " is outside [1, 4096]");
   LoadedModel m;
-  KL_ASSIGN_OR_RETURN(m.backend, make_backend(kind));
+  KL_ASSIGN_OR_RETURN(m.backend, make_backend(o));
   KL_ASSIGN_OR_RETURN(m.model, Model::load(a.model_dir, *m.backend));
+  m.cache_options.page_size = a.page_size;
   return m;
 }
 
@@ -64,16 +87,18 @@ int run_logits(const LogitsArgs& a) {
   }
   auto m = load(a.model);
   if (!m.ok()) return fail("logits", m.status());
-  SequenceState state = m->model->new_sequence();
+  auto seq = open_sequence(*m);
+  if (!seq.ok()) return fail("logits", seq.status());
   const auto start = std::chrono::steady_clock::now();
-  auto logits = m->model->forward(*ids, state, LogitsMode::kAll);
-  if (logits.ok() && !then.empty()) logits = m->model->forward(then, state, LogitsMode::kAll);
+  auto logits = m->model->forward_one(*seq->cache, seq->seq, *ids, LogitsMode::kAll);
+  if (logits.ok() && !then.empty()) logits = m->model->forward_one(*seq->cache, seq->seq, then, LogitsMode::kAll);
   if (!logits.ok()) return fail("logits", logits.status());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   Status s = write_npy(a.out, *logits);
   if (!s.ok()) return fail("logits", s);
+  const int64_t tokens = seq->cache->tokens(seq->seq);
   std::fprintf(stderr, "klinear logits: %lld tokens in %.3f s (%.1f tokens/s), wrote %s %s\n",
-               static_cast<long long>(state.tokens), secs, static_cast<double>(state.tokens) / secs, a.out.c_str(),
+               static_cast<long long>(tokens), secs, static_cast<double>(tokens) / secs, a.out.c_str(),
                shape_to_string(logits->shape()).c_str());
   return 0;
 }
@@ -208,7 +233,9 @@ int run_generate(const GenerateArgs& a) {
     }
     return true;
   };
-  auto result = generate(*m->model, *ids, options, on_token);
+  auto s = open_sequence(*m);
+  if (!s.ok()) return fail("generate", s.status());
+  auto result = generate(*m->model, *s->cache, s->seq, *ids, options, on_token);
   if (!result.ok()) return fail("generate", result.status());
   if (stream_text) {
     std::printf("%s\n", stream->finish().c_str());
@@ -236,7 +263,9 @@ int run_chat(const ChatArgs& a) {
   if (!m.ok()) return fail("chat", m.status());
   auto tok = Tokenizer::load(a.tokenizer.empty() ? a.model.model_dir : a.tokenizer);
   if (!tok.ok()) return fail("chat", tok.status().with_context("tokenizer (use --tokenizer DIR)"));
-  ChatSession session(*m->model, *tok, chat_format_for(m->model->config()), a.system);
+  auto created = ChatSession::create(*m->model, m->cache_options, *tok, chat_format_for(m->model->config()), a.system);
+  if (!created.ok()) return fail("chat", created.status());
+  ChatSession& session = **created;
   std::fprintf(stderr, "klinear chat: type a message and press Enter; an empty line or end of input quits.\n");
   std::string line;
   while (true) {

@@ -9,5 +9,6 @@ namespace klinear::cli {
 
 void add_model_commands(CLI::App& app, int& exit_code);     // logits, generate, chat, info, init
 void add_tokenize_commands(CLI::App& app, int& exit_code);  // tokenize, detokenize
+void add_render_commands(CLI::App& app, int& exit_code);    // render
 
 }  // namespace klinear::cli

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   klinear::cli::add_model_commands(app, exit_code);
   klinear::cli::add_tokenize_commands(app, exit_code);
+  klinear::cli::add_render_commands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

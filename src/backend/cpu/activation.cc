@@ -6,12 +6,13 @@
 
 namespace klinear::cpu {
 
-void CpuBackend::embedding(std::span<const int32_t> ids, const Tensor& table, const Tensor& out) {
-  const int64_t c = table.dim(1);
-  KL_CHECK(out.numel() == static_cast<int64_t>(ids.size()) * c, "embedding output shape");
-  for (size_t i = 0; i < ids.size(); ++i) {
-    KL_CHECK(ids[i] >= 0 && ids[i] < table.dim(0), "embedding id out of range (callers validate ids)");
-    std::memcpy(out.f32() + i * c, table.f32() + ids[i] * c, c * sizeof(float));
+void CpuBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  const int64_t c = table.dim(1), n = ids.numel();
+  KL_CHECK(ids.dtype() == DType::kI32 && out.numel() == n * c, "embedding output shape");
+  const int32_t* id = ids.data_as<const int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    KL_CHECK(id[i] >= 0 && id[i] < table.dim(0), "embedding id out of range (callers validate ids)");
+    std::memcpy(out.f32() + i * c, table.f32() + id[i] * c, c * sizeof(float));
   }
 }
 
@@ -39,7 +40,7 @@ void glu_rows(const float* gate_up, int64_t n, int64_t f, const GluParams& p, fl
     const float* g = gate_up + r * 2 * f;
     const float* u = g + f;
     float* o = out + r * f;
-    if (p.kind == GluParams::Kind::kSilu) {
+    if (p.kind == Activation::kSilu) {
       for (int64_t j = 0; j < f; ++j) o[j] = g[j] * sigmoidf(g[j]) * u[j];
     } else {
       for (int64_t j = 0; j < f; ++j) {

@@ -7,28 +7,36 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 
+#include "backend/arena.h"
 #include "backend/backend.h"
 
 namespace klinear::cpu {
 
 class CpuBackend final : public Backend {
  public:
+  CpuBackend();
   Device device() const override { return Device::kCpu; }
   const char* name() const override { return "cpu"; }
 
+  DType activation_dtype() const override { return DType::kF32; }
   size_t weight_element_bytes() const override { return 4; }
   uint64_t available_bytes() const override;
-  Tensor alloc(const Shape& shape) override;
-  Tensor zeros(const Shape& shape) override;
-  Tensor alloc_i32(const Shape& shape) override;
-  Tensor upload(const Tensor& host) override;
+  void begin_step() override { arena_.rewind(); }
+  Tensor alloc(DType dtype, const Shape& shape) override { return arena_.alloc(dtype, shape); }
+  Tensor alloc_persistent(DType dtype, const Shape& shape) override { return Tensor::empty(dtype, shape); }
+  void fill(const Tensor& t, float value) override;
+  Tensor upload(const Tensor& host, DType dtype) override;
   Tensor upload_mxfp4(const Tensor& packed, const Tensor& scale) override;
+  Tensor to_device(const Tensor& host, DType dtype) override;
+  void upload_layout(SeqLayout& layout) override;
   Tensor to_host(const Tensor& t) override;
   void copy(const Tensor& src, const Tensor& dst) override;
   void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width) override;
+  void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& out) override;
 
-  void embedding(std::span<const int32_t> ids, const Tensor& table, const Tensor& out) override;
+  void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
   void add(const Tensor& acc, const Tensor& x) override;
   void sigmoid_mul(const Tensor& x, const Tensor& gate) override;
   void sigmoid(const Tensor& x, const Tensor& y) override;
@@ -39,17 +47,15 @@ class CpuBackend final : public Backend {
   void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override;
   void gated_rms_norm(const Tensor& o, const Tensor& w, const Tensor& gate, float eps, const Tensor& y) override;
 
-  void short_conv(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& out) override;
+  void short_conv(const ConvArgs& a, const SeqLayout& layout) override;
   void kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& a_log, const KdaGateParams& p,
                 const Tensor& g) override;
-  void kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                   const Tensor& state, const Tensor& out) override;
-  void kda_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                     const Tensor& state, const Tensor& out) override;
+  void kda_chunked(const KdaArgs& a, const SeqLayout& layout) override;
+  void kda_recurrent(const KdaArgs& a, const SeqLayout& layout) override;
 
-  void mla_attention(const Tensor& q, const Tensor& kv, const Tensor& k_r, float scale, const Tensor& out) override;
-  void mla_attention_absorbed(const Tensor& q, const Tensor& latent, const Tensor& k_r, const Tensor& kv_b,
-                              float scale, const Tensor& out) override;
+  void mla_cache_write(const Tensor& rows, const Tensor& pages, const SeqLayout& layout) override;
+  void mla_prefill(const MlaArgs& a, const SeqLayout& layout) override;
+  void mla_decode(const MlaArgs& a, const SeqLayout& layout) override;
 
   void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
                  const Tensor& weights) override;
@@ -57,6 +63,16 @@ class CpuBackend final : public Backend {
                    const GluParams& p, const Tensor& out) override;
 
   void attn_res_read(std::span<const Tensor> candidates, const Tensor& e, float eps, const Tensor& out) override;
+
+  // The smallest gap seen by moe_route between the last expert (or group) chosen and the first
+  // one left out, since the last reset. Two evaluation orders of the same model may legitimately
+  // route differently only when this is at the level of rounding; tests that compare them check it.
+  float min_route_margin() const { return route_margin_; }
+  void reset_route_margin() { route_margin_ = std::numeric_limits<float>::infinity(); }
+
+ private:
+  Arena arena_;
+  float route_margin_ = std::numeric_limits<float>::infinity();
 };
 
 // ---- helpers shared by the CPU op files (the one place each piece of math is written)

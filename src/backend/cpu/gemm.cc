@@ -19,7 +19,9 @@ void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const fl
 }
 
 void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
-  const int64_t k = w.dim(1), m = w.dim(0), n = x.numel() / k;
+  Shape lead = x.shape();
+  lead.pop_back();
+  const int64_t k = w.dim(1), m = w.dim(0), n = shape_numel(lead);
   KL_CHECK(x.dim(-1) == k && y.numel() == n * m,
            "linear x " + shape_to_string(x.shape()) + " w " + shape_to_string(w.shape()) + " y " + shape_to_string(y.shape()));
   gemm(n, m, k, x.f32(), k, w.f32(), k, /*b_transposed=*/true, y.f32(), m);

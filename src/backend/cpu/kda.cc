@@ -53,14 +53,16 @@ void CpuBackend::kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& 
       const float x = f.f32()[t * p_width + c] + dt_bias.f32()[c];
       const float a = std::exp(a_log.f32()[c / d]);
       g.f32()[t * p_width + c] =
-          p.kind == KdaGateParams::Kind::kSoftplus ? -a * softplus(x) : p.lower_bound * sigmoidf(a * x);
+          p.kind == KdaGate::kSoftplus ? -a * softplus(x) : p.lower_bound * sigmoidf(a * x);
     }
   }
 }
 
-// SPEC 4.5, per head: S ← diag(e^g)S; u = β(v − Sᵀk); S ← S + k uᵀ; o = Sᵀ q.
-void CpuBackend::kda_recurrent(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                               const Tensor& state, const Tensor& out) {
+namespace {
+
+// SPEC 4.5 over one sequence, per head: S ← diag(e^g)S; u = β(v − Sᵀk); S ← S + k uᵀ; o = Sᵀ q.
+void recurrent_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                   const Tensor& state, const Tensor& out) {
   const KdaShapes s = check_kda(q, k, v, g, beta, state, out);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.dk));
 #pragma omp parallel for
@@ -97,8 +99,8 @@ void CpuBackend::kda_recurrent(const Tensor& q, const Tensor& k, const Tensor& v
 //   G = cumsum(g); Lm[i,m] = β_i Σ_j k_i k_m e^{G_i−G_m} (m < i); (I + Lm)·[W | U] = β ⊙ [e^G⊙K | V]
 //   Vn = U − W·S;  O = (Q⊙e^G)·S + Aqk·Vn with Aqk[i,m] = Σ_j q_i k_m e^{G_i−G_m} (m ≤ i)
 //   S ← diag(e^{G_last})·S + (K⊙e^{G_last−G})ᵀ·Vn
-void CpuBackend::kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                             const Tensor& state, const Tensor& out) {
+void chunked_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                 const Tensor& state, const Tensor& out) {
   const KdaShapes s = check_kda(q, k, v, g, beta, state, out);
   const int64_t dk = s.dk, dv = s.dv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
@@ -171,5 +173,24 @@ void CpuBackend::kda_chunked(const Tensor& q, const Tensor& k, const Tensor& v, 
     }
   }
 }
+
+// Runs `one` on each sequence of the step with its rows and its state slot.
+template <typename OneSequence>
+void per_sequence(const KdaArgs& a, const SeqLayout& layout, OneSequence one) {
+  const int64_t h = a.q.dim(1), dk = a.q.dim(2), dv = a.v.dim(2);
+  KL_CHECK(a.q.dim(0) == layout.num_rows() && a.states.dim(1) == h && a.states.dim(2) == dk && a.states.dim(3) == dv,
+           "kda step: q " + shape_to_string(a.q.shape()) + " states " + shape_to_string(a.states.shape()) + " for " +
+               std::to_string(layout.num_rows()) + " rows");
+  for (int64_t b = 0; b < layout.num_seqs(); ++b) {
+    const int64_t r0 = layout.cu_seqlens[b], r1 = layout.cu_seqlens[b + 1], slot = layout.slots[b];
+    one(a.q.rows(r0, r1), a.k.rows(r0, r1), a.v.rows(r0, r1), a.g.rows(r0, r1), a.beta.rows(r0, r1),
+        a.states.rows(slot, slot + 1).view({h, dk, dv}), a.out.rows(r0, r1));
+  }
+}
+
+}  // namespace
+
+void CpuBackend::kda_recurrent(const KdaArgs& a, const SeqLayout& layout) { per_sequence(a, layout, recurrent_one); }
+void CpuBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) { per_sequence(a, layout, chunked_one); }
 
 }  // namespace klinear::cpu

@@ -1,7 +1,11 @@
-// CPU memory ops: everything is host F32; uploads widen other float dtypes and dequantize MXFP4.
+// CPU memory ops: everything is host F32 (and I32 indices); uploads widen other float dtypes and
+// dequantize MXFP4; step tensors come from the arena.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <fstream>
 #include <string>
 
@@ -20,15 +24,55 @@ uint64_t CpuBackend::available_bytes() const {
   return static_cast<uint64_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
-Tensor CpuBackend::alloc(const Shape& shape) { return Tensor::empty(DType::kF32, shape); }
-Tensor CpuBackend::zeros(const Shape& shape) { return Tensor::zeros(DType::kF32, shape); }
-Tensor CpuBackend::alloc_i32(const Shape& shape) { return Tensor::empty(DType::kI32, shape); }
+CpuBackend::CpuBackend()
+    : arena_(Device::kCpu, [](size_t bytes) -> std::shared_ptr<void> {
+        void* p = std::aligned_alloc(256, bytes);
+        if (p == nullptr) throw std::bad_alloc();
+        return std::shared_ptr<void>(p, std::free);
+      }) {}
 
-Tensor CpuBackend::upload(const Tensor& host) {
-  KL_CHECK(host.device() == Device::kCpu, "upload from a non-host tensor");
-  Tensor out = Tensor::empty(DType::kF32, host.shape());
-  convert_to_f32(host.dtype(), host.data(), out.f32(), static_cast<size_t>(host.numel()));
+namespace {
+// Copies a host tensor into dst: float dtypes widened to F32, I32 as it is.
+void convert_into(const Tensor& host, const Tensor& dst) {
+  KL_CHECK(host.device() == Device::kCpu && host.numel() == dst.numel(), "host copy of " + shape_to_string(host.shape()));
+  if (dst.dtype() == DType::kI32) {
+    KL_CHECK(host.dtype() == DType::kI32, "an I32 tensor takes I32 data");
+    std::memcpy(dst.data(), host.data(), host.nbytes());
+  } else {
+    KL_CHECK(dst.dtype() == DType::kF32 && host.dtype() != DType::kI32, "the CPU backend holds F32 and I32 only");
+    convert_to_f32(host.dtype(), host.data(), dst.f32(), static_cast<size_t>(host.numel()));
+  }
+}
+}  // namespace
+
+void CpuBackend::fill(const Tensor& t, float value) {
+  if (t.dtype() == DType::kI32) {
+    int32_t* p = t.data_as<int32_t>();
+    std::fill(p, p + t.numel(), static_cast<int32_t>(value));
+    return;
+  }
+  float* p = t.f32();
+  std::fill(p, p + t.numel(), value);
+}
+
+Tensor CpuBackend::upload(const Tensor& host, DType dtype) {
+  Tensor out = Tensor::empty(dtype == DType::kI32 ? DType::kI32 : DType::kF32, host.shape());
+  convert_into(host, out);
   return out;
+}
+
+Tensor CpuBackend::to_device(const Tensor& host, DType dtype) {
+  Tensor out = alloc(dtype == DType::kI32 ? DType::kI32 : DType::kF32, host.shape());
+  convert_into(host, out);
+  return out;
+}
+
+// The CPU reads the host arrays; the device mirrors view them.
+void CpuBackend::upload_layout(SeqLayout& l) {
+  auto view = [](std::vector<int32_t>& v) {
+    return Tensor::wrap(DType::kI32, {static_cast<int64_t>(v.size())}, v.data(), nullptr, Device::kCpu);
+  };
+  l.dev = SeqLayout::Device{view(l.cu_seqlens), view(l.cached), view(l.slots), view(l.page_table)};
 }
 
 // SPEC 2.3: W[r, c] = e2m1(nibble(r, c)) · 2^(scale[r, c/32] − 127); the low nibble is the even column.
@@ -55,7 +99,7 @@ Tensor CpuBackend::upload_mxfp4(const Tensor& packed, const Tensor& scale) {
   return out;
 }
 
-Tensor CpuBackend::to_host(const Tensor& t) { return upload(t); }
+Tensor CpuBackend::to_host(const Tensor& t) { return upload(t, t.dtype()); }
 
 void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   KL_CHECK(src.numel() == dst.numel() && src.dtype() == dst.dtype(), "copy size/dtype mismatch");
@@ -68,6 +112,17 @@ void CpuBackend::copy_columns(const Tensor& src, int64_t src_col, const Tensor& 
            "copy_columns src " + shape_to_string(src.shape()) + " dst " + shape_to_string(dst.shape()));
   for (int64_t r = 0; r < rows; ++r)
     std::memmove(dst.f32() + r * dc + dst_col, src.f32() + r * sc + src_col, static_cast<size_t>(width) * sizeof(float));
+}
+
+
+void CpuBackend::gather_rows(const Tensor& src, const Tensor& rows, const Tensor& out) {
+  const int64_t c = src.dim(-1), n = src.numel() / c, r = rows.numel();
+  KL_CHECK(rows.dtype() == DType::kI32 && out.numel() == r * c, "gather_rows shapes");
+  for (int64_t i = 0; i < r; ++i) {
+    const int32_t row = rows.data_as<const int32_t>()[i];
+    KL_CHECK(row >= 0 && row < n, "gather_rows row " + std::to_string(row) + " outside [0, " + std::to_string(n) + ")");
+    std::memcpy(out.f32() + i * c, src.f32() + row * c, static_cast<size_t>(c) * sizeof(float));
+  }
 }
 
 }  // namespace klinear::cpu

@@ -1,7 +1,9 @@
-// CPU MLA attention (SPEC 5): the expanded prefill form and the absorbed decode form over the
-// latent cache, one sequence at a time. Queries are the last T of Tc positions (causal: query i
+// CPU MLA attention (SPEC 5): the paged latent cache write, and the expanded prefill form and the
+// absorbed decode form over it, one sequence at a time: the sequence's positions are gathered from
+// its pages into one [Tc, c+r] block first. Queries are the last T of Tc positions (causal: query i
 // sees keys 0 .. Tc−T+i). Softmax in fp32; per-head GEMMs through gemm() with strided operands.
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -23,7 +25,10 @@ void causal_softmax(float* scores, int64_t t, int64_t tc) {
   }
 }
 
-void CpuBackend::mla_attention(const Tensor& q, const Tensor& kv, const Tensor& k_r, float scale, const Tensor& out) {
+namespace {
+
+// Expanded form: kv [Tc, H, n+v] = kv_b_proj(latent), k_r [Tc, r].
+void attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_r, float scale, const Tensor& out) {
   const int64_t t = q.dim(0), heads = q.dim(1), qk = q.dim(2), tc = kv.dim(0), r = k_r.dim(1), n = qk - r;
   const int64_t vd = kv.dim(2) - n;
   KL_CHECK(kv.dim(1) == heads && k_r.dim(0) == tc && tc >= t && out.shape() == Shape({t, heads, vd}),
@@ -46,8 +51,8 @@ void CpuBackend::mla_attention(const Tensor& q, const Tensor& kv, const Tensor& 
 
 // Per head: q_lat = q_n·W_UK [T, c]; scores = (q_lat·latentᵀ + q_r·k_rᵀ)·scale; o_lat = P·latent;
 // out = o_lat·W_UVᵀ, with W_UK = kv_b rows h(n+v)+[0,n) and W_UV = rows h(n+v)+n+[0,v).
-void CpuBackend::mla_attention_absorbed(const Tensor& q, const Tensor& latent, const Tensor& k_r, const Tensor& kv_b,
-                                        float scale, const Tensor& out) {
+void attention_absorbed(const Tensor& q, const Tensor& latent, const Tensor& k_r, const Tensor& kv_b, float scale,
+                        const Tensor& out) {
   const int64_t t = q.dim(0), heads = q.dim(1), qk = q.dim(2), tc = latent.dim(0), c = latent.dim(1);
   const int64_t r = k_r.dim(1), n = qk - r, vd = out.dim(2);
   KL_CHECK(k_r.dim(0) == tc && kv_b.dim(0) == heads * (n + vd) && kv_b.dim(1) == c && tc >= t,
@@ -66,6 +71,69 @@ void CpuBackend::mla_attention_absorbed(const Tensor& q, const Tensor& latent, c
     gemm(t, c, tc, scores.data(), tc, latent.f32(), c, /*b_transposed=*/false, o_lat.data(), c);
     gemm(t, vd, c, o_lat.data(), c, w_uv, c, /*b_transposed=*/true, out.f32() + h * vd, heads * vd);
   }
+}
+
+// Positions [0, tc) of sequence b, copied out of its pages: [tc, c+r].
+Tensor gather_positions(const Tensor& pages, const SeqLayout& layout, int64_t b, int64_t tc) {
+  const int64_t width = pages.dim(2), ps = layout.page_size;
+  Tensor out = Tensor::empty(DType::kF32, {tc, width});
+  for (int64_t p = 0; p < tc; ++p) {
+    const int32_t page = layout.page_table[b * layout.max_pages + p / ps];
+    KL_CHECK(page >= 0 && page < pages.dim(0), "page table of sequence " + std::to_string(b) + " lacks position " + std::to_string(p));
+    std::memcpy(out.f32() + p * width, pages.f32() + (page * ps + p % ps) * width, static_cast<size_t>(width) * sizeof(float));
+  }
+  return out;
+}
+
+// Runs `one(q rows, latent [Tc, c], k_r [Tc, r], out rows)` for each sequence of the step.
+template <typename OneSequence>
+void per_sequence(const MlaArgs& a, const SeqLayout& layout, OneSequence one) {
+  const int64_t c = a.kv_b.dim(1), width = a.pages.dim(2), r = width - c;
+  KL_CHECK(a.q.dim(0) == layout.num_rows() && a.q.dim(2) >= r && a.pages.dim(1) == layout.page_size,
+           "mla step: q " + shape_to_string(a.q.shape()) + " pages " + shape_to_string(a.pages.shape()));
+  for (int64_t b = 0; b < layout.num_seqs(); ++b) {
+    const int64_t r0 = layout.cu_seqlens[b], r1 = layout.cu_seqlens[b + 1], tc = layout.cached[b] + (r1 - r0);
+    const Tensor block = gather_positions(a.pages, layout, b, tc);
+    Tensor latent = Tensor::empty(DType::kF32, {tc, c}), k_r = Tensor::empty(DType::kF32, {tc, r});
+    for (int64_t p = 0; p < tc; ++p) {
+      std::memcpy(latent.f32() + p * c, block.f32() + p * width, static_cast<size_t>(c) * sizeof(float));
+      std::memcpy(k_r.f32() + p * r, block.f32() + p * width + c, static_cast<size_t>(r) * sizeof(float));
+    }
+    one(a.q.rows(r0, r1), latent, k_r, a.out.rows(r0, r1));
+  }
+}
+
+}  // namespace
+
+void CpuBackend::mla_cache_write(const Tensor& rows, const Tensor& pages, const SeqLayout& layout) {
+  const int64_t width = pages.dim(2), ps = layout.page_size;
+  KL_CHECK(rows.dim(-1) == width && rows.numel() / width == layout.num_rows() && pages.dim(1) == ps,
+           "mla_cache_write rows " + shape_to_string(rows.shape()) + " pages " + shape_to_string(pages.shape()));
+  for (int64_t b = 0; b < layout.num_seqs(); ++b) {
+    for (int64_t i = 0; i < layout.new_tokens(b); ++i) {
+      const int64_t pos = layout.cached[b] + i;
+      const int32_t page = layout.page_table[b * layout.max_pages + pos / ps];
+      KL_CHECK(page >= 0 && page < pages.dim(0), "no page for position " + std::to_string(pos) + " of sequence " + std::to_string(b));
+      std::memcpy(pages.f32() + (page * ps + pos % ps) * width, rows.f32() + (layout.cu_seqlens[b] + i) * width,
+                  static_cast<size_t>(width) * sizeof(float));
+    }
+  }
+}
+
+void CpuBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout) {
+  const int64_t heads = a.q.dim(1), nv = a.kv_b.dim(0) / heads;
+  per_sequence(a, layout, [&](const Tensor& q, const Tensor& latent, const Tensor& k_r, const Tensor& out) {
+    const int64_t tc = latent.dim(0), c = latent.dim(1);
+    Tensor kv = Tensor::empty(DType::kF32, {tc, heads, nv});
+    gemm(tc, heads * nv, c, latent.f32(), c, a.kv_b.f32(), c, /*b_transposed=*/true, kv.f32(), heads * nv);
+    attention_expanded(q, kv, k_r, a.scale, out);
+  });
+}
+
+void CpuBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout) {
+  per_sequence(a, layout, [&](const Tensor& q, const Tensor& latent, const Tensor& k_r, const Tensor& out) {
+    attention_absorbed(q, latent, k_r, a.kv_b, a.scale, out);
+  });
 }
 
 }  // namespace klinear::cpu

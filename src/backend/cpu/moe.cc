@@ -11,12 +11,15 @@
 namespace klinear::cpu {
 
 namespace {
-// Indices of the `k` largest values; ties go to the lower index.
-std::vector<int> top_k_indices(const std::vector<float>& v, int k) {
+// Indices of the `k` largest values; ties go to the lower index. `margin` is lowered to the gap
+// between the k-th and the (k+1)-th value when both are finite.
+std::vector<int> top_k_indices(const std::vector<float>& v, int k, float& margin) {
   std::vector<int> order(v.size());
   std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+  const int sorted = std::min<int>(k + 1, static_cast<int>(v.size()));
+  std::partial_sort(order.begin(), order.begin() + sorted, order.end(),
                     [&](int a, int b) { return v[a] != v[b] ? v[a] > v[b] : a < b; });
+  if (sorted > k && std::isfinite(v[order[k]])) margin = std::min(margin, v[order[k - 1]] - v[order[k]]);
   order.resize(k);
   return order;
 }
@@ -40,15 +43,16 @@ void CpuBackend::moe_route(const Tensor& logits, const Tensor& bias, const Route
       std::vector<float> group_score(p.num_groups);
       for (int gi = 0; gi < p.num_groups; ++gi) {
         std::vector<float> members(choice.begin() + gi * per_group, choice.begin() + (gi + 1) * per_group);
-        auto top2 = top_k_indices(members, 2);
+        float unused = 0.0f;  // the top two of a group are summed, never decided between
+        auto top2 = top_k_indices(members, 2, unused);
         group_score[gi] = members[top2[0]] + members[top2[1]];
       }
       std::vector<bool> keep(p.num_groups, false);
-      for (int gi : top_k_indices(group_score, p.topk_group)) keep[gi] = true;
+      for (int gi : top_k_indices(group_score, p.topk_group, route_margin_)) keep[gi] = true;
       for (int64_t j = 0; j < e; ++j)
         if (!keep[j / per_group]) choice[j] = -std::numeric_limits<float>::infinity();
     }
-    const std::vector<int> chosen = top_k_indices(choice, p.top_k);
+    const std::vector<int> chosen = top_k_indices(choice, p.top_k, route_margin_);
     float sum = 0.0f;
     for (int i = 0; i < p.top_k; ++i) sum += score[chosen[i]];
     for (int i = 0; i < p.top_k; ++i) {

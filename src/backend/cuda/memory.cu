@@ -76,6 +76,11 @@ __global__ void fill_kernel(Out t, int64_t n, float value) {
     t.set(i, value);
 }
 
+__global__ void fill_i32_kernel(int32_t* t, int64_t n, int32_t value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    t[i] = value;
+}
+
 template <typename E>
 __global__ void gather_rows_kernel(const E* src, int64_t src_rows, const int32_t* rows, E* dst, int64_t out_rows,
                                    int64_t cols) {
@@ -162,6 +167,14 @@ Tensor CudaBackend::alloc_persistent(DType dtype, const Shape& shape) {
 }
 
 void CudaBackend::fill(const Tensor& t, float value) {
+  if (t.dtype() == DType::kI32) {
+    KL_CHECK(t.device() == Device::kCuda, "fill of a host tensor " + shapes(t));
+    if (t.numel() == 0) return;
+    fill_i32_kernel<<<blocks_for(t.numel(), 256), 256, 0, stream_>>>(t.data_as<int32_t>(), t.numel(),
+                                                                     static_cast<int32_t>(value));
+    KL_LAUNCHED("fill I32 " + shapes(t));
+    return;
+  }
   const Out o = out(t, "fill");
   if (t.numel() == 0) return;
   fill_kernel<<<blocks_for(t.numel(), 256), 256, 0, stream_>>>(o, t.numel(), value);

@@ -1,4 +1,4 @@
-#include "model/presets.h"
+#include "io/presets.h"
 
 #include <cmath>
 #include <filesystem>

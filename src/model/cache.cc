@@ -1,0 +1,192 @@
+#include "model/cache.h"
+
+#include <algorithm>
+#include <string>
+
+namespace klinear {
+
+namespace {
+std::string mib(uint64_t b) { return std::to_string((b + (1u << 20) - 1) >> 20) + " MiB"; }
+}  // namespace
+
+SeqLayout SeqLayout::part(int64_t b0, int64_t b1) const {
+  SeqLayout p;
+  p.page_size = page_size;
+  p.max_pages = max_pages;
+  for (int64_t b = b0; b <= b1; ++b) p.cu_seqlens.push_back(cu_seqlens[b] - cu_seqlens[b0]);
+  p.cached.assign(cached.begin() + b0, cached.begin() + b1);
+  p.slots.assign(slots.begin() + b0, slots.begin() + b1);
+  p.page_table.assign(page_table.begin() + b0 * max_pages, page_table.begin() + b1 * max_pages);
+  return p;
+}
+
+Result<std::unique_ptr<Cache>> Cache::create(const ModelConfig& c, Backend& be, const CacheOptions& o) {
+  if (o.max_sequences < 1 || o.page_size < 1)
+    return Status::InvalidArgument("cache: max_sequences (" + std::to_string(o.max_sequences) + ") and page_size (" +
+                                   std::to_string(o.page_size) + ") must be at least 1");
+  std::unique_ptr<Cache> cache(new Cache(c, be));
+  CacheSizes& s = cache->sizes_;
+  const uint64_t act = dtype_size(be.activation_dtype());
+  const int64_t P = c.kda_proj(), latent = c.kv_lora_rank + c.qk_rope_dim;
+  int64_t kda_layers = 0, mla_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) (c.mixer(l) == Mixer::kKda ? kda_layers : mla_layers)++;
+  s.page_size = o.page_size;
+  s.bytes_per_slot = kda_layers * (static_cast<uint64_t>(c.kda_heads * c.kda_head_dim * c.kda_head_dim) * 4 +
+                                   static_cast<uint64_t>((c.conv_kernel - 1) * 3 * P) * act);
+  s.bytes_per_page = mla_layers * static_cast<uint64_t>(o.page_size * latent) * act;
+
+  const int64_t context = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
+  const int64_t pages_per_seq = (context + o.page_size - 1) / o.page_size;
+  uint64_t budget = o.memory_bytes;
+  if (budget == 0)
+    budget = std::min<uint64_t>(o.max_sequences * (s.bytes_per_slot + pages_per_seq * s.bytes_per_page),
+                                be.available_bytes() / 4);
+  const uint64_t slot_bytes = o.max_sequences * s.bytes_per_slot;
+  if (slot_bytes > budget || (s.bytes_per_page > 0 && budget - slot_bytes < s.bytes_per_page))
+    return Status::ResourceExhausted("cache: " + std::to_string(o.max_sequences) + " sequences need " + mib(slot_bytes) +
+                                     " of KDA state plus at least one " + mib(s.bytes_per_page) +
+                                     " MLA page, the budget is " + mib(budget));
+  s.slots = o.max_sequences;
+  s.pages = s.bytes_per_page == 0 ? 0 : static_cast<int64_t>((budget - slot_bytes) / s.bytes_per_page);
+  s.pages = std::min<int64_t>(s.pages, static_cast<int64_t>(o.max_sequences) * pages_per_seq);
+
+  cache->kda_states_.resize(c.num_layers);
+  cache->conv_states_.resize(c.num_layers);
+  cache->mla_pages_.resize(c.num_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (c.mixer(l) == Mixer::kKda) {
+      cache->kda_states_[l] = be.alloc_persistent(DType::kF32, {s.slots, c.kda_heads, c.kda_head_dim, c.kda_head_dim});
+      cache->conv_states_[l] = be.alloc_persistent(be.activation_dtype(), {s.slots, c.conv_kernel - 1, 3 * P});
+    } else if (s.pages > 0) {
+      cache->mla_pages_[l] = be.alloc_persistent(be.activation_dtype(), {s.pages, o.page_size, latent});
+    }
+  }
+  for (int64_t i = s.slots - 1; i >= 0; --i) cache->free_slots_.push_back(i);
+  for (int64_t i = s.pages - 1; i >= 0; --i) cache->free_pages_.push_back(static_cast<int32_t>(i));
+  return cache;
+}
+
+Cache::Sequence& Cache::get(SeqId seq) {
+  KL_CHECK(seq >= 0 && seq < static_cast<SeqId>(seqs_.size()) && seqs_[seq].open, "sequence " + std::to_string(seq) + " is not open");
+  return seqs_[seq];
+}
+const Cache::Sequence& Cache::get(SeqId seq) const { return const_cast<Cache*>(this)->get(seq); }
+
+bool Cache::is_open(SeqId seq) const { return seq >= 0 && seq < static_cast<SeqId>(seqs_.size()) && seqs_[seq].open; }
+int64_t Cache::tokens(SeqId seq) const { return get(seq).tokens; }
+int64_t Cache::slot(SeqId seq) const { return get(seq).slot; }
+const std::vector<int32_t>& Cache::pages(SeqId seq) const { return get(seq).pages; }
+
+Result<SeqId> Cache::open() {
+  if (free_slots_.empty())
+    return Status::ResourceExhausted("cache: all " + std::to_string(sizes_.slots) + " sequence slots are in use");
+  Sequence s;
+  s.open = true;
+  s.slot = free_slots_.back();
+  free_slots_.pop_back();
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (!kda_states_[l].defined()) continue;
+    backend_.fill(kda_states_[l].rows(s.slot, s.slot + 1), 0.0f);
+    backend_.fill(conv_states_[l].rows(s.slot, s.slot + 1), 0.0f);
+  }
+  // Ids are never reused, so a stale id can never reach another sequence's state.
+  seqs_.push_back(std::move(s));
+  return static_cast<SeqId>(seqs_.size() - 1);
+}
+
+void Cache::close(SeqId seq) {
+  Sequence& s = get(seq);
+  free_slots_.push_back(s.slot);
+  free_pages_.insert(free_pages_.end(), s.pages.rbegin(), s.pages.rend());
+  s = Sequence{};
+}
+
+void Cache::copy_slot(int64_t from, int64_t to) {
+  KL_CHECK(from >= 0 && from < sizes_.slots && to >= 0 && to < sizes_.slots, "copy_slot out of range");
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (!kda_states_[l].defined()) continue;
+    backend_.copy(kda_states_[l].rows(from, from + 1), kda_states_[l].rows(to, to + 1));
+    backend_.copy(conv_states_[l].rows(from, from + 1), conv_states_[l].rows(to, to + 1));
+  }
+}
+
+Result<Batch> Cache::plan(std::span<const SeqStep> steps) {
+  if (steps.empty()) return Status::InvalidArgument("step: no sequences");
+  const int64_t ps = sizes_.page_size;
+  int64_t pages_needed = 0, max_pages = 0;
+  std::vector<SeqId> seen;
+  for (const SeqStep& st : steps) {
+    const std::string who = "sequence " + std::to_string(st.seq);
+    if (!is_open(st.seq)) return Status::InvalidArgument(who + " is not open");
+    if (std::find(seen.begin(), seen.end(), st.seq) != seen.end())
+      return Status::InvalidArgument(who + " appears twice in one step");
+    seen.push_back(st.seq);
+    if (st.ids.empty()) return Status::InvalidArgument(who + ": no tokens to run");
+    for (size_t i = 0; i < st.ids.size(); ++i)
+      if (st.ids[i] < 0 || st.ids[i] >= config_.vocab_size)
+        return Status::InvalidArgument("token id " + std::to_string(st.ids[i]) + " at position " + std::to_string(i) +
+                                       " is outside the vocabulary [0, " + std::to_string(config_.vocab_size) + ")");
+    const Sequence& s = get(st.seq);
+    const int64_t end = s.tokens + static_cast<int64_t>(st.ids.size());
+    if (config_.max_position_embeddings > 0 && end > config_.max_position_embeddings)
+      return Status::InvalidArgument("sequence of " + std::to_string(end) + " tokens exceeds the model's context of " +
+                                     std::to_string(config_.max_position_embeddings) + " tokens");
+    if (sizes_.bytes_per_page > 0) {
+      const int64_t want = (end + ps - 1) / ps;
+      pages_needed += std::max<int64_t>(0, want - static_cast<int64_t>(s.pages.size()));
+      max_pages = std::max(max_pages, want);
+    }
+  }
+  if (pages_needed > free_pages())
+    return Status::ResourceExhausted("cache: the step needs " + std::to_string(pages_needed) + " more MLA pages of " +
+                                     std::to_string(ps) + " positions, " + std::to_string(free_pages()) + " of " +
+                                     std::to_string(sizes_.pages) + " are free");
+  // Decoding sequences first (in the given order), then the others.
+  auto decodes = [&](const SeqStep& st) { return st.ids.size() == 1 && get(st.seq).tokens > 0; };
+  std::vector<size_t> order;
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (decodes(steps[i])) order.push_back(i);
+  const int64_t num_decode = static_cast<int64_t>(order.size());
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (!decodes(steps[i])) order.push_back(i);
+
+  Batch b;
+  b.num_decode = num_decode;
+  SeqLayout& L = b.layout;
+  L.page_size = ps;
+  L.max_pages = max_pages;
+  L.cu_seqlens.push_back(0);
+  std::vector<int32_t> first_row(steps.size());
+  for (size_t i : order) {
+    const SeqStep& st = steps[i];
+    Sequence& s = get(st.seq);
+    const int64_t n = static_cast<int64_t>(st.ids.size());
+    if (sizes_.bytes_per_page > 0) {
+      while (static_cast<int64_t>(s.pages.size()) * ps < s.tokens + n) {
+        s.pages.push_back(free_pages_.back());
+        free_pages_.pop_back();
+      }
+    }
+    first_row[i] = static_cast<int32_t>(b.ids.size());
+    b.seqs.push_back(st.seq);
+    b.ids.insert(b.ids.end(), st.ids.begin(), st.ids.end());
+    L.cu_seqlens.push_back(static_cast<int32_t>(b.ids.size()));
+    L.cached.push_back(static_cast<int32_t>(s.tokens));
+    L.slots.push_back(static_cast<int32_t>(s.slot));
+    for (int64_t p = 0; p < max_pages; ++p)
+      L.page_table.push_back(p < static_cast<int64_t>(s.pages.size()) ? s.pages[p] : -1);
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const int32_t n = static_cast<int32_t>(steps[i].ids.size());
+    for (int32_t r = steps[i].logits == LogitsMode::kAll ? 0 : n - 1; r < n; ++r) b.logit_rows.push_back(first_row[i] + r);
+  }
+  b.decode = L.part(0, num_decode);
+  b.prefill = L.part(num_decode, L.num_seqs());
+  return b;
+}
+
+void Cache::advance(const Batch& batch) {
+  for (size_t b = 0; b < batch.seqs.size(); ++b) get(batch.seqs[b]).tokens += batch.layout.new_tokens(static_cast<int64_t>(b));
+}
+
+}  // namespace klinear

@@ -1,0 +1,122 @@
+// Cache: the state of every sequence in flight, in pools owned by one object (SPEC 8 "Decode
+// state"; docs/DESIGN.md "One step, many sequences").
+//
+// KDA layers keep per-slot pools: the recurrent state [slots, H, dk, dv] (F32, K-first) and the
+// conv state [slots, Kc−1, 3P] (the last pre-conv q/k/v rows). MLA layers keep the latent cache in
+// fixed-size pages [pages, page_size, c+r] (kv_a_layernorm output ‖ k_r of each position), shared
+// by index across the MLA layers, with one page table per sequence. AttnRes keeps nothing.
+//
+// Both pools are sized once, from a memory budget, when the cache is created; a sequence takes a
+// slot when it opens and pages as it grows, and gives both back when it closes. A step is planned
+// here (plan() reserves the pages its new tokens need and builds the batch) and run by
+// Model::forward, which advances the sequences only when it succeeds.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "io/config.h"
+
+namespace klinear {
+
+using SeqId = int64_t;
+
+enum class LogitsMode { kLast, kAll };  // logits of a sequence's last new token, or of every one
+
+struct CacheOptions {
+  int64_t max_sequences = 1;  // KDA state slots
+  int64_t page_size = 64;     // positions per MLA page
+  // Budget for both pools in bytes; 0 = room for max_sequences at the model's full context (4096
+  // positions when the config gives none), capped at a quarter of the backend's free memory.
+  uint64_t memory_bytes = 0;
+};
+
+// What the pools hold, for start-up reports and admission decisions.
+struct CacheSizes {
+  uint64_t bytes_per_slot = 0;   // KDA + conv state of one sequence, all layers
+  uint64_t bytes_per_page = 0;   // one page of every MLA layer
+  int64_t slots = 0;
+  int64_t pages = 0;             // 0 when the model has no MLA layer
+  int64_t page_size = 0;
+  uint64_t bytes() const { return bytes_per_slot * slots + bytes_per_page * pages; }
+};
+
+// One sequence's part of a step.
+struct SeqStep {
+  SeqId seq = 0;
+  std::span<const int32_t> ids;
+  LogitsMode logits = LogitsMode::kLast;
+};
+
+// A planned step: the new ids of every sequence concatenated, their layout, and the rows whose
+// logits Model::forward returns. Decoding sequences (one new token after earlier ones) come first,
+// so the step splits into two parts of consecutive rows: `decode` (recurrent KDA, absorbed MLA)
+// and `prefill` (chunked KDA, expanded MLA); either may be empty. A sequence thus takes the same
+// path whatever else shares its step.
+struct Batch {
+  std::vector<SeqId> seqs;          // [B] in layout order
+  std::vector<int32_t> ids;         // [N]
+  SeqLayout layout;                 // all B sequences
+  int64_t num_decode = 0;           // sequences [0, num_decode) of the layout decode
+  SeqLayout decode, prefill;        // layout.part(0, num_decode) and layout.part(num_decode, B)
+  std::vector<int32_t> logit_rows;  // [R] in the order of the steps given to plan, row by row
+};
+
+class Cache {
+ public:
+  // Allocates the pools on `backend` (which must outlive the cache). Errors name the budget and
+  // what one slot needs when not even max_sequences slots fit.
+  static Result<std::unique_ptr<Cache>> create(const ModelConfig& config, Backend& backend, const CacheOptions& options);
+
+  // A new sequence with zero state; ResourceExhausted when every slot is taken.
+  Result<SeqId> open();
+  // Returns the sequence's slot and pages. The id must be open.
+  void close(SeqId seq);
+  bool is_open(SeqId seq) const;
+  int64_t tokens(SeqId seq) const;  // positions already in its state
+  int64_t slot(SeqId seq) const;
+  const std::vector<int32_t>& pages(SeqId seq) const;
+
+  const CacheSizes& sizes() const { return sizes_; }
+  int64_t free_slots() const { return static_cast<int64_t>(free_slots_.size()); }
+  int64_t free_pages() const { return static_cast<int64_t>(free_pages_.size()); }
+
+  // Pools by layer (undefined for layers of the other mixer).
+  const Tensor& kda_states(int64_t layer) const { return kda_states_[layer]; }
+  const Tensor& conv_states(int64_t layer) const { return conv_states_[layer]; }
+  const Tensor& mla_pages(int64_t layer) const { return mla_pages_[layer]; }
+
+  // Copies the KDA and conv state of slot `from` into slot `to` in every KDA layer.
+  void copy_slot(int64_t from, int64_t to);
+
+  // Validates a step (open sequences, each at most once, at least one id each, ids inside the
+  // vocabulary, positions inside the context), reserves the pages its new tokens need (all or
+  // none: ResourceExhausted when they do not fit) and builds the batch.
+  Result<Batch> plan(std::span<const SeqStep> steps);
+  // Marks the batch's tokens as processed (Model::forward, after a successful step).
+  void advance(const Batch& batch);
+
+ private:
+  struct Sequence {
+    bool open = false;
+    int64_t slot = -1;
+    int64_t tokens = 0;
+    std::vector<int32_t> pages;
+  };
+  Cache(const ModelConfig& config, Backend& backend) : config_(config), backend_(backend) {}
+  Sequence& get(SeqId seq);
+  const Sequence& get(SeqId seq) const;
+
+  ModelConfig config_;
+  Backend& backend_;
+  CacheSizes sizes_;
+  std::vector<Tensor> kda_states_, conv_states_, mla_pages_;  // by layer
+  std::vector<Sequence> seqs_;                                // by SeqId
+  std::vector<int64_t> free_slots_;
+  std::vector<int32_t> free_pages_;
+};
+
+}  // namespace klinear

@@ -1,0 +1,70 @@
+// The memory ops every other op test leans on, on every backend row: host → device → host round
+// trips in both dtypes, fill, copy, copy_columns, gather_rows, and the step arena (the same
+// addresses when a step of the same shapes runs again, memory reused after begin_step).
+#include <gtest/gtest.h>
+
+#include "backend_cases.h"
+#include "test_util.h"
+
+namespace klinear {
+namespace {
+
+class MemoryOps : public testing::BackendTest {};
+
+TEST_P(MemoryOps, RoundTripsFillAndCopies) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  Tensor x = testing::random_tensor(rng, {7, 12});
+  EXPECT_TRUE(testing::close(host(dev(x, DType::kF32)), x, 1e-7)) << "F32 round trip is exact";
+  EXPECT_TRUE(testing::close(host(dev(x)), x, tol())) << "activation dtype round trip";
+  Tensor ids = Tensor::empty(DType::kI32, {5});
+  for (int i = 0; i < 5; ++i) ids.data_as<int32_t>()[i] = 1000003 * i - 7;
+  Tensor back = host(dev(ids, DType::kI32));
+  ASSERT_EQ(back.dtype(), DType::kI32);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(back.data_as<int32_t>()[i], ids.data_as<int32_t>()[i]);
+
+  Tensor f = poisoned({3, 4}, DType::kF32);
+  be().fill(f, 2.5f);
+  Tensor fh = host(f);
+  for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(fh.f32()[i], 2.5f);
+
+  Tensor dst = poisoned({7, 12});
+  be().copy(dev(x), dst);
+  EXPECT_TRUE(testing::close(host(dst), x, tol())) << "copy";
+
+  // copy_columns: columns [3, 8) of x into columns [1, 6) of a [7, 9] tensor; the rest keeps 0.
+  Tensor cols = dev(Tensor::zeros(DType::kF32, {7, 9}));
+  be().copy_columns(dev(x), 3, cols, 1, 5);
+  Tensor expect = Tensor::zeros(DType::kF32, {7, 9});
+  for (int64_t r = 0; r < 7; ++r)
+    for (int64_t j = 0; j < 5; ++j) expect.f32()[r * 9 + 1 + j] = x.f32()[r * 12 + 3 + j];
+  EXPECT_TRUE(testing::close_rel(host(cols), expect, tol())) << "copy_columns";
+
+  // gather_rows: rows 6, 0, 6, 3.
+  Tensor rows = Tensor::empty(DType::kI32, {4});
+  const int32_t pick[4] = {6, 0, 6, 3};
+  for (int i = 0; i < 4; ++i) rows.data_as<int32_t>()[i] = pick[i];
+  Tensor g = poisoned({4, 12});
+  be().gather_rows(dev(x), dev(rows, DType::kI32), g);
+  Tensor ge = Tensor::empty(DType::kF32, {4, 12});
+  for (int i = 0; i < 4; ++i)
+    for (int64_t j = 0; j < 12; ++j) ge.f32()[i * 12 + j] = x.f32()[pick[i] * 12 + j];
+  EXPECT_TRUE(testing::close(host(g), ge, tol())) << "gather_rows";
+}
+
+TEST_P(MemoryOps, StepArenaGivesTheSameAddressesEachStep) {
+  auto step = [&] {
+    be().begin_step();
+    std::vector<void*> p;
+    for (int64_t n : {1, 1000, 70000, 3})  // the third outgrows a fresh arena's first block
+      p.push_back(be().alloc(DType::kF32, {n, 16}).data());
+    return p;
+  };
+  step();                  // may grow the arena
+  const auto first = step();  // one merged block from here on
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(step(), first);
+}
+
+KL_BACKEND_SUITE(MemoryOps);
+
+}  // namespace
+}  // namespace klinear
