@@ -34,6 +34,9 @@ Tensor host_copy(const Tensor& t) {
   return c;
 }
 
+Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, Tensor& states,
+                 const SeqLayout& layout);
+
 TEST_P(KdaOps, FixtureBothForms) {
   auto f = SafetensorsFile::open(testing::fixture_path("kda-op/kda.safetensors"));
   ASSERT_TRUE(f.ok()) << f.status().to_string();
@@ -55,14 +58,22 @@ TEST_P(KdaOps, FixtureBothForms) {
     std::memcpy(s0_slots.f32() + slots[b] * H * D * D, s0.f32() + b * H * D * D, per);
     std::memcpy(final_slots.f32() + slots[b] * H * D * D, final_expect.f32() + b * H * D * D, per);
   }
+  const Tensor k = get("k"), g = get("g"), beta = get("beta").view({B * T, H});
+  Tensor expect_out = rows(get("out"));
+  if (act() != DType::kF32) {
+    // q, k, v reach the backend rounded to its activation dtype; a near-orthogonal q·k turns that
+    // input rounding alone into a few % of a row. Below F32 the op is held to the double recurrence
+    // over the values the backend holds (the fixture itself is matched by the F32 rows).
+    std::memcpy(final_slots.data(), s0_slots.data(), s0_slots.nbytes());
+    expect_out = reference(host(dev(rows(q))), host(dev(rows(k))), host(dev(rows(v))), rows(g), beta, final_slots, layout);
+  }
   for (Form form : {Form::kChunked, Form::kRecurrent}) {
     SCOPED_TRACE(form_name(form));
     Tensor states = persistent(s0_slots, DType::kF32);
     Tensor out = poisoned({B * T, H, D});
-    run(form, KdaArgs{dev(rows(q)), dev(rows(get("k"))), dev(rows(v)), dev(rows(get("g")), DType::kF32),
-                      dev(get("beta").view({B * T, H}), DType::kF32), states, out},
+    run(form, KdaArgs{dev(rows(q)), dev(rows(k)), dev(rows(v)), dev(rows(g), DType::kF32), dev(beta, DType::kF32), states, out},
         layout);
-    EXPECT_TRUE(close(host(out), rows(get("out")), tol())) << "out";
+    EXPECT_TRUE(close(host(out), expect_out, tol())) << "out";
     EXPECT_TRUE(close(host(states), final_slots, tol())) << "final state";
   }
 }
@@ -168,7 +179,9 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
 
     Tensor s_ref = Tensor::empty(DType::kF32, s0.shape());
     std::memcpy(s_ref.data(), s0.data(), s0.nbytes());
-    const Tensor o_ref = reference(q, k, v, g, beta, s_ref, layout);
+    // The reference runs on q, k, v as the backend holds them (rounded to its activation dtype),
+    // so the tolerance measures the op and not the rounding of its inputs (see FixtureBothForms).
+    const Tensor o_ref = reference(host(dev(q)), host(dev(k)), host(dev(v)), g, beta, s_ref, layout);
     // The row's tolerance ×4: a recurrence over up to 300 positions from a non-zero state
     // accumulates its dtype's rounding step after step (fp32 seen up to 2.1e-5 per row).
     const double t = 4 * tol();
