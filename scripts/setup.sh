@@ -26,7 +26,7 @@ sudo=""
 export DEBIAN_FRONTEND=noninteractive
 
 packages=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-openmp-dev
-          libgtest-dev python3 python3-jinja2 python3-pip)
+          libgtest-dev python3 python3-jinja2 python3-pip clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

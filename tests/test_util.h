@@ -121,7 +121,7 @@ inline ::testing::AssertionResult close_rows(const Tensor& a, const Tensor& b, d
 }
 
 // Both checks: the global max-abs relative error and the per-row relative RMS error.
-inline ::testing::AssertionResult close(const Tensor& a, const Tensor& b, double tol) {
+inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, double tol) {
   auto g = close_rel(a, b, tol);
   if (!g) return g;
   return close_rows(a, b, tol);
@@ -161,16 +161,20 @@ struct CliRun {
   std::string all() const { return out + err; }
 };
 
-inline CliRun run_cli(const std::string& args) {
+// `prefix` goes before the binary on the same line (e.g. "ulimit -v N; timeout 60 ").
+inline CliRun run_cli_prefixed(const std::string& prefix, const std::string& args) {
   const ScratchDir dir;
   const std::string out = dir.file("out"), err = dir.file("err");
   const std::string script = dir.file("cmd.sh");
-  std::ofstream(script) << KLINEAR_CLI_PATH << " " << args << " >" << out << " 2>" << err << "\n";
+  // Braces: a redirection inside `args` (">/dev/full", ">&-") applies to klinear, not the capture.
+  std::ofstream(script) << "{ " << prefix << KLINEAR_CLI_PATH << " " << args << "\n} >" << out << " 2>" << err << "\n";
   const int status = std::system(("bash " + script).c_str());
   CliRun r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, "", ""};
   r.out = read_text_file(out).value();
   r.err = read_text_file(err).value();
   return r;
 }
+
+inline CliRun run_cli(const std::string& args) { return run_cli_prefixed("", args); }
 
 }  // namespace klinear::testing

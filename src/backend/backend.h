@@ -54,8 +54,11 @@ struct RouteParams {
 // [cu_seqlens[b], cu_seqlens[b+1]) of every [N, ...] tensor; its first new token sits at position
 // cached[b]; its KDA and conv states are row slots[b] of the state pools; its MLA latent cache is
 // the pages page_table[b, 0 ..] (position p lives in page page_table[b, p / page_size] at row
-// p % page_size). The host arrays are the truth; `dev` holds the same arrays on the backend's
-// device (I32), made once per step by Backend::upload_layout.
+// p % page_size). Snapshot k asks for the KDA and conv state of sequence snap_seq[k] after its
+// first snap_pos[k] new rows to be copied into slot snap_slot[k] of the pools as the step runs
+// (prefix caching without splitting a prefill): snap_pos is a multiple of 64 (a chunk boundary)
+// or the sequence's new_tokens. The host arrays are the truth; `dev` holds the same arrays on the
+// backend's device (I32), made once per step by Backend::upload_layout.
 struct SeqLayout {
   int64_t page_size = 0;
   int64_t max_pages = 0;              // columns of page_table
@@ -63,8 +66,9 @@ struct SeqLayout {
   std::vector<int32_t> cached;        // [B]
   std::vector<int32_t> slots;         // [B]
   std::vector<int32_t> page_table;    // [B, max_pages], −1 past the pages a sequence holds
+  std::vector<int32_t> snap_seq, snap_pos, snap_slot;  // [S] each
   struct Device {
-    Tensor cu_seqlens, cached, slots, page_table;
+    Tensor cu_seqlens, cached, slots, page_table, snap_seq, snap_pos, snap_slot;
   } dev;
 
   int64_t num_seqs() const { return static_cast<int64_t>(cached.size()); }
@@ -130,6 +134,9 @@ class Backend {
   // t ← value in every element (an I32 tensor takes the integral value). Zeroes fresh state slots;
   // tests poison outputs with NaN.
   virtual void fill(const Tensor& t, float value) = 0;
+  // t[i] ← counter_uniform(seed, i, lo, hi) (core/counter_rng.h): the same values on every
+  // backend. Dummy weights are made on the device this way, with no host copy.
+  virtual void random_fill(const Tensor& t, uint64_t seed, float lo, float hi) = 0;
   // Persistent device copy of a host tensor of any float dtype, converted to `dtype` (the
   // activation dtype for weight matrices; F32 for the vectors used in fp32 math: router bias,
   // dt_bias, A_log, AttnRes queries).
@@ -175,13 +182,15 @@ class Backend {
   virtual void gated_rms_norm(const Tensor& o, const Tensor& w, const Tensor& gate, float eps, const Tensor& y) = 0;
 
   // ---- KDA (SPEC 4)
-  // Causal depthwise conv + SiLU of every sequence, continuing from and updating its state slot.
+  // Causal depthwise conv + SiLU of every sequence, continuing from and updating its state slot
+  // (and writing the layout's snapshots).
   virtual void short_conv(const ConvArgs& a, const SeqLayout& layout) = 0;
   // g [N, H·d] (F32) ← gate(f [N, H·d] + dt_bias [H·d], A_log [H]).
   virtual void kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& a_log, const KdaGateParams& p,
                         const Tensor& g) = 0;
-  // The delta rule of every sequence from its state slot, written back: kda_chunked by the
-  // chunk-64 algorithm (SPEC 4.6), kda_recurrent by the token loop (SPEC 4.5). Equal up to rounding.
+  // The delta rule of every sequence from its state slot, written back, with the layout's
+  // snapshots: kda_chunked by the chunk-64 algorithm (SPEC 4.6, chunks counted from each
+  // sequence's first new row), kda_recurrent by the token loop (SPEC 4.5). Equal up to rounding.
   virtual void kda_chunked(const KdaArgs& a, const SeqLayout& layout) = 0;
   virtual void kda_recurrent(const KdaArgs& a, const SeqLayout& layout) = 0;
 

@@ -1,13 +1,11 @@
 #include "io/checkpoint.h"
 
 #include <cstring>
-#include <filesystem>
 
+#include "io/file.h"
 #include "io/json.h"
 
 namespace klinear {
-
-namespace fs = std::filesystem;
 
 std::string canonical_tensor_name(const std::string& name) {
   auto starts = [&](const std::string& s, const char* p) { return s.rfind(p, 0) == 0; };
@@ -21,26 +19,40 @@ std::string canonical_tensor_name(const std::string& name) {
   return "model." + n;  // vLLM's `language_model.layers.*` spelling
 }
 
+Result<ShardIndex> parse_shard_index(const Json& doc, const std::string& where) {
+  ShardIndex out;
+  auto wm = doc.is_object() ? doc.find("weight_map") : doc.end();
+  if (wm == doc.end() || !wm->is_object()) return Status::Corruption(where + ": missing object 'weight_map'");
+  std::set<std::string> seen;
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    if (!it->is_string()) return Status::Corruption(where + ": weight_map['" + it.key() + "'] is not a string");
+    const std::string shard = it->get<std::string>();
+    if (shard.empty() || shard.find('/') != std::string::npos || shard.find('\0') != std::string::npos ||
+        shard == "." || shard == "..")
+      return Status::Corruption(where + ": shard name '" + shard + "' must be a plain file name");
+    if (seen.insert(shard).second) out.shards.push_back(shard);
+    out.weight_map[it.key()] = shard;
+  }
+  return out;
+}
+
 Result<Checkpoint> Checkpoint::open(const std::string& dir) {
   Checkpoint c;
   c.dir_ = dir;
   std::vector<std::string> shards;
   std::map<std::string, std::string> weight_map;  // tensor -> shard, when sharded
   const std::string index = dir + "/model.safetensors.index.json";
-  if (fs::exists(index)) {
+  KL_ASSIGN_OR_RETURN(PathKind dir_kind, path_kind(dir));
+  if (dir_kind != PathKind::kDirectory)
+    return Status::NotFound("checkpoint directory '" + dir + "' does not exist or is not a directory");
+  KL_ASSIGN_OR_RETURN(PathKind index_kind, path_kind(index));
+  KL_ASSIGN_OR_RETURN(PathKind single_kind, path_kind(dir + "/model.safetensors"));
+  if (index_kind != PathKind::kMissing) {
     KL_ASSIGN_OR_RETURN(Json doc, read_json_file(index));
-    auto wm = doc.find("weight_map");
-    if (wm == doc.end() || !wm->is_object()) return Status::Corruption(index + ": missing object 'weight_map'");
-    std::set<std::string> seen;
-    for (auto it = wm->begin(); it != wm->end(); ++it) {
-      if (!it->is_string()) return Status::Corruption(index + ": weight_map['" + it.key() + "'] is not a string");
-      const std::string shard = it->get<std::string>();
-      if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos)
-        return Status::Corruption(index + ": shard name '" + shard + "' must be a plain file name");
-      if (seen.insert(shard).second) shards.push_back(shard);
-      weight_map[it.key()] = shard;
-    }
-  } else if (fs::exists(dir + "/model.safetensors")) {
+    KL_ASSIGN_OR_RETURN(ShardIndex parsed, parse_shard_index(doc, index));
+    shards = std::move(parsed.shards);
+    weight_map = std::move(parsed.weight_map);
+  } else if (single_kind != PathKind::kMissing) {
     shards.push_back("model.safetensors");
   } else {
     return Status::NotFound(dir + ": no model.safetensors or model.safetensors.index.json");
@@ -161,6 +173,56 @@ Status Checkpoint::finish() const {
   if (count == 0) return Status();
   return Status::InvalidArgument(std::to_string(count) + " checkpoint tensor(s) have no destination in the model: " +
                                  unused + (count > 5 ? ", ..." : ""));
+}
+
+namespace {
+
+// Number of non-finite elements of `e` in `data` and the index of the first (-1 if none).
+std::pair<int64_t, int64_t> count_non_finite(const SafetensorsEntry& e, const uint8_t* data) {
+  const int64_t n = shape_numel(e.shape);
+  const bool e8m0_scales = e.dtype == DType::kF8E8M0 ||
+                           (e.dtype == DType::kU8 && e.name.size() >= 13 &&
+                            e.name.compare(e.name.size() - 13, 13, ".weight_scale") == 0);
+  auto bad = [&](int64_t i) -> bool {
+    if (e8m0_scales) return data[i] == 0xFF;
+    switch (e.dtype) {
+      case DType::kF32: {
+        uint32_t b;
+        std::memcpy(&b, data + 4 * i, 4);
+        return (b & 0x7f800000u) == 0x7f800000u;
+      }
+      case DType::kBF16: {
+        uint16_t h;
+        std::memcpy(&h, data + 2 * i, 2);
+        return (h & 0x7f80u) == 0x7f80u;
+      }
+      case DType::kF16: {
+        uint16_t h;
+        std::memcpy(&h, data + 2 * i, 2);
+        return (h & 0x7c00u) == 0x7c00u;
+      }
+      case DType::kF8E4M3: return (data[i] & 0x7f) == 0x7f;
+      default: return false;  // integers, packed FP4 nibbles: every bit pattern is finite
+    }
+  };
+  int64_t count = 0, first = -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (bad(i)) {
+      if (count++ == 0) first = i;
+    }
+  return {count, first};
+}
+
+}  // namespace
+
+std::vector<Checkpoint::NonFinite> Checkpoint::scan_non_finite() const {
+  std::vector<NonFinite> out;
+  for (const auto& [name, ref] : tensors_) {
+    const Tensor view = ref.file->tensor(*ref.entry);
+    const auto [count, first] = count_non_finite(*ref.entry, static_cast<const uint8_t*>(view.data()));
+    if (count > 0) out.push_back(NonFinite{ref.entry->name, ref.file->path(), count, first});
+  }
+  return out;
 }
 
 std::map<std::string, Checkpoint::DtypeStats> Checkpoint::stats() const {

@@ -20,6 +20,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 
 namespace klinear {
@@ -56,6 +57,17 @@ class Checkpoint {
   // OK when every tensor has been taken; otherwise names the first unused ones and their files.
   Status finish() const;
 
+  // Tensors holding values that are not finite (NaN or Inf in a float tensor, an E8M0 scale of
+  // 0xFF, an E4M3 NaN), for `klinear info --verify`: every tensor is read once, in name order.
+  // U8 tensors named `*.weight_scale` are MXFP4 block scales (E8M0 bytes, SPEC 2.3).
+  struct NonFinite {
+    std::string name;  // as stored in the file
+    std::string file;
+    int64_t count = 0;        // non-finite elements
+    int64_t first_index = 0;  // flat index of the first one
+  };
+  std::vector<NonFinite> scan_non_finite() const;
+
   // Statistics for `klinear info`: parameter count and bytes by dtype over the whole checkpoint.
   struct DtypeStats { int64_t tensors = 0, params = 0, bytes = 0; };
   std::map<std::string, DtypeStats> stats() const;
@@ -72,6 +84,15 @@ class Checkpoint {
   std::map<std::string, Ref> tensors_;  // canonical name -> location
   std::set<std::string> used_;
 };
+
+// The parsed model.safetensors.index.json: the shard files in first-use order and the shard of
+// each tensor. Corruption naming `where` when `weight_map` is missing, a value is not a string or
+// a shard name is not a plain file name (empty, ".", "..", or containing '/').
+struct ShardIndex {
+  std::vector<std::string> shards;
+  std::map<std::string, std::string> weight_map;  // tensor -> shard
+};
+Result<ShardIndex> parse_shard_index(const Json& doc, const std::string& where);
 
 // Maps a checkpoint tensor name to its canonical name; empty for tensors klinear skips.
 std::string canonical_tensor_name(const std::string& name);

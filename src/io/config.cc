@@ -1,8 +1,11 @@
 #include "io/config.h"
 
 #include <algorithm>
-#include <filesystem>
+#include <cmath>
 #include <set>
+
+#include "core/checked.h"
+#include "io/file.h"
 
 namespace klinear {
 
@@ -53,6 +56,73 @@ struct Reader {
   }
 };
 
+// Bounds on config values: far above any real checkpoint (Kimi Linear 48B, K3), far below
+// what would overflow a size or allocate without limit.
+constexpr int64_t kMaxVocab = 1 << 24;
+constexpr int64_t kMaxWidth = 1 << 17;  // hidden size, LoRA ranks, latent expert width
+constexpr int64_t kMaxLayers = 1 << 12;
+constexpr int64_t kMaxHeads = 1 << 12;
+constexpr int64_t kMaxHeadDim = 1 << 12;
+constexpr int64_t kMaxConvKernel = 64;
+constexpr int64_t kMaxIntermediate = 1 << 20;
+constexpr int64_t kMaxExperts = 1 << 14;
+constexpr int64_t kMaxSharedExperts = 64;
+constexpr int64_t kMaxContext = int64_t{1} << 31;
+constexpr int64_t kMaxTensorElems = int64_t{1} << 40;  // one tensor of 4 TB of F32
+constexpr size_t kMaxEosIds = 64;
+constexpr double kMinEps = 1e-12;  // smaller is zero in practice (a denormal in fp32)
+constexpr double kMaxEps = 0.1;
+constexpr double kMinFactor = 1e-6;  // scaling factors and SiTU betas: (0, 1e4]
+constexpr double kMaxFactor = 1e4;
+
+enum class TokenIdForm { kOne, kOneOrList };
+
+// A token id field (`bos_token_id`, `eos_token_id`): an integer, an integral number such as 2.0
+// or a decimal string such as "2" (all seen in published configs), or with kOneOrList a list of
+// those; each in [0, vocab). Absent or null: nullopt. Anything else names the field and value.
+Result<std::optional<std::vector<int64_t>>> token_ids(const Json& obj, const char* key, const std::string& where,
+                                                      int64_t vocab, TokenIdForm form) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::optional<std::vector<int64_t>>{};
+  const std::string field = where + ": " + key;
+  const std::string allowed = ", expected a token id in [0, " + std::to_string(vocab) + ")" +
+                              (form == TokenIdForm::kOneOrList ? " or a list of them" : "");
+  auto one = [&](const Json& v) -> std::optional<int64_t> {
+    if (v.is_string()) {
+      auto parsed = parse_int(v.get_ref<const std::string&>(), IntRange{0, vocab - 1}, field);
+      return parsed.ok() ? std::optional<int64_t>(*parsed) : std::nullopt;
+    }
+    if (v.is_number_unsigned() || v.is_number_integer()) {
+      if (v.is_number_unsigned() && v.get<uint64_t>() >= static_cast<uint64_t>(vocab)) return std::nullopt;
+      const int64_t n = v.get<int64_t>();
+      return n >= 0 && n < vocab ? std::optional<int64_t>(n) : std::nullopt;
+    }
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      return d >= 0 && d < static_cast<double>(vocab) && d == std::trunc(d) ? std::optional<int64_t>(static_cast<int64_t>(d))
+                                                                             : std::nullopt;
+    }
+    return std::nullopt;
+  };
+  std::vector<int64_t> ids;
+  if (it->is_array() && form == TokenIdForm::kOneOrList) {
+    if (it->size() > kMaxEosIds)
+      return Status::InvalidArgument(field + " lists " + std::to_string(it->size()) + " ids, expected at most " +
+                                     std::to_string(kMaxEosIds));
+    for (const Json& v : *it) {
+      auto id = one(v);
+      if (!id) return Status::InvalidArgument(field + " is " + it->dump() + allowed);
+      ids.push_back(*id);
+    }
+    if (ids.empty()) return Status::InvalidArgument(field + " is an empty list" + allowed);
+  } else {
+    auto id = one(*it);
+    if (!id) return Status::InvalidArgument(field + " is " + it->dump() + allowed);
+    ids.push_back(*id);
+  }
+  return std::optional<std::vector<int64_t>>{std::move(ids)};
+}
+
 Status positive(const std::string& where, const char* field, int64_t v) {
   if (v <= 0) return Status::InvalidArgument(where + ": " + field + " must be positive, got " + std::to_string(v));
   return Status();
@@ -71,11 +141,72 @@ Status parse_quantization(const Json& text, const std::string& where, ModelConfi
                               " is not supported (klinear reads compressed-tensors mxfp4-pack-quantized)");
 }
 
+// Every count and width within sane bounds, and the sizes derived from them (tensor element
+// counts) computed with checked arithmetic, before anything loops over layers, allocates or
+// indexes: a layer count of 10^12 or heads near 2^60 stop here with the field named.
+Status check_bounds(const ModelConfig& c, const std::string& w) {
+  struct Field {
+    const char* name;
+    int64_t value;
+    IntRange range;
+  };
+  const Field fields[] = {
+      {"vocab_size", c.vocab_size, {1, kMaxVocab}},
+      {"hidden_size", c.hidden_size, {1, kMaxWidth}},
+      {"num_hidden_layers", c.num_layers, {1, kMaxLayers}},
+      {"max_position_embeddings", c.max_position_embeddings, {0, kMaxContext}},
+      {"num_attention_heads", c.mla_heads, {0, kMaxHeads}},
+      {"q_lora_rank", c.q_lora_rank, {0, kMaxWidth}},
+      {"kv_lora_rank", c.kv_lora_rank, {0, kMaxWidth}},
+      {"qk_nope_head_dim", c.qk_nope_dim, {0, kMaxHeadDim}},
+      {"qk_rope_head_dim", c.qk_rope_dim, {0, kMaxHeadDim}},
+      {"v_head_dim", c.v_head_dim, {0, kMaxHeadDim}},
+      {"linear_attn_config.num_heads", c.kda_heads, {0, kMaxHeads}},
+      {"linear_attn_config.head_dim", c.kda_head_dim, {0, kMaxHeadDim}},
+      {"linear_attn_config.short_conv_kernel_size", c.conv_kernel, {1, kMaxConvKernel}},
+      {"intermediate_size", c.intermediate_size, {0, kMaxIntermediate}},
+      {"num_experts", c.num_experts, {0, kMaxExperts}},
+      {"num_experts_per_token", c.experts_per_token, {0, kMaxExperts}},
+      {"moe_intermediate_size", c.moe_intermediate_size, {0, kMaxIntermediate}},
+      {"num_shared_experts", c.num_shared_experts, {0, kMaxSharedExperts}},
+      {"first_k_dense_replace", c.first_k_dense_replace, {0, kMaxLayers}},
+      {"moe_layer_freq", c.moe_layer_freq, {1, kMaxLayers}},
+      {"num_expert_group", c.num_expert_group, {1, kMaxExperts}},
+      {"topk_group", c.topk_group, {0, kMaxExperts}},
+      {"routed_expert_hidden_size", c.routed_expert_hidden_size, {0, kMaxWidth}},
+      {"attn_res_block_size", c.attn_res_block_size, {0, kMaxLayers}},
+  };
+  for (const Field& f : fields) KL_RETURN_IF_ERROR(check_range(f.value, f.range, w + ": " + f.name));
+  KL_RETURN_IF_ERROR(check_range(c.rms_norm_eps, kMinEps, kMaxEps, w + ": rms_norm_eps"));
+  KL_RETURN_IF_ERROR(check_range(c.routed_scaling_factor, kMinFactor, kMaxFactor, w + ": routed_scaling_factor"));
+  KL_RETURN_IF_ERROR(check_range(c.situ_beta, kMinFactor, kMaxFactor, w + ": activation_situ_beta"));
+  if (c.situ_linear_beta)
+    KL_RETURN_IF_ERROR(check_range(*c.situ_linear_beta, kMinFactor, kMaxFactor, w + ": activation_situ_linear_beta"));
+  if (c.kda_gate == KdaGate::kLowerBound)
+    KL_RETURN_IF_ERROR(check_range(c.gate_lower_bound, -kMaxFactor, 0.0, w + ": linear_attn_config.gate_lower_bound"));
+  if (c.kda_layers.size() > static_cast<size_t>(c.num_layers))
+    return Status::InvalidArgument(w + ": linear_attn_config.kda_layers has " + std::to_string(c.kda_layers.size()) +
+                                   " entries for " + std::to_string(c.num_layers) + " layers");
+  if (c.eos_token_ids.size() > kMaxEosIds)
+    return Status::InvalidArgument(w + ": eos_token_id lists " + std::to_string(c.eos_token_ids.size()) +
+                                   " ids, expected at most " + std::to_string(kMaxEosIds));
+  // The largest tensors the model will ask for, as element counts.
+  const int64_t qk_head = c.qk_nope_dim + c.qk_rope_dim;  // both bounded: no overflow
+  KL_RETURN_IF_ERROR(checked_product({c.vocab_size, c.hidden_size}, kMaxTensorElems, w + ": embedding size").status());
+  KL_RETURN_IF_ERROR(checked_product({c.kda_heads, c.kda_head_dim, c.hidden_size}, kMaxTensorElems,
+                                     w + ": KDA projection size").status());
+  KL_RETURN_IF_ERROR(checked_product({c.mla_heads, qk_head + c.v_head_dim, std::max(c.kv_lora_rank, c.hidden_size)},
+                                     kMaxTensorElems, w + ": MLA projection size").status());
+  KL_RETURN_IF_ERROR(checked_product({c.num_experts, c.moe_intermediate_size, c.expert_io_dim()}, kMaxTensorElems,
+                                     w + ": stacked routed experts size").status());
+  KL_RETURN_IF_ERROR(checked_product({c.num_shared_experts, c.moe_intermediate_size, c.hidden_size}, kMaxTensorElems,
+                                     w + ": shared experts size").status());
+  KL_RETURN_IF_ERROR(checked_product({c.intermediate_size, c.hidden_size}, kMaxTensorElems, w + ": dense MLP size").status());
+  return Status();
+}
+
 Status validate(const ModelConfig& c, const std::string& w) {
-  KL_RETURN_IF_ERROR(positive(w, "vocab_size", c.vocab_size));
-  KL_RETURN_IF_ERROR(positive(w, "hidden_size", c.hidden_size));
-  KL_RETURN_IF_ERROR(positive(w, "num_hidden_layers", c.num_layers));
-  if (!(c.rms_norm_eps > 0)) return Status::InvalidArgument(w + ": rms_norm_eps must be positive");
+  KL_RETURN_IF_ERROR(check_bounds(c, w));  // every field in its range from here on
   std::set<int64_t> kda(c.kda_layers.begin(), c.kda_layers.end());
   if (kda.size() != c.kda_layers.size())
     return Status::InvalidArgument(w + ": linear_attn_config.kda_layers has duplicates");
@@ -88,7 +219,6 @@ Status validate(const ModelConfig& c, const std::string& w) {
   if (!kda.empty()) {
     KL_RETURN_IF_ERROR(positive(w, "linear_attn_config.num_heads", c.kda_heads));
     KL_RETURN_IF_ERROR(positive(w, "linear_attn_config.head_dim", c.kda_head_dim));
-    KL_RETURN_IF_ERROR(positive(w, "linear_attn_config.short_conv_kernel_size", c.conv_kernel));
     if (c.kda_gate == KdaGate::kLowerBound && !(c.gate_lower_bound < 0))
       return Status::InvalidArgument(w + ": linear_attn_config.gate_lower_bound must be negative, got " +
                                      std::to_string(c.gate_lower_bound));
@@ -98,10 +228,7 @@ Status validate(const ModelConfig& c, const std::string& w) {
     KL_RETURN_IF_ERROR(positive(w, "kv_lora_rank", c.kv_lora_rank));
     KL_RETURN_IF_ERROR(positive(w, "qk_nope_head_dim", c.qk_nope_dim));
     KL_RETURN_IF_ERROR(positive(w, "v_head_dim", c.v_head_dim));
-    if (c.qk_rope_dim < 0) return Status::InvalidArgument(w + ": qk_rope_head_dim must be >= 0");
-    if (c.q_lora_rank < 0) return Status::InvalidArgument(w + ": q_lora_rank must be null or positive");
   }
-  if (c.moe_layer_freq <= 0) return Status::InvalidArgument(w + ": moe_layer_freq must be positive");
   bool any_dense = false, any_moe = false;
   for (int64_t l = 0; l < c.num_layers; ++l) (c.ffn(l) == Ffn::kMoe ? any_moe : any_dense) = true;
   if (any_dense) KL_RETURN_IF_ERROR(positive(w, "intermediate_size", c.intermediate_size));
@@ -111,7 +238,6 @@ Status validate(const ModelConfig& c, const std::string& w) {
     if (c.experts_per_token > c.num_experts)
       return Status::InvalidArgument(w + ": num_experts_per_token " + std::to_string(c.experts_per_token) +
                                      " exceeds num_experts " + std::to_string(c.num_experts));
-    KL_RETURN_IF_ERROR(positive(w, "num_expert_group", c.num_expert_group));
     if (c.num_experts % c.num_expert_group != 0)
       return Status::InvalidArgument(w + ": num_experts " + std::to_string(c.num_experts) +
                                      " is not divisible by num_expert_group " + std::to_string(c.num_expert_group));
@@ -128,15 +254,13 @@ Status validate(const ModelConfig& c, const std::string& w) {
                                        std::to_string(per_group) + " experts cannot hold num_experts_per_token " +
                                        std::to_string(c.experts_per_token));
     }
-    if (c.num_shared_experts < 0) return Status::InvalidArgument(w + ": num_shared_experts must be >= 0");
-    if (c.routed_expert_hidden_size < 0)
-      return Status::InvalidArgument(w + ": routed_expert_hidden_size must be >= 0");
     if (c.expert_format == ExpertFormat::kMxfp4 && (c.expert_io_dim() % 32 != 0 || c.moe_intermediate_size % 32 != 0))
       return Status::InvalidArgument(w + ": MXFP4 experts need input widths divisible by 32 (expert input " +
                                      std::to_string(c.expert_io_dim()) + ", intermediate " +
                                      std::to_string(c.moe_intermediate_size) + ")");
   }
-  if (c.attn_res_block_size < 0) return Status::InvalidArgument(w + ": attn_res_block_size must be >= 0");
+  if (c.bos_token_id >= c.vocab_size)  // ids are range-checked when read; this keeps the invariant local
+    return Status::InvalidArgument(w + ": bos_token_id " + std::to_string(c.bos_token_id) + " is outside the vocabulary");
   return Status();
 }
 
@@ -158,6 +282,7 @@ Result<ModelConfig> parse_model_config(const Json& doc, const std::string& where
   }
   const Reader r{*text, w};
   KL_RETURN_IF_ERROR(r.req("vocab_size", &c.vocab_size));
+  KL_RETURN_IF_ERROR(check_range(c.vocab_size, IntRange{1, kMaxVocab}, w + ": vocab_size"));
   KL_RETURN_IF_ERROR(r.req("hidden_size", &c.hidden_size));
   KL_RETURN_IF_ERROR(r.req("num_hidden_layers", &c.num_layers));
   KL_RETURN_IF_ERROR(r.opt("rms_norm_eps", &c.rms_norm_eps));
@@ -166,16 +291,17 @@ Result<ModelConfig> parse_model_config(const Json& doc, const std::string& where
   if (c.max_position_embeddings == 0) KL_RETURN_IF_ERROR(r.opt("model_max_length", &c.max_position_embeddings));
 
   // Token ids: the text config first, then the top level (K3 keeps them in both).
+  bool have_bos = false;
   for (const Json* src : {text, &doc}) {
-    const Reader s{*src, src == text ? w : where};
-    if (c.bos_token_id < 0) KL_RETURN_IF_ERROR(s.opt("bos_token_id", &c.bos_token_id));
+    const std::string& sw = src == text ? w : where;
+    if (!have_bos) {
+      KL_ASSIGN_OR_RETURN(auto bos, token_ids(*src, "bos_token_id", sw, c.vocab_size, TokenIdForm::kOne));
+      if (bos) c.bos_token_id = bos->front();
+      have_bos = bos.has_value();
+    }
     if (c.eos_token_ids.empty()) {
-      auto e = src->find("eos_token_id");
-      if (e != src->end() && e->is_number_integer()) c.eos_token_ids.push_back(e->get<int64_t>());
-      else if (e != src->end() && e->is_array()) {
-        KL_ASSIGN_OR_RETURN(auto ids, json_opt_int_list(*src, "eos_token_id", s.where));
-        c.eos_token_ids = *ids;
-      }
+      KL_ASSIGN_OR_RETURN(auto eos, token_ids(*src, "eos_token_id", sw, c.vocab_size, TokenIdForm::kOneOrList));
+      if (eos) c.eos_token_ids = *eos;
     }
   }
 
@@ -248,7 +374,8 @@ Result<ModelConfig> parse_model_config(const Json& doc, const std::string& where
 }
 
 Result<ModelConfig> load_model_config(const std::string& model_dir) {
-  if (!std::filesystem::is_directory(model_dir))
+  KL_ASSIGN_OR_RETURN(PathKind kind, path_kind(model_dir));
+  if (kind != PathKind::kDirectory)
     return Status::NotFound("model directory '" + model_dir + "' does not exist or is not a directory");
   const std::string path = model_dir + "/config.json";
   KL_ASSIGN_OR_RETURN(Json doc, read_json_file(path));

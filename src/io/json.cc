@@ -1,8 +1,6 @@
 #include "io/json.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 namespace klinear {
 
@@ -22,17 +20,8 @@ Result<OrderedJson> parse_ordered_json(std::string_view text, const std::string&
   }
 }
 
-Result<std::string> read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IOError(path + ": cannot open for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return Status::IOError(path + ": read failed");
-  return ss.str();
-}
-
 Result<Json> read_json_file(const std::string& path) {
-  KL_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  KL_ASSIGN_OR_RETURN(std::string text, read_regular_file(path, kMaxJsonFileBytes));
   return parse_json(text, path);
 }
 

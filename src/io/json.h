@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "io/file.h"
 
 namespace klinear {
 
@@ -21,10 +22,8 @@ using OrderedJson = nlohmann::ordered_json;
 // Parses `text`; `what` names the document in error messages ("config.json").
 Result<Json> parse_json(std::string_view text, const std::string& what);
 Result<OrderedJson> parse_ordered_json(std::string_view text, const std::string& what);
-// Reads and parses a whole file.
+// Reads (a regular file of at most kMaxJsonFileBytes, see io/file.h) and parses a whole file.
 Result<Json> read_json_file(const std::string& path);
-// Reads a whole file into a string.
-Result<std::string> read_text_file(const std::string& path);
 
 // Typed field access. `where` names the document or object for the message. A field that is
 // absent or null yields `fallback` (the optional getters) or NotFound (the required ones); a

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <regex>
 
+#include "core/checked.h"
 #include "io/json.h"
 
 namespace klinear {
@@ -31,7 +32,7 @@ Status write_npy(const std::string& path, const Tensor& t) {
 }
 
 Result<Tensor> read_npy(const std::string& path) {
-  KL_ASSIGN_OR_RETURN(std::string bytes, read_text_file(path));
+  KL_ASSIGN_OR_RETURN(std::string bytes, read_regular_file(path, kMaxNpyFileBytes));
   if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0 || bytes[6] != 1)
     return Status::Corruption(path + ": not a version 1 .npy file");
   const size_t hlen = static_cast<uint8_t>(bytes[8]) | (static_cast<size_t>(static_cast<uint8_t>(bytes[9])) << 8);
@@ -45,12 +46,16 @@ Result<Tensor> read_npy(const std::string& path) {
   Shape shape;
   const std::string dims = m[1];
   const std::regex digits(R"(\d+)");
-  for (std::sregex_iterator it(dims.begin(), dims.end(), digits), end; it != end; ++it)
-    shape.push_back(std::stoll(it->str()));
-  Tensor t = Tensor::empty(DType::kF32, shape);
-  if (bytes.size() - 10 - hlen != t.nbytes())
+  int64_t nbytes = 4;  // checked before anything is allocated
+  for (std::sregex_iterator it(dims.begin(), dims.end(), digits), end; it != end; ++it) {
+    KL_ASSIGN_OR_RETURN(int64_t d, parse_int(it->str(), IntRange{0, kMaxNpyFileBytes}, path + ": shape entry"));
+    KL_ASSIGN_OR_RETURN(nbytes, checked_mul(nbytes, d, path + ": shape " + dims));
+    shape.push_back(d);
+  }
+  if (static_cast<int64_t>(bytes.size() - 10 - hlen) != nbytes)
     return Status::Corruption(path + ": data is " + std::to_string(bytes.size() - 10 - hlen) + " bytes, shape " +
-                              shape_to_string(shape) + " needs " + std::to_string(t.nbytes()));
+                              shape_to_string(shape) + " needs " + std::to_string(nbytes));
+  Tensor t = Tensor::empty(DType::kF32, shape);
   std::memcpy(t.data(), bytes.data() + 10 + hlen, t.nbytes());
   return t;
 }

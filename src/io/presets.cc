@@ -1,5 +1,6 @@
 #include "io/presets.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,10 @@ namespace klinear {
 
 namespace {
 
+// Special ids sit in the last 256 ids of the vocabulary, as in the Kimi tokenizer (bos 163584,
+// eos <|im_end|> 163586, pad 163839 of 163840), so a tiny vocabulary gets ids inside it.
+int64_t special(int64_t vocab, int64_t offset) { return vocab - 256 + offset; }
+
 Json kimi_linear_text(int64_t vocab) {
   return Json{{"model_type", "kimi_linear"}, {"architectures", {"KimiLinearForCausalLM"}}, {"vocab_size", vocab}, {"hidden_size", 128}, {"intermediate_size", 256},
               {"moe_intermediate_size", 64}, {"num_hidden_layers", 5}, {"num_attention_heads", 4},
@@ -20,11 +25,32 @@ Json kimi_linear_text(int64_t vocab) {
               {"num_experts", 16}, {"num_experts_per_token", 4}, {"num_shared_experts", 1}, {"moe_layer_freq", 1},
               {"first_k_dense_replace", 1}, {"num_expert_group", 4}, {"topk_group", 2}, {"moe_renormalize", true},
               {"moe_router_activation_func", "sigmoid"}, {"routed_scaling_factor", 2.446}, {"rms_norm_eps", 1e-5},
-              {"hidden_act", "silu"}, {"tie_word_embeddings", false}, {"bos_token_id", 163584},
-              {"eos_token_id", 163586}, {"pad_token_id", 163839}, {"model_max_length", 1048576},
+              {"hidden_act", "silu"}, {"tie_word_embeddings", false}, {"bos_token_id", special(vocab, 0)},
+              {"eos_token_id", special(vocab, 2)}, {"pad_token_id", special(vocab, 255)}, {"model_max_length", 1048576},
               {"linear_attn_config",
                {{"head_dim", 32}, {"num_heads", 4}, {"short_conv_kernel_size", 4}, {"kda_layers", {1, 2, 4}},
                 {"full_attn_layers", {3, 5}}}}};
+}
+
+// SPEC 1.1: the published Kimi-Linear-48B-A3B-Instruct config.json (for --load-format dummy).
+Json kimi_linear_48b() {
+  std::vector<int> kda, mla{4, 8, 12, 16, 20, 24, 27};
+  for (int l = 1; l <= 27; ++l)
+    if (std::find(mla.begin(), mla.end(), l) == mla.end()) kda.push_back(l);
+  return Json{{"model_type", "kimi_linear"}, {"architectures", {"KimiLinearForCausalLM"}}, {"vocab_size", 163840},
+              {"hidden_size", 2304}, {"intermediate_size", 9216}, {"moe_intermediate_size", 1024},
+              {"num_hidden_layers", 27}, {"num_attention_heads", 32}, {"num_key_value_heads", 32},
+              {"head_dim", 72}, {"q_lora_rank", nullptr}, {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128},
+              {"qk_rope_head_dim", 64}, {"v_head_dim", 128}, {"mla_use_nope", true}, {"num_experts", 256},
+              {"num_experts_per_token", 8}, {"num_shared_experts", 1}, {"moe_layer_freq", 1},
+              {"first_k_dense_replace", 1}, {"use_grouped_topk", true}, {"num_expert_group", 1}, {"topk_group", 1},
+              {"moe_renormalize", true}, {"moe_router_activation_func", "sigmoid"}, {"routed_scaling_factor", 2.446},
+              {"rms_norm_eps", 1e-5}, {"hidden_act", "silu"}, {"tie_word_embeddings", false},
+              {"bos_token_id", 163584}, {"eos_token_id", 163586}, {"pad_token_id", 163839},
+              {"model_max_length", 1048576}, {"dtype", "bfloat16"},
+              {"linear_attn_config",
+               {{"head_dim", 128}, {"num_heads", 32}, {"short_conv_kernel_size", 4}, {"kda_layers", kda},
+                {"full_attn_layers", mla}}}};
 }
 
 Json k3_text(int64_t vocab, bool mxfp4) {
@@ -37,15 +63,15 @@ Json k3_text(int64_t vocab, bool mxfp4) {
          {"use_grouped_topk", true}, {"num_expert_group", 1}, {"topk_group", 1}, {"moe_renormalize", true},
          {"moe_router_activation_func", "sigmoid"}, {"routed_scaling_factor", 1.0}, {"rms_norm_eps", 1e-5},
          {"hidden_act", "situ"}, {"activation_situ_beta", 4.0}, {"activation_situ_linear_beta", 25.0},
-         {"attn_res_block_size", 2}, {"tie_word_embeddings", false}, {"bos_token_id", 163584},
-         {"eos_token_id", 163586}, {"pad_token_id", 163839}, {"max_position_embeddings", 1048576},
+         {"attn_res_block_size", 2}, {"tie_word_embeddings", false}, {"bos_token_id", special(vocab, 0)},
+         {"eos_token_id", special(vocab, 2)}, {"pad_token_id", special(vocab, 255)}, {"max_position_embeddings", 1048576},
          {"linear_attn_config",
           {{"head_dim", 32}, {"num_heads", 4}, {"short_conv_kernel_size", 4}, {"kda_layers", {1, 2, 3, 5}},
            {"full_attn_layers", {4, 6}}, {"gate_lower_bound", -5.0}, {"use_full_rank_gate", true}}}};
   if (mxfp4)
     t["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "mxfp4-pack-quantized"}};
   return Json{{"model_type", "kimi_k3"}, {"architectures", {"KimiK3ForConditionalGeneration"}},
-              {"bos_token_id", 163584}, {"eos_token_id", 163586}, {"pad_token_id", 163839}, {"text_config", t}};
+              {"bos_token_id", special(vocab, 0)}, {"eos_token_id", special(vocab, 2)}, {"pad_token_id", special(vocab, 255)}, {"text_config", t}};
 }
 
 class Writer {
@@ -93,7 +119,7 @@ class Writer {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"kimi-linear-tiny", "k3-tiny", "k3-tiny-mxfp4", "kimi-linear-demo", "k3-demo"};
+  return {"kimi-linear-tiny", "k3-tiny", "k3-tiny-mxfp4", "kimi-linear-demo", "k3-demo", "kimi-linear-48b-a3b"};
 }
 
 Result<Json> preset_config(const std::string& preset) {
@@ -103,6 +129,7 @@ Result<Json> preset_config(const std::string& preset) {
   if (preset == "k3-tiny-mxfp4") return k3_text(kTinyVocab, true);
   if (preset == "kimi-linear-demo") return kimi_linear_text(kRealVocab);
   if (preset == "k3-demo") return k3_text(kRealVocab, false);
+  if (preset == "kimi-linear-48b-a3b") return kimi_linear_48b();
   std::string names;
   for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
   return Status::InvalidArgument("unknown preset '" + preset + "' (expected one of: " + names + ")");
@@ -203,6 +230,7 @@ Status write_random_checkpoint(const Json& config, const std::string& dir, uint6
   if (ec) return Status::IOError(dir + ": cannot create directory: " + ec.message());
   std::ofstream cfg(dir + "/config.json");
   cfg << config.dump(2) << "\n";
+  cfg.close();  // flushes: a full disk shows up here
   if (!cfg) return Status::IOError(dir + "/config.json: write failed");
   return write_safetensors(dir + "/model.safetensors", w.tensors());
 }

@@ -1,15 +1,14 @@
 #include "io/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 
+#include "core/checked.h"
+#include "io/file.h"
 #include "io/json.h"
 
 namespace klinear {
@@ -27,7 +26,7 @@ struct Mapping {
   }
 };
 
-bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+constexpr uint64_t kMaxDim = 1ull << 48;  // no real tensor dimension comes near
 
 Status parse_entry(const std::string& file, const std::string& name, const Json& v, SafetensorsEntry* e) {
   const std::string where = file + ": tensor '" + name + "'";
@@ -41,12 +40,14 @@ Status parse_entry(const std::string& file, const std::string& name, const Json&
   e->dtype = *parsed;
   auto sh = v.find("shape");
   if (sh == v.end() || !sh->is_array()) return Status::Corruption(where + ": missing array 'shape'");
-  uint64_t numel = 1;
+  int64_t numel = 1;
   for (const Json& d : *sh) {
     if (!d.is_number_unsigned()) return Status::Corruption(where + ": shape " + sh->dump() + " has a non-natural entry");
     const uint64_t dim = d.get<uint64_t>();
-    if (dim > (1ull << 48) || mul_overflows(numel, dim, &numel))
-      return Status::Corruption(where + ": shape " + sh->dump() + " overflows");
+    if (dim > kMaxDim) return Status::Corruption(where + ": shape " + sh->dump() + " has an entry above 2^48");
+    auto n = checked_mul(numel, static_cast<int64_t>(dim), where + ": shape " + sh->dump());
+    if (!n.ok()) return Status::Corruption(n.status().message());
+    numel = *n;
     e->shape.push_back(static_cast<int64_t>(dim));
   }
   auto off = v.find("data_offsets");
@@ -57,10 +58,10 @@ Status parse_entry(const std::string& file, const std::string& name, const Json&
   if (end < begin)
     return Status::Corruption(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                               "] end before begin");
-  uint64_t bytes;
-  if (mul_overflows(numel, dtype_size(e->dtype), &bytes))
-    return Status::Corruption(where + ": shape " + shape_to_string(e->shape) + " of " + dtype_name(e->dtype) +
-                              " overflows a 64-bit byte count");
+  auto nbytes = checked_mul(numel, static_cast<int64_t>(dtype_size(e->dtype)),
+                            where + ": shape " + shape_to_string(e->shape) + " of " + dtype_name(e->dtype));
+  if (!nbytes.ok()) return Status::Corruption(nbytes.status().message());
+  const uint64_t bytes = static_cast<uint64_t>(*nbytes);
   if (bytes != end - begin)
     return Status::Corruption(where + ": shape " + shape_to_string(e->shape) + " of " + dtype_name(e->dtype) +
                               " needs " + std::to_string(bytes) + " bytes, data_offsets give " +
@@ -71,28 +72,36 @@ Status parse_entry(const std::string& file, const std::string& name, const Json&
   return Status();
 }
 
+Status check_length_field(const std::string& path, uint64_t file_size) {
+  if (file_size >= 8) return Status();
+  return Status::Corruption(path + ": file is " + std::to_string(file_size) +
+                            " bytes, too short for the 8-byte header length");
+}
+
 }  // namespace
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::IOError(path + ": cannot open: " + std::strerror(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::IOError(path + ": not a regular file");
-  }
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < 8) {
-    ::close(fd);
-    return Status::Corruption(path + ": file is " + std::to_string(file_size) +
-                              " bytes, too short for the 8-byte header length");
-  }
+  KL_ASSIGN_OR_RETURN(RegularFile file, RegularFile::open(path));
+  const uint64_t file_size = static_cast<uint64_t>(file.size());
+  KL_RETURN_IF_ERROR(check_length_field(path, file_size));
   auto mapping = std::make_shared<Mapping>();
   mapping->size = file_size;
-  mapping->addr = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  mapping->addr = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
   if (mapping->addr == MAP_FAILED) return Status::IOError(path + ": mmap failed: " + std::strerror(errno));
   const auto* base = static_cast<const uint8_t*>(mapping->addr);
+  return from_bytes(path, base, file_size, std::move(mapping));
+}
+
+Result<SafetensorsFile> SafetensorsFile::parse(std::string bytes, const std::string& name) {
+  auto owner = std::make_shared<std::string>(std::move(bytes));
+  KL_RETURN_IF_ERROR(check_length_field(name, owner->size()));
+  const auto* base = reinterpret_cast<const uint8_t*>(owner->data());
+  const uint64_t size = owner->size();
+  return from_bytes(name, base, size, std::move(owner));
+}
+
+Result<SafetensorsFile> SafetensorsFile::from_bytes(const std::string& path, const uint8_t* base, uint64_t file_size,
+                                                    std::shared_ptr<void> owner) {
 
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | base[i];
@@ -143,7 +152,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   // Entries in file (offset) order; JSON object keys come back sorted by name.
   std::sort(f.entries_.begin(), f.entries_.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
   for (size_t i = 0; i < f.entries_.size(); ++i) f.index_[f.entries_[i].name] = i;
-  f.mapping_ = std::move(mapping);
+  f.mapping_ = std::move(owner);
   return f;
 }
 

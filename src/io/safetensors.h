@@ -31,6 +31,8 @@ class SafetensorsFile {
  public:
   // Maps and validates `path`. Errors are Corruption/IOError naming the file and the tensor.
   static Result<SafetensorsFile> open(const std::string& path);
+  // The same checks on a whole file held in memory (`name` appears in messages).
+  static Result<SafetensorsFile> parse(std::string bytes, const std::string& name);
 
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in file order
@@ -40,8 +42,12 @@ class SafetensorsFile {
   Tensor tensor(const SafetensorsEntry& e) const;
 
  private:
+  // Validates the file at `base` (`size` bytes, >= 8) whose memory `owner` keeps alive.
+  static Result<SafetensorsFile> from_bytes(const std::string& path, const uint8_t* base, uint64_t size,
+                                            std::shared_ptr<void> owner);
+
   std::string path_;
-  std::shared_ptr<void> mapping_;  // owns the mmap
+  std::shared_ptr<void> mapping_;  // owns the mmap (or the bytes of parse())
   const uint8_t* data_ = nullptr;  // start of the data region
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, size_t> index_;

@@ -12,11 +12,12 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <limits>
 #include <unordered_map>
 
+#include "core/checked.h"
+#include "io/file.h"
 #include "io/json.h"
 
 namespace klinear {
@@ -24,6 +25,9 @@ namespace klinear {
 namespace {
 
 constexpr int32_t kNumSpecials = 256;           // tokenization_kimi.py: num_reserved_special_tokens
+// Ranks and ids stay int32 with the specials after the BPE tokens.
+constexpr size_t kMaxTokenBytes = 65535;
+constexpr int64_t kMaxBpeRank = std::numeric_limits<int32_t>::max() - kNumSpecials - 1;
 constexpr size_t kMaxEncodeChars = 400'000;     // tokenization_kimi.py: TIKTOKEN_MAX_ENCODE_CHARS
 constexpr size_t kMaxRunChars = 25'000;         // tokenization_kimi.py: MAX_NO_WHITESPACES_CHARS
 constexpr size_t kLinearBpeMaxBytes = 64;       // longer pieces use the O(n log n) heap merge
@@ -327,12 +331,11 @@ struct Tokenizer::Tables {
   std::vector<size_t> special_lengths;         // distinct name lengths, longest first
   std::array<bool, 256> special_first_byte{};  // bytes that can start a special name
   std::optional<int32_t> bos, eos;
-  pcre2_code* regex = nullptr;
+  const pcre2_code* regex = nullptr;  // the process-wide compiled Kimi pattern (never freed)
 
   Tables() = default;
   Tables(const Tables&) = delete;
   Tables& operator=(const Tables&) = delete;
-  ~Tables() { pcre2_code_free(regex); }
 
   std::string_view token(int32_t id) const {
     return std::string_view(bytes).substr(offsets[id], offsets[id + 1] - offsets[id]);
@@ -346,11 +349,15 @@ using Tables = Tokenizer::Tables;
 
 // ---- loading ----------------------------------------------------------------------------------
 
-Status load_ranks(const std::string& path, Tables& t) {
-  KL_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
-  std::vector<std::string> by_rank;
-  std::vector<size_t> line_of_rank;
-  std::string decoded;
+// Ranks must be dense from 0, so with n token lines every rank is below n: the table is sized by
+// the line count, never by a rank (one line with rank 10^9 must not allocate gigabytes).
+Status load_ranks(std::string_view text, const std::string& path, Tables& t) {
+  struct Line {
+    std::string bytes;
+    int64_t rank;
+    size_t line_no;
+  };
+  std::vector<Line> lines;
   size_t line_no = 0, pos = 0;
   while (pos < text.size()) {
     size_t eol = text.find('\n', pos);
@@ -365,27 +372,33 @@ Status load_ranks(const std::string& path, Tables& t) {
     if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos)
       return Status::Corruption(where() + "expected '<base64 bytes> <rank>', got '" + std::string(line.substr(0, 80)) + "'");
     std::string_view b64 = line.substr(0, space), rank_text = line.substr(space + 1);
-    if (!base64_decode(b64, decoded))
+    Line l{"", 0, line_no};
+    if (!base64_decode(b64, l.bytes))
       return Status::Corruption(where() + "expected base64 token bytes, got '" + std::string(b64.substr(0, 80)) + "'");
-    int64_t rank = 0;
-    bool digits = !rank_text.empty() && rank_text.size() <= 9 &&
-                  std::all_of(rank_text.begin(), rank_text.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (!digits) return Status::Corruption(where() + "expected a rank (a non-negative integer), got '" + std::string(rank_text) + "'");
-    rank = std::stoll(std::string(rank_text));
-    if (static_cast<size_t>(rank) >= by_rank.size()) {
-      by_rank.resize(rank + 1);
-      line_of_rank.resize(rank + 1, 0);
-    }
-    if (line_of_rank[rank] != 0)
-      return Status::Corruption(where() + "rank " + std::to_string(rank) + " already given on line " +
-                                std::to_string(line_of_rank[rank]));
-    by_rank[rank] = decoded;
-    line_of_rank[rank] = line_no;
+    if (l.bytes.size() > kMaxTokenBytes)  // the rank table stores lengths in 16 bits
+      return Status::Corruption(where() + "token is " + std::to_string(l.bytes.size()) + " bytes, expected at most " +
+                                std::to_string(kMaxTokenBytes));
+    auto rank = parse_int(rank_text, IntRange{0, kMaxBpeRank}, "rank");
+    if (!rank.ok())
+      return Status::Corruption(where() + "expected a rank (a non-negative integer below " + std::to_string(kMaxBpeRank + 1) +
+                                "), got '" + std::string(rank_text.substr(0, 40)) + "'");
+    l.rank = *rank;
+    lines.push_back(std::move(l));
   }
-  if (by_rank.empty()) return Status::Corruption(path + ": expected token lines, found none");
+  if (lines.empty()) return Status::Corruption(path + ": expected token lines, found none");
+  std::vector<std::string> by_rank(lines.size());
+  std::vector<size_t> line_of_rank(lines.size(), 0);
+  for (Line& l : lines) {
+    if (static_cast<size_t>(l.rank) >= lines.size()) continue;  // a rank below it is missing (reported next)
+    if (line_of_rank[l.rank] != 0)
+      return Status::Corruption(path + ":" + std::to_string(l.line_no) + ": rank " + std::to_string(l.rank) +
+                                " already given on line " + std::to_string(line_of_rank[l.rank]));
+    by_rank[l.rank] = std::move(l.bytes);
+    line_of_rank[l.rank] = l.line_no;
+  }
   for (size_t r = 0; r < by_rank.size(); ++r)
     if (line_of_rank[r] == 0)
-      return Status::Corruption(path + ": expected dense ranks 0.." + std::to_string(by_rank.size() - 1) + ", rank " +
+      return Status::Corruption(path + ": expected dense ranks 0.." + std::to_string(by_rank.size() - 1) + " (one per token line), rank " +
                                 std::to_string(r) + " is missing");
   t.num_bpe = static_cast<int32_t>(by_rank.size());
   t.offsets.assign(1, 0);
@@ -434,8 +447,8 @@ Result<std::optional<int32_t>> special_field(const Json& cfg, const std::string&
   return std::optional<int32_t>{found->second};
 }
 
-Status load_specials(const std::string& path, Tables& t) {
-  KL_ASSIGN_OR_RETURN(Json cfg, read_json_file(path));
+Status load_specials(std::string_view text, const std::string& path, Tables& t) {
+  KL_ASSIGN_OR_RETURN(Json cfg, parse_json(text, path));
   if (!cfg.is_object()) return Status::Corruption(path + ": expected a JSON object, got " + std::string(cfg.type_name()));
   std::vector<std::string> names(kNumSpecials);
   auto dec = cfg.find("added_tokens_decoder");
@@ -444,11 +457,9 @@ Status load_specials(const std::string& path, Tables& t) {
       return Status::Corruption(path + ": field 'added_tokens_decoder' must be an object, got " + dec->type_name());
     for (const auto& [key, entry] : dec->items()) {
       const std::string where = path + ": added_tokens_decoder[\"" + key + "\"]: ";
-      int64_t id = -1;
-      bool digits = !key.empty() && key.size() <= 9 &&
-                    std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
-      if (digits) id = std::stoll(key);
-      if (id < t.num_bpe || id >= t.num_bpe + kNumSpecials)
+      auto id_or = parse_int(key, IntRange{t.num_bpe, t.num_bpe + kNumSpecials - 1}, "id");
+      const int64_t id = id_or.ok() ? *id_or : -1;
+      if (!id_or.ok())
         return Status::Corruption(where + "expected a special id in [" + std::to_string(t.num_bpe) + ", " +
                                   std::to_string(t.num_bpe + kNumSpecials) + ")");
       auto content = entry.is_object() ? entry.find("content") : entry.end();
@@ -475,19 +486,34 @@ Status load_specials(const std::string& path, Tables& t) {
   return Status();
 }
 
+// The pattern is a constant, so it is compiled (and JIT-compiled) once per process and shared by
+// every Tables: loading a tokenizer again costs no compilation. A compiled pcre2_code is
+// read-only during matching, so sharing it across threads is safe.
 Status compile_pattern(Tables& t) {
-  int err = 0;
-  PCRE2_SIZE err_offset = 0;
-  t.regex = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err,
-                          &err_offset, nullptr);
-  if (!t.regex) {
-    PCRE2_UCHAR msg[256];
-    pcre2_get_error_message(err, msg, sizeof msg);
-    return Status::NotSupported("PCRE2 cannot compile the Kimi pattern at offset " + std::to_string(err_offset) + ": " +
-                                reinterpret_cast<const char*>(msg) + " (needs PCRE2 >= 10.40 with Unicode)");
-  }
-  // Without JIT (an unsupported CPU) pcre2_match interprets the same pattern: slower, same result.
-  pcre2_jit_compile(t.regex, PCRE2_JIT_COMPLETE);
+  struct Compiled {
+    pcre2_code* code = nullptr;
+    Status status;
+  };
+  static const Compiled compiled = [] {
+    Compiled c;
+    int err = 0;
+    PCRE2_SIZE err_offset = 0;
+    c.code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err,
+                           &err_offset, nullptr);
+    if (!c.code) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      c.status = Status::NotSupported("PCRE2 cannot compile the Kimi pattern at offset " + std::to_string(err_offset) +
+                                      ": " + reinterpret_cast<const char*>(msg) +
+                                      " (needs PCRE2 >= 10.40 with Unicode)");
+      return c;
+    }
+    // Without JIT (an unsupported CPU) pcre2_match interprets the same pattern: slower, same result.
+    pcre2_jit_compile(c.code, PCRE2_JIT_COMPLETE);
+    return c;
+  }();
+  if (!compiled.code) return compiled.status;
+  t.regex = compiled.code;
   return Status();
 }
 
@@ -639,12 +665,23 @@ std::optional<std::pair<size_t, int32_t>> find_special(const Tables& t, std::str
 // ---- Tokenizer --------------------------------------------------------------------------------
 
 Result<Tokenizer> Tokenizer::load(const std::string& dir) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec))
+  KL_ASSIGN_OR_RETURN(PathKind kind, path_kind(dir));
+  if (kind != PathKind::kDirectory)
     return Status::NotFound("tokenizer directory '" + dir + "' does not exist or is not a directory");
+  const std::string ranks_path = dir + "/tiktoken.model", config_path = dir + "/tokenizer_config.json";
+  KL_ASSIGN_OR_RETURN(std::string ranks, read_regular_file(ranks_path, kMaxTokenizerFileBytes));
+  KL_ASSIGN_OR_RETURN(std::string config, read_regular_file(config_path, kMaxJsonFileBytes));
+  return parse(ranks, config, ranks_path, config_path);
+}
+
+Result<Tokenizer> Tokenizer::parse(std::string_view tiktoken, std::string_view config, const std::string& tiktoken_name,
+                                   const std::string& config_name) {
+  if (static_cast<int64_t>(tiktoken.size()) > kMaxTokenizerFileBytes)
+    return Status::ResourceExhausted(tiktoken_name + ": " + std::to_string(tiktoken.size()) +
+                                     " bytes, more than the limit of " + std::to_string(kMaxTokenizerFileBytes));
   auto t = std::make_shared<Tables>();
-  KL_RETURN_IF_ERROR(load_ranks(dir + "/tiktoken.model", *t));
-  KL_RETURN_IF_ERROR(load_specials(dir + "/tokenizer_config.json", *t));
+  KL_RETURN_IF_ERROR(load_ranks(tiktoken, tiktoken_name, *t));
+  KL_RETURN_IF_ERROR(load_specials(config, config_name, *t));
   KL_RETURN_IF_ERROR(compile_pattern(*t));
   return Tokenizer(std::move(t));
 }

@@ -35,9 +35,13 @@ class Tokenizer {
   // Loads `dir/tiktoken.model` (one "base64(bytes) rank" per line, ranks dense from 0) and
   // `dir/tokenizer_config.json` (special names from `added_tokens_decoder`; unnamed ids of the
   // 256-id special range become "<|reserved_token_{id}|>"; bos/eos from `bos_token`/`eos_token`).
-  // Errors: NotFound when `dir` is not a directory; IOError when a file cannot be read;
+  // Errors: NotFound when `dir` is not a directory; IOError when a file cannot be read or is not a
+  // regular file; ResourceExhausted when a file exceeds its size limit (io/file.h);
   // Corruption naming the file, the line and what was expected when the contents are malformed.
   static Result<Tokenizer> load(const std::string& dir);
+  // The same from the two files' contents; the names appear in error messages.
+  static Result<Tokenizer> parse(std::string_view tiktoken, std::string_view config, const std::string& tiktoken_name,
+                                 const std::string& config_name);
 
   // Token ids of `text`. No BOS/EOS is added. Input that is not valid UTF-8 is first repaired
   // the way Python's `errors="replace"` would (each maximal ill-formed subpart -> U+FFFD).

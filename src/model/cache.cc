@@ -17,6 +17,12 @@ SeqLayout SeqLayout::part(int64_t b0, int64_t b1) const {
   p.cached.assign(cached.begin() + b0, cached.begin() + b1);
   p.slots.assign(slots.begin() + b0, slots.begin() + b1);
   p.page_table.assign(page_table.begin() + b0 * max_pages, page_table.begin() + b1 * max_pages);
+  for (size_t k = 0; k < snap_seq.size(); ++k) {
+    if (snap_seq[k] < b0 || snap_seq[k] >= b1) continue;
+    p.snap_seq.push_back(static_cast<int32_t>(snap_seq[k] - b0));
+    p.snap_pos.push_back(snap_pos[k]);
+    p.snap_slot.push_back(snap_slot[k]);
+  }
   return p;
 }
 
@@ -63,6 +69,8 @@ Result<std::unique_ptr<Cache>> Cache::create(const ModelConfig& c, Backend& be, 
   }
   for (int64_t i = s.slots - 1; i >= 0; --i) cache->free_slots_.push_back(i);
   for (int64_t i = s.pages - 1; i >= 0; --i) cache->free_pages_.push_back(static_cast<int32_t>(i));
+  cache->detached_.assign(static_cast<size_t>(s.slots), false);
+  cache->page_refs_.assign(static_cast<size_t>(s.pages), 0);
   return cache;
 }
 
@@ -97,8 +105,66 @@ Result<SeqId> Cache::open() {
 void Cache::close(SeqId seq) {
   Sequence& s = get(seq);
   free_slots_.push_back(s.slot);
-  free_pages_.insert(free_pages_.end(), s.pages.rbegin(), s.pages.rend());
+  for (auto p = s.pages.rbegin(); p != s.pages.rend(); ++p) release_page(*p);
   s = Sequence{};
+}
+
+Result<int64_t> Cache::take_slot() {
+  if (free_slots_.empty())
+    return Status::ResourceExhausted("cache: all " + std::to_string(sizes_.slots) + " state slots are in use");
+  const int64_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  detached_[slot] = true;
+  return slot;
+}
+
+void Cache::release_slot(int64_t slot) {
+  KL_CHECK(slot >= 0 && slot < sizes_.slots && detached_[slot], "slot " + std::to_string(slot) + " was not taken");
+  detached_[slot] = false;
+  free_slots_.push_back(slot);
+}
+
+void Cache::retain_page(int32_t page) {
+  KL_CHECK(page >= 0 && page < sizes_.pages && page_refs_[page] > 0, "retain of a free page");
+  ++page_refs_[page];
+}
+
+void Cache::release_page(int32_t page) {
+  KL_CHECK(page >= 0 && page < sizes_.pages && page_refs_[page] > 0, "release of a free page");
+  if (--page_refs_[page] == 0) free_pages_.push_back(page);
+}
+
+Status Cache::adopt(SeqId seq, int64_t tokens, int64_t snapshot_slot, std::span<const int32_t> pages) {
+  Sequence& s = get(seq);
+  const int64_t ps = sizes_.page_size;
+  const int64_t needed = sizes_.bytes_per_page > 0 ? (tokens + ps - 1) / ps : 0;
+  if (s.tokens != 0 || tokens < 1 || static_cast<int64_t>(pages.size()) < needed)
+    return Status::InvalidArgument("adopt: sequence " + std::to_string(seq) + " must be fresh and " +
+                                   std::to_string(pages.size()) + " pages must cover " + std::to_string(tokens) +
+                                   " positions");
+  if (snapshot_slot < 0 || snapshot_slot >= sizes_.slots || !detached_[snapshot_slot])
+    return Status::InvalidArgument("adopt: slot " + std::to_string(snapshot_slot) + " is not a taken snapshot slot");
+  for (int64_t i = 0; i < needed; ++i)
+    if (pages[i] < 0 || pages[i] >= sizes_.pages || page_refs_[pages[i]] == 0)
+      return Status::InvalidArgument("adopt: page " + std::to_string(pages[i]) + " is not held");
+  const bool partial = tokens % ps != 0 && needed > 0;
+  if (partial && free_pages_.empty())
+    return Status::ResourceExhausted("cache: no free MLA page for the partial page of a cached prefix");
+  for (int64_t i = 0; i < needed - (partial ? 1 : 0); ++i) {
+    retain_page(pages[i]);
+    s.pages.push_back(pages[i]);
+  }
+  if (partial) {
+    const int32_t own = free_pages_.back();
+    free_pages_.pop_back();
+    page_refs_[own] = 1;
+    for (const Tensor& pool : mla_pages_)
+      if (pool.defined()) backend_.copy(pool.rows(pages[needed - 1], pages[needed - 1] + 1), pool.rows(own, own + 1));
+    s.pages.push_back(own);
+  }
+  copy_slot(snapshot_slot, s.slot);
+  s.tokens = tokens;
+  return Status();
 }
 
 void Cache::copy_slot(int64_t from, int64_t to) {
@@ -115,6 +181,7 @@ Result<Batch> Cache::plan(std::span<const SeqStep> steps) {
   const int64_t ps = sizes_.page_size;
   int64_t pages_needed = 0, max_pages = 0;
   std::vector<SeqId> seen;
+  std::vector<int64_t> snap_slots;
   for (const SeqStep& st : steps) {
     const std::string who = "sequence " + std::to_string(st.seq);
     if (!is_open(st.seq)) return Status::InvalidArgument(who + " is not open");
@@ -135,6 +202,17 @@ Result<Batch> Cache::plan(std::span<const SeqStep> steps) {
       const int64_t want = (end + ps - 1) / ps;
       pages_needed += std::max<int64_t>(0, want - static_cast<int64_t>(s.pages.size()));
       max_pages = std::max(max_pages, want);
+    }
+    const int64_t n = static_cast<int64_t>(st.ids.size());
+    for (const Snapshot& snap : st.snapshots) {
+      if (snap.after < 1 || snap.after > n || (snap.after % 64 != 0 && snap.after != n))
+        return Status::InvalidArgument(who + ": a snapshot after " + std::to_string(snap.after) + " of " +
+                                       std::to_string(n) + " new tokens is not at a 64-token chunk boundary or the end");
+      if (snap.slot < 0 || snap.slot >= sizes_.slots || !detached_[snap.slot] ||
+          std::find(snap_slots.begin(), snap_slots.end(), snap.slot) != snap_slots.end())
+        return Status::InvalidArgument(who + ": snapshot slot " + std::to_string(snap.slot) +
+                                       " is not a taken slot (or is used twice in the step)");
+      snap_slots.push_back(snap.slot);
     }
   }
   if (pages_needed > free_pages())
@@ -162,8 +240,12 @@ Result<Batch> Cache::plan(std::span<const SeqStep> steps) {
     Sequence& s = get(st.seq);
     const int64_t n = static_cast<int64_t>(st.ids.size());
     if (sizes_.bytes_per_page > 0) {
+      // A page is written only by its one holder: shared pages are full (see adopt).
+      KL_CHECK(s.tokens % ps == 0 || page_refs_[s.pages.back()] == 1,
+               "sequence " + std::to_string(st.seq) + " would write a shared page");
       while (static_cast<int64_t>(s.pages.size()) * ps < s.tokens + n) {
         s.pages.push_back(free_pages_.back());
+        page_refs_[free_pages_.back()] = 1;
         free_pages_.pop_back();
       }
     }
@@ -175,6 +257,11 @@ Result<Batch> Cache::plan(std::span<const SeqStep> steps) {
     L.slots.push_back(static_cast<int32_t>(s.slot));
     for (int64_t p = 0; p < max_pages; ++p)
       L.page_table.push_back(p < static_cast<int64_t>(s.pages.size()) ? s.pages[p] : -1);
+    for (const Snapshot& snap : st.snapshots) {
+      L.snap_seq.push_back(static_cast<int32_t>(b.seqs.size() - 1));
+      L.snap_pos.push_back(static_cast<int32_t>(snap.after));
+      L.snap_slot.push_back(static_cast<int32_t>(snap.slot));
+    }
   }
   for (size_t i = 0; i < steps.size(); ++i) {
     const int32_t n = static_cast<int32_t>(steps[i].ids.size());

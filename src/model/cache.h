@@ -44,11 +44,20 @@ struct CacheSizes {
   uint64_t bytes() const { return bytes_per_slot * slots + bytes_per_page * pages; }
 };
 
+// Copy the KDA and conv state of a sequence, as it stands after `after` of its new tokens, into
+// `slot` (a slot from take_slot) while the step runs: the snapshots of prefix caching. `after` is
+// a multiple of 64 (a KDA chunk boundary, so no prefill is split for it) or the step's last token.
+struct Snapshot {
+  int64_t after = 0;
+  int64_t slot = 0;
+};
+
 // One sequence's part of a step.
 struct SeqStep {
   SeqId seq = 0;
   std::span<const int32_t> ids;
   LogitsMode logits = LogitsMode::kLast;
+  std::span<const Snapshot> snapshots = {};
 };
 
 // A planned step: the new ids of every sequence concatenated, their layout, and the rows whose
@@ -92,9 +101,29 @@ class Cache {
   // Copies the KDA and conv state of slot `from` into slot `to` in every KDA layer.
   void copy_slot(int64_t from, int64_t to);
 
+  // Slots held outside any sequence (prefix-cache snapshots): take one (ResourceExhausted when
+  // none is free) and give it back.
+  Result<int64_t> take_slot();
+  void release_slot(int64_t slot);
+
+  // MLA pages are reference counted: a sequence holds one reference on each of its pages, and a
+  // prefix cache may hold more (retain/release), so a page returns to the free list only when its
+  // last holder lets go. A page held more than once is never written (see adopt).
+  void retain_page(int32_t page);
+  void release_page(int32_t page);
+  int64_t page_refs(int32_t page) const { return page_refs_[page]; }
+
+  // Starts the fresh sequence `seq` (no tokens yet) from a cached prefix of `tokens` positions:
+  // its state is copied from `snapshot_slot` (the KDA and conv state after exactly `tokens`
+  // positions), its first tokens / page_size pages become `pages` (shared, retained), and the
+  // positions of a last partial page are copied into a page of its own, so the sequence never
+  // writes a shared page. `pages` must cover [0, tokens).
+  Status adopt(SeqId seq, int64_t tokens, int64_t snapshot_slot, std::span<const int32_t> pages);
+
   // Validates a step (open sequences, each at most once, at least one id each, ids inside the
-  // vocabulary, positions inside the context), reserves the pages its new tokens need (all or
-  // none: ResourceExhausted when they do not fit) and builds the batch.
+  // vocabulary, positions inside the context, snapshots at allowed positions into taken slots),
+  // reserves the pages its new tokens need (all or none: ResourceExhausted when they do not fit)
+  // and builds the batch.
   Result<Batch> plan(std::span<const SeqStep> steps);
   // Marks the batch's tokens as processed (Model::forward, after a successful step).
   void advance(const Batch& batch);
@@ -116,7 +145,9 @@ class Cache {
   std::vector<Tensor> kda_states_, conv_states_, mla_pages_;  // by layer
   std::vector<Sequence> seqs_;                                // by SeqId
   std::vector<int64_t> free_slots_;
+  std::vector<bool> detached_;         // by slot: taken with take_slot
   std::vector<int32_t> free_pages_;
+  std::vector<int32_t> page_refs_;     // by page
 };
 
 }  // namespace klinear

@@ -1,25 +1,39 @@
 #include "model/model.h"
 
+#include <cmath>
+#include <optional>
 #include <vector>
 
 #include "io/checkpoint.h"
 
 namespace klinear {
 
-Result<std::unique_ptr<Model>> Model::load(const std::string& dir, Backend& backend) {
+Result<LoadFormat> parse_load_format(const std::string& name) {
+  if (name == "safetensors") return LoadFormat::kSafetensors;
+  if (name == "dummy") return LoadFormat::kDummy;
+  return Status::InvalidArgument("load format '" + name + "' is not one of: safetensors, dummy");
+}
+
+Result<std::unique_ptr<Model>> Model::load(const std::string& dir, Backend& backend, LoadFormat format) {
   KL_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
-  KL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(dir));
+  std::optional<Checkpoint> ckpt;
   // Refuse up front rather than die of OOM half-way: every weight element (an MXFP4 byte holds
   // two) takes weight_element_bytes() on the backend.
   uint64_t elements = 0;
-  for (const auto& [dtype, s] : ckpt.stats()) elements += static_cast<uint64_t>(dtype == "U8" ? 2 * s.bytes : s.params);
+  if (format == LoadFormat::kSafetensors) {
+    KL_ASSIGN_OR_RETURN(ckpt, Checkpoint::open(dir));
+    for (const auto& [dtype, s] : ckpt->stats()) elements += static_cast<uint64_t>(dtype == "U8" ? 2 * s.bytes : s.params);
+  } else {
+    elements = count_parameters(config, backend);
+  }
   const uint64_t need = elements * backend.weight_element_bytes(), have = backend.available_bytes();
   if (need > have) {
     auto gib = [](uint64_t b) { return std::to_string(b >> 30) + "." + std::to_string(((b >> 20) & 1023) * 10 / 1024); };
     return Status::ResourceExhausted(dir + ": the weights need about " + gib(need) + " GiB on the " + backend.name() +
                                      " backend, " + gib(have) + " GiB is available");
   }
-  KL_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(config, ckpt, backend));
+  KL_ASSIGN_OR_RETURN(ModelWeights weights,
+                      ckpt ? load_weights(config, *ckpt, backend) : dummy_weights(config, backend));
   return std::make_unique<Model>(std::move(config), std::move(weights), backend);
 }
 
@@ -49,13 +63,27 @@ Result<Tensor> Model::forward(Batch& batch, Cache& cache) {
   };
   be.embedding(on_device(batch.ids), weights_.embed, h);
 
+  Status finite;  // the first non-finite sublayer output, with check_finite_
+  auto checked = [&](int64_t l, const char* part, Tensor out) {
+    if (!check_finite_ || !finite.ok()) return out;
+    const Tensor host = be.to_host(out);
+    for (int64_t i = 0; i < host.numel(); ++i)
+      if (!std::isfinite(host.f32()[i])) {
+        finite = Status::Corruption("layer " + std::to_string(l) + " (" + (c.mixer(l) == Mixer::kKda ? "KDA" : "MLA") +
+                                    " mixer, " + (c.ffn(l) == Ffn::kDense ? "dense" : "MoE") + " FFN): the " + part +
+                                    " output is not finite (" + std::to_string(host.f32()[i]) + " at row " +
+                                    std::to_string(i / host.dim(-1)) + ")");
+        break;
+      }
+    return out;
+  };
   auto mixer = [&](int64_t l, const Tensor& xn) {
     const LayerWeights& lw = weights_.layers[l];
-    return lw.mixer == Mixer::kKda ? kda(lw.kda, xn, l, batch, cache) : mla(lw.mla, xn, l, batch, cache);
+    return checked(l, "mixer", lw.mixer == Mixer::kKda ? kda(lw.kda, xn, l, batch, cache) : mla(lw.mla, xn, l, batch, cache));
   };
   auto ffn = [&](int64_t l, const Tensor& xn) {
     const LayerWeights& lw = weights_.layers[l];
-    return lw.ffn == Ffn::kDense ? mlp(lw.mlp, xn) : moe(lw.moe, xn);
+    return checked(l, "FFN", lw.ffn == Ffn::kDense ? mlp(lw.mlp, xn) : moe(lw.moe, xn));
   };
   auto normed = [&](const Tensor& x, const Tensor& w) {
     Tensor y = act(x.shape());
@@ -96,6 +124,7 @@ Result<Tensor> Model::forward(Batch& batch, Cache& cache) {
     }
     x = attn_res_read(with_partial(p), weights_.output_res_query);
   }
+  KL_RETURN_IF_ERROR(finite);
   cache.advance(batch);
 
   const int64_t R = static_cast<int64_t>(batch.logit_rows.size());

@@ -20,15 +20,26 @@
 
 namespace klinear {
 
+// Where the weights come from: the checkpoint's safetensors, or dummy weights from config.json
+// alone (--load-format dummy).
+enum class LoadFormat { kSafetensors, kDummy };
+Result<LoadFormat> parse_load_format(const std::string& name);
+
 class Model {
  public:
-  // Reads config.json and the safetensors of `dir` onto `backend` (which must outlive the model).
-  static Result<std::unique_ptr<Model>> load(const std::string& dir, Backend& backend);
+  // Reads config.json and the weights of `dir` onto `backend` (which must outlive the model).
+  // Refuses, before loading, weights that do not fit in the backend's memory.
+  static Result<std::unique_ptr<Model>> load(const std::string& dir, Backend& backend,
+                                             LoadFormat format = LoadFormat::kSafetensors);
   Model(ModelConfig config, ModelWeights weights, Backend& backend)
       : config_(std::move(config)), weights_(std::move(weights)), backend_(backend) {}
 
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
+  // With checks on, forward() copies each sublayer's output to the host and fails (Corruption)
+  // naming the first layer whose output is not finite (the states of the step's sequences are then
+  // undefined: close them). Off by default: it synchronises every layer.
+  void set_check_finite(bool on) { check_finite_ = on; }
 
   // Runs `batch` (from cache.plan) and advances its sequences. Returns the logits of the batch's
   // logit_rows, [R, V] F32 on the backend's device, valid until the backend's next step.
@@ -47,6 +58,7 @@ class Model {
   ModelConfig config_;
   ModelWeights weights_;
   Backend& backend_;
+  bool check_finite_ = false;
 };
 
 }  // namespace klinear

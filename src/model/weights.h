@@ -77,5 +77,11 @@ struct ModelWeights {
 // Loads every parameter `config` needs from `ckpt` onto `backend`; fails if anything is missing,
 // has a wrong shape, or is left over in the checkpoint.
 Result<ModelWeights> load_weights(const ModelConfig& config, Checkpoint& ckpt, Backend& backend);
+// Every parameter of `config` as dummy weights made on the backend (Backend::random_fill, seeded
+// by each tensor's name, well scaled; routed experts dense in the activation dtype): real shapes
+// without a download.
+Result<ModelWeights> dummy_weights(const ModelConfig& config, Backend& backend);
+// How many parameter elements dummy_weights would make.
+uint64_t count_parameters(const ModelConfig& config, Backend& backend);
 
 }  // namespace klinear

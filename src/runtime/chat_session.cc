@@ -10,14 +10,27 @@ Result<std::unique_ptr<ChatSession>> ChatSession::create(Model& model, const Cac
                                                          ChatFormat format, std::string system_prompt) {
   std::unique_ptr<ChatSession> s(new ChatSession(model, std::move(tokenizer), format));
   KL_ASSIGN_OR_RETURN(s->cache_, Cache::create(model.config(), model.backend(), cache));
-  KL_ASSIGN_OR_RETURN(s->seq_, s->cache_->open());
   s->stop_id_ = s->tokenizer_.special_id(chat_stop_marker(format)).value_or(-1);
-  if (!system_prompt.empty()) s->history_.push_back(ChatMessage{"system", std::move(system_prompt), {}, "", ""});
+  s->system_prompt_ = std::move(system_prompt);
+  KL_RETURN_IF_ERROR(s->reset());
   return s;
 }
 
-Result<std::string> ChatSession::turn(const std::string& user_text, const GenerateOptions& options,
-                                      const std::function<void(const std::string&)>& on_text) {
+Status ChatSession::reset() {
+  if (cache_->is_open(seq_)) cache_->close(seq_);
+  KL_ASSIGN_OR_RETURN(seq_, cache_->open());
+  history_.clear();
+  if (!system_prompt_.empty()) history_.push_back(ChatMessage{"system", system_prompt_, {}, "", ""});
+  fed_.clear();
+  stop_pending_ = full_ = false;
+  return Status();
+}
+
+Result<ChatSession::Reply> ChatSession::turn(const std::string& user_text, const GenerateOptions& options,
+                                             const std::function<void(const std::string&)>& on_text) {
+  if (full_)
+    return Status::InvalidArgument("the conversation fills the model's context (" + std::to_string(tokens()) +
+                                   " tokens); reset it to go on");
   if (stop_id_ < 0)
     return Status::NotFound("the tokenizer has no '" + chat_stop_marker(format_) + "' token for this chat format");
   std::vector<ChatMessage> next = history_;
@@ -51,8 +64,10 @@ Result<std::string> ChatSession::turn(const std::string& user_text, const Genera
   reply += tail;
   if (on_text && !tail.empty()) on_text(tail);
   // The sampled last token (the end marker, or the last token of a length-limited reply) was
-  // never run through the model: it is fed at the start of the next turn.
-  if (!r.ids.empty() && r.ids.back() != stop_id_) {
+  // never run through the model: it is fed at the start of the next turn. A reply cut by the
+  // context leaves no room for it: the session is full.
+  full_ = r.finish == FinishReason::kContext;
+  if (!full_ && !r.ids.empty() && r.ids.back() != stop_id_) {
     const int32_t last[1] = {r.ids.back()};
     KL_ASSIGN_OR_RETURN(Tensor unused, model_.forward_one(*cache_, seq_, last, LogitsMode::kLast));
     (void)unused;
@@ -64,7 +79,7 @@ Result<std::string> ChatSession::turn(const std::string& user_text, const Genera
   closed.add_generation_prompt = false;
   KL_ASSIGN_OR_RETURN(fed_, render_chat_segments(format_, next, closed));
   history_ = std::move(next);
-  return reply;
+  return Reply{reply, r.finish};
 }
 
 }  // namespace klinear

@@ -24,10 +24,19 @@ class ChatSession {
   static Result<std::unique_ptr<ChatSession>> create(Model& model, const CacheOptions& cache, Tokenizer tokenizer,
                                                      ChatFormat format, std::string system_prompt);
 
-  // Adds a user message, generates the reply (streamed through `on_text`) and returns it.
-  // Errors leave the session usable only if they happen before anything was fed (bad options).
-  Result<std::string> turn(const std::string& user_text, const GenerateOptions& options,
-                           const std::function<void(const std::string&)>& on_text);
+  struct Reply {
+    std::string text;
+    FinishReason finish = FinishReason::kStop;  // kContext: the conversation now fills the context
+  };
+  // Adds a user message, generates the reply (streamed through `on_text`) and returns it. A reply
+  // cut by the context is kept (finish kContext); the session is then full until reset(). Errors
+  // (bad options, a message that does not fit, a full session) happen before anything is fed and
+  // leave the session as it was.
+  Result<Reply> turn(const std::string& user_text, const GenerateOptions& options,
+                     const std::function<void(const std::string&)>& on_text);
+  // Starts the conversation again from an empty state (the system prompt stays).
+  Status reset();
+  bool full() const { return full_; }
   int64_t tokens() const { return cache_->tokens(seq_); }
 
  private:
@@ -40,9 +49,11 @@ class ChatSession {
   int32_t stop_id_;
   std::unique_ptr<Cache> cache_;
   SeqId seq_ = 0;
+  std::string system_prompt_;
   std::vector<ChatMessage> history_;
   std::vector<ChatSegment> fed_;   // the rendering the state corresponds to
   bool stop_pending_ = false;      // the previous reply's end marker has not been fed yet
+  bool full_ = false;              // a reply reached the context
 };
 
 // The chat format of a checkpoint: K3 for model_type "kimi_k3", K2 / Kimi Linear otherwise.

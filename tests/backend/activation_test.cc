@@ -34,7 +34,7 @@ TEST_P(Activations, SwigluAndSitu) {
         else v = c.p.beta * std::tanh(g / c.p.beta) * sig(g) * (c.p.linear_beta ? *c.p.linear_beta * std::tanh(u / *c.p.linear_beta) : u);
         expect.f32()[r * f + j] = float(v);
       }
-    EXPECT_TRUE(testing::close(host(out), expect, tol())) << c.name;
+    EXPECT_TRUE(testing::all_close(host(out), expect, tol())) << c.name;
   }
 }
 
@@ -51,16 +51,16 @@ TEST_P(Activations, SigmoidGateSigmoidAndAdd) {
   }
   Tensor dx = dev(x);
   be().sigmoid_mul(dx, dev(gate));
-  EXPECT_TRUE(testing::close(host(dx), gated, tol())) << "sigmoid_mul";
+  EXPECT_TRUE(testing::all_close(host(dx), gated, tol())) << "sigmoid_mul";
   Tensor y = poisoned({n, f}, DType::kF32);
   be().sigmoid(dev(x, DType::kF32), y);
-  EXPECT_TRUE(testing::close(host(y), s, tol())) << "sigmoid";
+  EXPECT_TRUE(testing::all_close(host(y), s, tol())) << "sigmoid";
   Tensor inplace = dev(x, DType::kF32);
   be().sigmoid(inplace, inplace);
-  EXPECT_TRUE(testing::close(host(inplace), s, tol())) << "sigmoid in place";
+  EXPECT_TRUE(testing::all_close(host(inplace), s, tol())) << "sigmoid in place";
   Tensor acc = dev(x);
   be().add(acc, dev(gate));
-  EXPECT_TRUE(testing::close(host(acc), sum, tol())) << "add";
+  EXPECT_TRUE(testing::all_close(host(acc), sum, tol())) << "add";
 }
 
 TEST_P(Activations, EmbeddingRows) {
@@ -75,7 +75,7 @@ TEST_P(Activations, EmbeddingRows) {
   Tensor expect = Tensor::empty(DType::kF32, {9, c});
   for (int64_t i = 0; i < 9; ++i)
     for (int64_t j = 0; j < c; ++j) expect.f32()[i * c + j] = table.f32()[ids.data_as<int32_t>()[i] * c + j];
-  EXPECT_TRUE(testing::close(host(out), expect, tol()));
+  EXPECT_TRUE(testing::all_close(host(out), expect, tol()));
 }
 
 KL_BACKEND_SUITE(Activations);

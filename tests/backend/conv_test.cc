@@ -45,7 +45,7 @@ TEST_P(ShortConv, BatchAgainstFormulaAndPieces) {
         for (int64_t ch = 0; ch < c; ++ch)
           expect_state.f32()[(slot_of[b] * (kc - 1) + r) * c + ch] = in(t - (kc - 1) + r, ch);
     }
-    EXPECT_TRUE(testing::close(host(out), expect, tol())) << "kc " << kc;
+    EXPECT_TRUE(testing::all_close(host(out), expect, tol())) << "kc " << kc;
     EXPECT_TRUE(testing::close_rel(host(states), expect_state, tol())) << "states, kc " << kc;
 
     // The first sequence alone in pieces 1 + 9 + 13 through its slot equals the batch result.
@@ -59,7 +59,7 @@ TEST_P(ShortConv, BatchAgainstFormulaAndPieces) {
       const Tensor oh = host(o);
       std::memcpy(pieces.f32() + b * c, oh.f32(), oh.nbytes());
     }
-    EXPECT_TRUE(testing::close(pieces, host(out).rows(0, lens[0]), tol())) << "pieces, kc " << kc;
+    EXPECT_TRUE(testing::all_close(pieces, host(out).rows(0, lens[0]), tol())) << "pieces, kc " << kc;
   }
 }
 

@@ -33,7 +33,7 @@ TEST_P(Gemm, LinearMatchesLoop) {
       if (s.k == 0) {
         for (int64_t i = 0; i < got.numel(); ++i) ASSERT_EQ(got.f32()[i], 0.0f) << what;
       } else {
-        EXPECT_TRUE(testing::close(got, expect, tol())) << what;
+        EXPECT_TRUE(testing::all_close(got, expect, tol())) << what;
       }
     }
   }

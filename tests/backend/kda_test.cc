@@ -15,7 +15,7 @@
 namespace klinear {
 namespace {
 
-using testing::close;
+using testing::all_close;
 
 enum class Form { kChunked, kRecurrent };
 const char* form_name(Form f) { return f == Form::kChunked ? "chunked" : "recurrent"; }
@@ -73,8 +73,8 @@ TEST_P(KdaOps, FixtureBothForms) {
     Tensor out = poisoned({B * T, H, D});
     run(form, KdaArgs{dev(rows(q)), dev(rows(k)), dev(rows(v)), dev(rows(g), DType::kF32), dev(beta, DType::kF32), states, out},
         layout);
-    EXPECT_TRUE(close(host(out), expect_out, tol())) << "out";
-    EXPECT_TRUE(close(host(states), final_slots, tol())) << "final state";
+    EXPECT_TRUE(all_close(host(out), expect_out, tol())) << "out";
+    EXPECT_TRUE(all_close(host(states), final_slots, tol())) << "final state";
   }
 }
 
@@ -189,8 +189,8 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
       Tensor states = persistent(s0, DType::kF32);
       Tensor out = poisoned(nhd);
       run(form, KdaArgs{dev(q), dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), states, out}, layout);
-      EXPECT_TRUE(close(host(out), o_ref, t)) << form_name(form) << " out";
-      EXPECT_TRUE(close(host(states), s_ref, t)) << form_name(form) << " states (untouched slots included)";
+      EXPECT_TRUE(all_close(host(out), o_ref, t)) << form_name(form) << " out";
+      EXPECT_TRUE(all_close(host(states), s_ref, t)) << form_name(form) << " states (untouched slots included)";
     }
   }
 }

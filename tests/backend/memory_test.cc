@@ -14,8 +14,8 @@ class MemoryOps : public testing::BackendTest {};
 TEST_P(MemoryOps, RoundTripsFillAndCopies) {
   std::mt19937_64 rng(testing::fresh_seed());
   Tensor x = testing::random_tensor(rng, {7, 12});
-  EXPECT_TRUE(testing::close(host(dev(x, DType::kF32)), x, 1e-7)) << "F32 round trip is exact";
-  EXPECT_TRUE(testing::close(host(dev(x)), x, tol())) << "activation dtype round trip";
+  EXPECT_TRUE(testing::all_close(host(dev(x, DType::kF32)), x, 1e-7)) << "F32 round trip is exact";
+  EXPECT_TRUE(testing::all_close(host(dev(x)), x, tol())) << "activation dtype round trip";
   Tensor ids = Tensor::empty(DType::kI32, {5});
   for (int i = 0; i < 5; ++i) ids.data_as<int32_t>()[i] = 1000003 * i - 7;
   Tensor back = host(dev(ids, DType::kI32));
@@ -29,7 +29,7 @@ TEST_P(MemoryOps, RoundTripsFillAndCopies) {
 
   Tensor dst = poisoned({7, 12});
   be().copy(dev(x), dst);
-  EXPECT_TRUE(testing::close(host(dst), x, tol())) << "copy";
+  EXPECT_TRUE(testing::all_close(host(dst), x, tol())) << "copy";
 
   // copy_columns: columns [3, 8) of x into columns [1, 6) of a [7, 9] tensor; the rest keeps 0.
   Tensor cols = dev(Tensor::zeros(DType::kF32, {7, 9}));
@@ -48,7 +48,7 @@ TEST_P(MemoryOps, RoundTripsFillAndCopies) {
   Tensor ge = Tensor::empty(DType::kF32, {4, 12});
   for (int i = 0; i < 4; ++i)
     for (int64_t j = 0; j < 12; ++j) ge.f32()[i * 12 + j] = x.f32()[pick[i] * 12 + j];
-  EXPECT_TRUE(testing::close(host(g), ge, tol())) << "gather_rows";
+  EXPECT_TRUE(testing::all_close(host(g), ge, tol())) << "gather_rows";
 }
 
 TEST_P(MemoryOps, StepArenaGivesTheSameAddressesEachStep) {

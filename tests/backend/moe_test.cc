@@ -47,7 +47,7 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
           expect.f32()[t * dout + r] += float(weights.f32()[t * k + i] * acc);
         }
       }
-    EXPECT_TRUE(testing::close(host(out), expect, tol()));
+    EXPECT_TRUE(testing::all_close(host(out), expect, tol()));
   }
 }
 

@@ -29,13 +29,13 @@ TEST_P(AttnRes, DirectEqualsTwoPhase) {
     Tensor out = poisoned({t, d});
     be().attn_res_read(on_device, dev(e, DType::kF32), eps, out);
     testing::attn_res_phase2(stats, nullptr, e, eps, two);
-    EXPECT_TRUE(testing::close(host(out), two, tol())) << blocks_n << " blocks, no partial";
+    EXPECT_TRUE(testing::all_close(host(out), two, tol())) << blocks_n << " blocks, no partial";
 
     on_device.push_back(dev(p));
     out = poisoned({t, d});
     be().attn_res_read(on_device, dev(e, DType::kF32), eps, out);
     testing::attn_res_phase2(stats, &p, e, eps, two);
-    EXPECT_TRUE(testing::close(host(out), two, tol())) << blocks_n << " blocks + partial";
+    EXPECT_TRUE(testing::all_close(host(out), two, tol())) << blocks_n << " blocks + partial";
   }
 }
 

@@ -61,17 +61,17 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   Model& m = **model;
 
   const Tensor all = run_pieces(m, ids, {});
-  EXPECT_TRUE(testing::close(run_pieces(m, ids, {70}).rows(70, 75), all.rows(70, 75), tol)) << "piecewise prefill";
+  EXPECT_TRUE(testing::all_close(run_pieces(m, ids, {70}).rows(70, 75), all.rows(70, 75), tol)) << "piecewise prefill";
   std::vector<int64_t> one_by_one;
   for (int64_t i = 3; i < 75; ++i) one_by_one.push_back(i);
   const Tensor dec = run_pieces(m, ids, one_by_one);
   for (int64_t i = 3; i < 75; ++i)
-    ASSERT_TRUE(testing::close(dec.rows(i, i + 1), all.rows(i, i + 1), tol)) << "decode position " << i;
+    ASSERT_TRUE(testing::all_close(dec.rows(i, i + 1), all.rows(i, i + 1), tol)) << "decode position " << i;
   if (row.device != Device::kCpu) {
     auto cpu = make_backend(BackendOptions{});
     auto ref = Model::load(scratch.str(), **cpu);
     ASSERT_TRUE(ref.ok());
-    EXPECT_TRUE(testing::close(all, run_pieces(**ref, ids, {}), row.model_tol)) << "against the CPU";
+    EXPECT_TRUE(testing::all_close(all, run_pieces(**ref, ids, {}), row.model_tol)) << "against the CPU";
   }
 }
 

@@ -76,7 +76,7 @@ TEST_P(FixtureTest, Prefill) {
   for (const Json& c : cases_["cases"]) {
     if (c["kind"] != "prefill") continue;
     const SeqId s = open();
-    EXPECT_TRUE(testing::close(run(s, ids_of(c["input_ids"])), golden(c["name"]), tol_)) << c["name"];
+    EXPECT_TRUE(testing::all_close(run(s, ids_of(c["input_ids"])), golden(c["name"]), tol_)) << c["name"];
     cache_->close(s);
     ++n;
   }
@@ -89,8 +89,8 @@ TEST_P(FixtureTest, Continue) {
     if (c["kind"] != "continue") continue;
     const std::string name = c["name"];
     const SeqId s = open();
-    EXPECT_TRUE(testing::close(run(s, ids_of(c["first_ids"])), golden(name + "_first"), tol_)) << name;
-    EXPECT_TRUE(testing::close(run(s, ids_of(c["second_ids"])), golden(name + "_second"), tol_)) << name;
+    EXPECT_TRUE(testing::all_close(run(s, ids_of(c["first_ids"])), golden(name + "_first"), tol_)) << name;
+    EXPECT_TRUE(testing::all_close(run(s, ids_of(c["second_ids"])), golden(name + "_second"), tol_)) << name;
     cache_->close(s);
     ++n;
   }
@@ -110,7 +110,7 @@ TEST_P(FixtureTest, Greedy) {
     Tensor logits = run(s, ids_of(c["prompt_ids"]), LogitsMode::kLast);
     for (size_t i = 0; i <= expected.size(); ++i) {
       const Tensor ref = steps.rows(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1);
-      EXPECT_TRUE(testing::close(logits, ref, tol_)) << name << " step " << i;
+      EXPECT_TRUE(testing::all_close(logits, ref, tol_)) << name << " step " << i;
       if (i == expected.size()) break;
       const int32_t next = argmax(std::span<const float>(logits.f32(), static_cast<size_t>(logits.numel())));
       if (std::get<1>(GetParam()).dtype == DType::kF32) {

@@ -36,7 +36,7 @@ TEST(ChatSession, SecondTurnEqualsFreshPrefillOfTheConversation) {
   std::string streamed;
   auto second = session.turn("And again?", greedy, [&](const std::string& piece) { streamed += piece; });
   ASSERT_TRUE(second.ok()) << second.status().to_string();
-  EXPECT_EQ(streamed, *second);
+  EXPECT_EQ(streamed, second->text);
 
   // The same conversation from scratch: render turn 1, generate, then append the end marker and
   // the rendering delta of turn 2.
@@ -46,7 +46,7 @@ TEST(ChatSession, SecondTurnEqualsFreshPrefillOfTheConversation) {
   std::vector<int32_t> conversation = p1;
   conversation.insert(conversation.end(), r1.ids.begin(), r1.ids.end());
   if (r1.ids.back() != im_end) conversation.push_back(im_end);
-  msgs.push_back({"assistant", *first, {}, "", ""});
+  msgs.push_back({"assistant", first->text, {}, "", ""});
   ChatOptions closed;
   closed.add_generation_prompt = false;
   const auto before = render_chat_segments(ChatFormat::kKimiK2, msgs, closed).value();
@@ -60,7 +60,7 @@ TEST(ChatSession, SecondTurnEqualsFreshPrefillOfTheConversation) {
   auto r2 = generate(**model, conversation, o, nullptr).value();
   std::vector<int32_t> reply_ids = r2.ids;
   if (!reply_ids.empty() && reply_ids.back() == im_end) reply_ids.pop_back();
-  EXPECT_EQ(tok->decode(reply_ids), *second);
+  EXPECT_EQ(tok->decode(reply_ids), second->text);
   EXPECT_EQ(session.tokens(), static_cast<int64_t>(conversation.size() + r2.ids.size()) -
                                   (r2.ids.back() == im_end ? 1 : 0));
 }

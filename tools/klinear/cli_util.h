@@ -1,5 +1,5 @@
-// Small helpers shared by the CLI subcommands: error printing, id-list parsing, and the sampling
-// options common to generate and chat.
+// Small helpers shared by the CLI subcommands: error printing and the sampling options common to
+// generate and chat (their checks included). Number parsing lives in cli_parse.h.
 #pragma once
 
 #include <cstdio>
@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_parse.h"
 #include "core/status.h"
 #include "io/json.h"
 #include "runtime/generate.h"
@@ -28,41 +29,30 @@ inline int fail(const char* cmd, const Status& s) {
   }
 }
 
-// "1,2,3", "1, 2, 3" or "[1, 2, 3]" (tokenize's own output) → ids; "" or "[]" → no ids.
-// InvalidArgument naming `flag`, the item and its position otherwise.
-inline Result<std::vector<int32_t>> parse_id_list(const std::string& text, const std::string& flag) {
-  auto trim = [](std::string v) {
-    const size_t b = v.find_first_not_of(" \t\r\n"), e = v.find_last_not_of(" \t\r\n");
-    return b == std::string::npos ? std::string() : v.substr(b, e - b + 1);
-  };
-  std::string s = trim(text);
-  if (s.size() >= 2 && s.front() == '[' && s.back() == ']') s = trim(s.substr(1, s.size() - 2));
-  std::vector<int32_t> ids;
-  if (s.empty()) return ids;
-  size_t pos = 0;
-  for (size_t item = 0;; ++item) {
-    const size_t comma = s.find(',', pos);
-    const std::string field = trim(s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
-    bool ok = !field.empty() && field.size() <= 10;
-    for (char ch : field) ok = ok && ch >= '0' && ch <= '9';
-    const long long v = ok ? std::stoll(field) : -1;
-    if (!ok || v > INT32_MAX)
-      return Status::InvalidArgument(flag + ": item " + std::to_string(item) + " is '" + field +
-                                     "', expected a non-negative token id (a list like 1,2,3)");
-    ids.push_back(static_cast<int32_t>(v));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return ids;
-}
+// Largest --max-tokens / --top-k accepted (far beyond any context or vocabulary we load).
+inline constexpr int64_t kMaxFlagCount = int64_t{1} << 30;
 
 inline void add_generate_options(CLI::App* sub, GenerateOptions& o) {
-  sub->add_option("--max-tokens", o.max_tokens, "maximum number of tokens to generate")->capture_default_str();
-  sub->add_option("--temperature", o.sampling.temperature, "sampling temperature; 0 is greedy")->capture_default_str();
-  sub->add_option("--top-k", o.sampling.top_k, "sample from the k most likely tokens (0: all)")->capture_default_str();
-  sub->add_option("--top-p", o.sampling.top_p, "nucleus sampling probability mass")->capture_default_str();
-  sub->add_option("--seed", o.sampling.seed, "random seed for sampling")->capture_default_str();
+  sub->add_option("--max-tokens", o.max_tokens, "maximum number of tokens to generate")
+      ->check(int_in({0, kMaxFlagCount}))
+      ->capture_default_str();
+  sub->add_option("--temperature", o.sampling.temperature, "sampling temperature; 0 is greedy")
+      ->check(number_in(0, 1e4))
+      ->capture_default_str();
+  sub->add_option("--top-k", o.sampling.top_k, "sample from the k most likely tokens (0: all)")
+      ->check(int_in({0, kMaxFlagCount}))
+      ->capture_default_str();
+  sub->add_option("--top-p", o.sampling.top_p, "nucleus sampling probability mass, in (0, 1]")
+      ->check(number_in(0, 1))
+      ->capture_default_str();
+  sub->add_option("--seed", o.sampling.seed, "random seed for sampling")->check(uint64_any())->capture_default_str();
   sub->add_flag("--ignore-eos", o.ignore_eos, "do not stop at the end-of-sequence id");
+}
+
+// Everything generate and chat can check about their options before loading anything.
+inline Status validate_generate_options(const GenerateOptions& o) {
+  KL_RETURN_IF_ERROR(validate_sampling(o.sampling));
+  return check_range(o.max_tokens, IntRange{0, kMaxFlagCount}, "max_tokens");
 }
 
 // Prints the generated ids: one JSON object with --json, else the ids on one line. `text` is the

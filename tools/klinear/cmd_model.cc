@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <cstdio>
 #include <iostream>
@@ -12,8 +13,10 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "io/checkpoint.h"
+#include "io/file.h"
 #include "io/npy.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "io/presets.h"
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
@@ -29,6 +32,8 @@ struct ModelArgs {
   std::string device = "cpu";
   std::string dtype;  // empty: float32 on the CPU, bfloat16 on CUDA
   int64_t page_size = 64;
+  bool check_finite = false;
+  std::string load_format = "safetensors";
 };
 
 void add_model_args(CLI::App* sub, ModelArgs& a) {
@@ -36,6 +41,11 @@ void add_model_args(CLI::App* sub, ModelArgs& a) {
   sub->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   sub->add_option("--dtype", a.dtype, "float32 or bfloat16 (default: float32 on cpu, bfloat16 on cuda)");
   sub->add_option("--page-size", a.page_size, "positions per page of the MLA latent cache")->capture_default_str();
+  sub->add_option("--load-format", a.load_format,
+                  "safetensors, or dummy: seeded random weights from config.json alone (real shapes, no download)")
+      ->capture_default_str();
+  sub->add_flag("--check-finite", a.check_finite,
+                "check every layer's output and name the first one that is not finite (slower)");
 }
 
 struct LoadedModel {
@@ -65,7 +75,9 @@ Result<LoadedModel> load(const ModelArgs& a) {
     return Status::InvalidArgument("--page-size " + std::to_string(a.page_size) + " is outside [1, 4096]");
   LoadedModel m;
   KL_ASSIGN_OR_RETURN(m.backend, make_backend(o));
-  KL_ASSIGN_OR_RETURN(m.model, Model::load(a.model_dir, *m.backend));
+  KL_ASSIGN_OR_RETURN(LoadFormat format, parse_load_format(a.load_format));
+  KL_ASSIGN_OR_RETURN(m.model, Model::load(a.model_dir, *m.backend, format));
+  m.model->set_check_finite(a.check_finite);
   m.cache_options.page_size = a.page_size;
   return m;
 }
@@ -104,11 +116,38 @@ int run_logits(const LogitsArgs& a) {
 }
 
 // ---- info
-int run_info(const ModelArgs& a) {
+struct InfoArgs {
+  std::string model_dir;
+  bool verify = false;
+  std::string load_format = "safetensors";
+};
+
+// --verify: every weight read once; each tensor holding NaN/Inf (or an E8M0 scale of 0xFF) is
+// named on stderr. Returns the exit code: 0 when all are finite, 1 otherwise.
+int verify_weights(const Checkpoint& ckpt) {
+  const auto bad = ckpt.scan_non_finite();
+  for (const auto& b : bad)
+    std::fprintf(stderr, "klinear info: %s: tensor '%s' has %lld non-finite value(s), the first at flat index %lld\n",
+                 b.file.c_str(), b.name.c_str(), static_cast<long long>(b.count), static_cast<long long>(b.first_index));
+  if (!bad.empty()) {
+    std::fprintf(stderr, "klinear info: --verify: %zu tensor(s) hold non-finite values\n", bad.size());
+    return 1;
+  }
+  std::printf("\nverify: every weight is finite\n");
+  return 0;
+}
+
+int run_info(const InfoArgs& a) {
   auto cfg = load_model_config(a.model_dir);
   if (!cfg.ok()) return fail("info", cfg.status());
-  auto ckpt = Checkpoint::open(a.model_dir);
-  if (!ckpt.ok()) return fail("info", ckpt.status());
+  auto format = parse_load_format(a.load_format);
+  if (!format.ok()) return fail("info", format.status());
+  std::optional<Checkpoint> ckpt;
+  if (*format == LoadFormat::kSafetensors) {
+    auto opened = Checkpoint::open(a.model_dir);
+    if (!opened.ok()) return fail("info", opened.status());
+    ckpt = std::move(opened).value();
+  }
   const ModelConfig& c = *cfg;
   std::printf("model_type %s%s\n", c.model_type.c_str(), c.nested_text_config ? " (text_config nested)" : "");
   std::printf("hidden %lld, layers %lld, vocab %lld, eps %g\n", (long long)c.hidden_size, (long long)c.num_layers,
@@ -134,6 +173,13 @@ int run_info(const ModelArgs& a) {
                 c.ffn(l) == Ffn::kDense ? "dense" : "MoE",
                 c.has_attn_res() ? (std::to_string(l / c.attn_res_block_size) + (l % c.attn_res_block_size == 0 ? " (seal)" : "")).c_str() : "-");
   }
+  if (!ckpt) {
+    auto cpu = make_backend(BackendOptions{});
+    const uint64_t n = count_parameters(c, **cpu);
+    std::printf("\ndummy weights: %llu parameters (%.1f GiB in bfloat16)\n", static_cast<unsigned long long>(n),
+                static_cast<double>(n) * 2 / (1u << 30));
+    return 0;
+  }
   int64_t params = 0, bytes = 0;
   std::printf("\ndtype     tensors        params          bytes\n");
   for (const auto& [dtype, s] : ckpt->stats()) {
@@ -142,13 +188,14 @@ int run_info(const ModelArgs& a) {
     bytes += s.bytes;
   }
   std::printf("total             %13lld %14lld\n", (long long)params, (long long)bytes);
-  return 0;
+  return a.verify ? verify_weights(*ckpt) : 0;
 }
 
 // ---- init
 struct InitArgs {
   std::string preset, out, tokenizer;
   uint64_t seed = 0;
+  bool config_only = false;
 };
 
 // With --tokenizer the checkpoint gets the tokenizer's vocabulary and special ids, and carries
@@ -165,7 +212,8 @@ Status adopt_tokenizer(const std::string& tokenizer_dir, const std::string& out,
   std::filesystem::create_directories(out, ec);
   for (const char* f : {"tiktoken.model", "tokenizer_config.json", "NOTICE.md"}) {
     const std::string src = tokenizer_dir + "/" + f;
-    if (!std::filesystem::exists(src)) continue;
+    KL_ASSIGN_OR_RETURN(PathKind kind, path_kind(src));  // no throwing std::filesystem::exists
+    if (kind == PathKind::kMissing) continue;
     std::filesystem::copy_file(src, out + "/" + f, std::filesystem::copy_options::overwrite_existing, ec);
     if (ec) return Status::IOError(out + "/" + f + ": copy failed: " + ec.message());
   }
@@ -179,6 +227,27 @@ int run_init(const InitArgs& a) {
     Status t = adopt_tokenizer(a.tokenizer, a.out, *cfg);
     if (!t.ok()) return fail("init", t);
   }
+  if (a.config_only) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.out, ec);
+    std::ofstream f(a.out + "/config.json");
+    f << cfg->dump(2) << "\n";
+    if (!f) return fail("init", Status::IOError(a.out + "/config.json: cannot write"));
+    std::fprintf(stderr, "klinear init: wrote the %s config.json to %s (run it with --load-format dummy)\n",
+                 a.preset.c_str(), a.out.c_str());
+    return 0;
+  }
+  // A checkpoint is written from memory: refuse one larger than a quarter of it (the real-size
+  // presets are for --config-only and --load-format dummy).
+  auto parsed = parse_model_config(*cfg, a.preset);
+  if (!parsed.ok()) return fail("init", parsed.status());
+  auto cpu = make_backend(BackendOptions{});
+  const uint64_t bytes = 2 * count_parameters(*parsed, **cpu), limit = (*cpu)->available_bytes() / 4;
+  if (bytes > limit)
+    return fail("init", Status::ResourceExhausted("preset " + a.preset + " would write about " +
+                                                  std::to_string(bytes >> 30) + " GiB of weights (limit " +
+                                                  std::to_string(limit >> 30) +
+                                                  " GiB); use --config-only and run it with --load-format dummy"));
   Status s = write_random_checkpoint(*cfg, a.out, a.seed);
   if (!s.ok()) return fail("init", s);
   std::fprintf(stderr, "klinear init: wrote a random-weight %s checkpoint to %s\n", a.preset.c_str(), a.out.c_str());
@@ -207,6 +276,7 @@ Result<std::vector<int32_t>> prompt_ids(const GenerateArgs& a, const Tokenizer* 
 }
 
 int run_generate(const GenerateArgs& a) {
+  if (Status s = validate_generate_options(a.options); !s.ok()) return fail("generate", s);
   if (a.prompt_ids.empty() == a.prompt.empty())
     return fail("generate", Status::InvalidArgument("give exactly one of --prompt-ids and --prompt"));
   if (a.chat && a.prompt.empty()) return fail("generate", Status::InvalidArgument("--chat renders --prompt text"));
@@ -259,6 +329,7 @@ struct ChatArgs {
 };
 
 int run_chat(const ChatArgs& a) {
+  if (Status s = validate_generate_options(a.options); !s.ok()) return fail("chat", s);  // before the first message
   auto m = load(a.model);
   if (!m.ok()) return fail("chat", m.status());
   auto tok = Tokenizer::load(a.tokenizer.empty() ? a.model.model_dir : a.tokenizer);
@@ -266,17 +337,33 @@ int run_chat(const ChatArgs& a) {
   auto created = ChatSession::create(*m->model, m->cache_options, *tok, chat_format_for(m->model->config()), a.system);
   if (!created.ok()) return fail("chat", created.status());
   ChatSession& session = **created;
-  std::fprintf(stderr, "klinear chat: type a message and press Enter; an empty line or end of input quits.\n");
+  std::fprintf(stderr, "klinear chat: type a message and press Enter; /reset starts a new conversation; an empty "
+                       "line or end of input quits.\n");
   std::string line;
   while (true) {
     std::fputs("> ", stderr);
     if (!std::getline(std::cin, line) || line.empty()) break;
+    if (line == "/reset") {
+      Status s = session.reset();
+      if (!s.ok()) return fail("chat", s);
+      std::fprintf(stderr, "klinear chat: a new conversation\n");
+      continue;
+    }
     auto reply = session.turn(line, a.options, [](const std::string& piece) {
       std::fputs(piece.c_str(), stdout);
       std::fflush(stdout);
     });
     std::fputs("\n", stdout);
-    if (!reply.ok()) return fail("chat", reply.status());
+    std::fflush(stdout);
+    if (!reply.ok()) {
+      // The session is as it was before the message: say why and go on.
+      std::fprintf(stderr, "klinear chat: %s\n", reply.status().to_string().c_str());
+      continue;
+    }
+    if (reply->finish == FinishReason::kContext)
+      std::fprintf(stderr, "klinear chat: the conversation now fills the model's context (%lld tokens); /reset "
+                           "starts a new one\n",
+                   static_cast<long long>(session.tokens()));
   }
   std::fprintf(stderr, "klinear chat: %lld tokens in the conversation state\n", static_cast<long long>(session.tokens()));
   return 0;
@@ -321,9 +408,12 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     sub->callback([a, &exit_code] { exit_code = run_chat(*a); });
   }
   {
-    auto a = std::make_shared<ModelArgs>();
+    auto a = std::make_shared<InfoArgs>();
     CLI::App* sub = app.add_subcommand("info", "print the parsed config, the layer table and parameter counts");
     sub->add_option("--model", a->model_dir, "checkpoint directory")->required();
+    sub->add_option("--load-format", a->load_format, "safetensors, or dummy (config.json alone)")->capture_default_str();
+    sub->add_flag("--verify", a->verify, "read every weight and name the tensors holding NaN/Inf (or an MXFP4 "
+                                         "scale of 0xFF); exit 1 when there are any");
     sub->callback([a, &exit_code] { exit_code = run_info(*a); });
   }
   {
@@ -334,9 +424,10 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
     sub->add_option("--preset", a->preset, "one of: " + presets)->required();
     sub->add_option("--out", a->out, "output directory")->required();
-    sub->add_option("--seed", a->seed, "random seed")->capture_default_str();
+    sub->add_option("--seed", a->seed, "random seed")->check(uint64_any())->capture_default_str();
     sub->add_option("--tokenizer", a->tokenizer, "tokenizer directory: use its vocabulary and copy its files "
                                                  "into the checkpoint");
+    sub->add_flag("--config-only", a->config_only, "write only config.json (for --load-format dummy)");
     sub->callback([a, &exit_code] { exit_code = run_init(*a); });
   }
 }

@@ -1,5 +1,7 @@
 // klinear: command-line entry point. Each subcommand lives in its own cmd_*.cc file.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "commands.h"
 
@@ -14,7 +16,16 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; any malformed command line is bad input (2).
-    return app.exit(e) == 0 ? 0 : 2;
+    exit_code = app.exit(e) == 0 ? 0 : 2;
+  }
+  // Output that did not reach its destination (a full disk, a closed stdout or pipe) is a
+  // failure even when the command itself succeeded.
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    if (exit_code != 0) return exit_code;  // the command has already said what failed
+    std::fprintf(stderr, "klinear: writing standard output failed: %s\n",
+                 errno != 0 ? std::strerror(errno) : "write error");
+    return 1;
   }
   return exit_code;
 }

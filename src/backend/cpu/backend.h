@@ -27,6 +27,7 @@ class CpuBackend final : public Backend {
   Tensor alloc(DType dtype, const Shape& shape) override { return arena_.alloc(dtype, shape); }
   Tensor alloc_persistent(DType dtype, const Shape& shape) override { return Tensor::empty(dtype, shape); }
   void fill(const Tensor& t, float value) override;
+  void random_fill(const Tensor& t, uint64_t seed, float lo, float hi) override;
   Tensor upload(const Tensor& host, DType dtype) override;
   Tensor upload_mxfp4(const Tensor& packed, const Tensor& scale) override;
   Tensor to_device(const Tensor& host, DType dtype) override;

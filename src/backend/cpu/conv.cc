@@ -28,11 +28,17 @@ void CpuBackend::short_conv(const ConvArgs& a, const SeqLayout& layout) {
         out[t * c + ch] = acc * sigmoidf(acc);
       }
     }
-    // New state: the last Kc−1 rows of the window.
-    std::vector<float> next(static_cast<size_t>((kc - 1) * c));
-    for (int64_t r = 0; r < kc - 1; ++r)
-      for (int64_t ch = 0; ch < c; ++ch) next[r * c + ch] = input(t_len + r, ch);
-    std::copy(next.begin(), next.end(), st);
+    // The state after p rows is rows [p, p + Kc−1) of the window: first the snapshots, then the
+    // slot's own new state (p = T), which overwrites the history the window reads.
+    auto state_after = [&](int64_t p, float* dst) {
+      std::vector<float> next(static_cast<size_t>((kc - 1) * c));
+      for (int64_t r = 0; r < kc - 1; ++r)
+        for (int64_t ch = 0; ch < c; ++ch) next[r * c + ch] = input(p + r, ch);
+      std::copy(next.begin(), next.end(), dst);
+    };
+    for (size_t k = 0; k < layout.snap_seq.size(); ++k)
+      if (layout.snap_seq[k] == b) state_after(layout.snap_pos[k], a.states.f32() + layout.snap_slot[k] * (kc - 1) * c);
+    state_after(t_len, st);
   }
 }
 

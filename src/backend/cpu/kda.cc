@@ -31,6 +31,19 @@ struct KdaShapes {
   int64_t t_len, heads, dk, dv;
 };
 
+// A snapshot of one sequence: after its first `pos` rows, its state [H, dk, dv] is copied to `dst`.
+struct StateSnapshot {
+  int64_t pos;
+  float* dst;
+};
+using Snapshots = std::vector<StateSnapshot>;
+
+// Copies head h's state S [dk, dv] into every snapshot taken after `pos` rows.
+void take_snapshots(const Snapshots& snaps, int64_t pos, int64_t h, const float* S, int64_t dk, int64_t dv) {
+  for (const StateSnapshot& s : snaps)
+    if (s.pos == pos) std::copy(S, S + dk * dv, s.dst + h * dk * dv);
+}
+
 KdaShapes check_kda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                     const Tensor& state, const Tensor& out) {
   KdaShapes s{q.dim(0), q.dim(1), q.dim(2), v.dim(2)};
@@ -62,7 +75,7 @@ namespace {
 
 // SPEC 4.5 over one sequence, per head: S ← diag(e^g)S; u = β(v − Sᵀk); S ← S + k uᵀ; o = Sᵀ q.
 void recurrent_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                   const Tensor& state, const Tensor& out) {
+                   const Tensor& state, const Tensor& out, const Snapshots& snaps) {
   const KdaShapes s = check_kda(q, k, v, g, beta, state, out);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.dk));
 #pragma omp parallel for
@@ -91,6 +104,7 @@ void recurrent_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
       for (int64_t c = 0; c < s.dv; ++c) ot[c] = 0.0f;
       for (int64_t j = 0; j < s.dk; ++j)
         for (int64_t c = 0; c < s.dv; ++c) ot[c] += S[j * s.dv + c] * qt[j];
+      take_snapshots(snaps, t + 1, h, S, s.dk, s.dv);
     }
   }
 }
@@ -100,7 +114,7 @@ void recurrent_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 //   Vn = U − W·S;  O = (Q⊙e^G)·S + Aqk·Vn with Aqk[i,m] = Σ_j q_i k_m e^{G_i−G_m} (m ≤ i)
 //   S ← diag(e^{G_last})·S + (K⊙e^{G_last−G})ᵀ·Vn
 void chunked_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                 const Tensor& state, const Tensor& out) {
+                 const Tensor& state, const Tensor& out, const Snapshots& snaps) {
   const KdaShapes s = check_kda(q, k, v, g, beta, state, out);
   const int64_t dk = s.dk, dv = s.dv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
@@ -170,6 +184,7 @@ void chunked_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
         for (int64_t m = 0; m < L; ++m) kdec[j * kChunk + m] = kc[m * dk + j] * std::exp(glast[j] - G[m * dk + j]);
       }
       gemm(dk, dv, L, kdec.data(), kChunk, vn.data(), dv, /*b_transposed=*/false, S, dv, /*beta=*/1.0f);
+      take_snapshots(snaps, c0 + L, h, S, dk, dv);
     }
   }
 }
@@ -183,8 +198,11 @@ void per_sequence(const KdaArgs& a, const SeqLayout& layout, OneSequence one) {
                std::to_string(layout.num_rows()) + " rows");
   for (int64_t b = 0; b < layout.num_seqs(); ++b) {
     const int64_t r0 = layout.cu_seqlens[b], r1 = layout.cu_seqlens[b + 1], slot = layout.slots[b];
+    Snapshots snaps;
+    for (size_t k = 0; k < layout.snap_seq.size(); ++k)
+      if (layout.snap_seq[k] == b) snaps.push_back({layout.snap_pos[k], a.states.f32() + layout.snap_slot[k] * h * dk * dv});
     one(a.q.rows(r0, r1), a.k.rows(r0, r1), a.v.rows(r0, r1), a.g.rows(r0, r1), a.beta.rows(r0, r1),
-        a.states.rows(slot, slot + 1).view({h, dk, dv}), a.out.rows(r0, r1));
+        a.states.rows(slot, slot + 1).view({h, dk, dv}), a.out.rows(r0, r1), snaps);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/cpu/backend.h"
+#include "core/counter_rng.h"
 
 namespace klinear::cpu {
 
@@ -55,6 +56,12 @@ void CpuBackend::fill(const Tensor& t, float value) {
   std::fill(p, p + t.numel(), value);
 }
 
+void CpuBackend::random_fill(const Tensor& t, uint64_t seed, float lo, float hi) {
+  float* p = t.f32();
+#pragma omp parallel for if (t.numel() > (1 << 16))
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = counter_uniform(seed, static_cast<uint64_t>(i), lo, hi);
+}
+
 Tensor CpuBackend::upload(const Tensor& host, DType dtype) {
   Tensor out = Tensor::empty(dtype == DType::kI32 ? DType::kI32 : DType::kF32, host.shape());
   convert_into(host, out);
@@ -72,7 +79,8 @@ void CpuBackend::upload_layout(SeqLayout& l) {
   auto view = [](std::vector<int32_t>& v) {
     return Tensor::wrap(DType::kI32, {static_cast<int64_t>(v.size())}, v.data(), nullptr, Device::kCpu);
   };
-  l.dev = SeqLayout::Device{view(l.cu_seqlens), view(l.cached), view(l.slots), view(l.page_table)};
+  l.dev = SeqLayout::Device{view(l.cu_seqlens), view(l.cached), view(l.slots),   view(l.page_table),
+                            view(l.snap_seq),   view(l.snap_pos), view(l.snap_slot)};
 }
 
 // SPEC 2.3: W[r, c] = e2m1(nibble(r, c)) · 2^(scale[r, c/32] − 127); the low nibble is the even column.

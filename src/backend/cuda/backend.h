@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -70,6 +71,7 @@ class CudaBackend final : public Backend {
   Tensor alloc(DType dtype, const Shape& shape) override;
   Tensor alloc_persistent(DType dtype, const Shape& shape) override;
   void fill(const Tensor& t, float value) override;
+  void random_fill(const Tensor& t, uint64_t seed, float lo, float hi) override;
   Tensor upload(const Tensor& host, DType dtype) override;
   Tensor upload_mxfp4(const Tensor& packed, const Tensor& scale) override;
   Tensor to_device(const Tensor& host, DType dtype) override;
@@ -118,6 +120,18 @@ class CudaBackend final : public Backend {
  private:
   explicit CudaBackend(DType dtype);
   struct GemmPlan;
+
+  // The state ops' kernels over a layout, snapshots aside.
+  void short_conv_rows(const ConvArgs& a, const SeqLayout& layout);
+  void kda_recurrent_rows(const KdaArgs& a, const SeqLayout& layout);
+  void kda_chunked_rows(const KdaArgs& a, const SeqLayout& layout);
+  // Runs op(r0, r1, part) over the layout. Without snapshots that is one call over every row. With
+  // them, a sequence that has snapshots runs alone, in pieces cut at its snapshot positions (multiples
+  // of 64, so the chunks stay where they were), and after each piece its slot of `states` is copied
+  // into the snapshot's slot; the sequences between run together. Correct, not fast: prefix-caching
+  // steps pay a layout upload per piece until the kernels write snapshots themselves.
+  void for_snapshot_pieces(const SeqLayout& layout, const Tensor& states,
+                           const std::function<void(int64_t r0, int64_t r1, const SeqLayout& part)>& op);
 
   DType dtype_;
   int device_ = 0;

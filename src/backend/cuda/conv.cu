@@ -48,6 +48,12 @@ __global__ void conv_state_kernel(ConvStep s, In x, Out st) {
 }  // namespace
 
 void CudaBackend::short_conv(const ConvArgs& a, const SeqLayout& layout) {
+  for_snapshot_pieces(layout, a.states, [&](int64_t r0, int64_t r1, const SeqLayout& part) {
+    short_conv_rows(ConvArgs{a.x.rows(r0, r1), a.w, a.states, a.out.rows(r0, r1)}, part);
+  });
+}
+
+void CudaBackend::short_conv_rows(const ConvArgs& a, const SeqLayout& layout) {
   const int64_t rows = a.x.dim(0), c = a.x.dim(1), kc = a.w.dim(1);
   KL_CHECK(a.w.dim(0) == c && kc >= 1 && a.states.rank() == 3 && a.states.dim(1) == kc - 1 && a.states.dim(2) == c &&
                a.out.numel() == a.x.numel() && layout.num_rows() == rows && layout.dev.cu_seqlens.defined(),

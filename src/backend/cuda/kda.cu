@@ -376,6 +376,18 @@ void CudaBackend::kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor&
 }
 
 void CudaBackend::kda_recurrent(const KdaArgs& a, const SeqLayout& layout) {
+  for_snapshot_pieces(layout, a.states, [&](int64_t r0, int64_t r1, const SeqLayout& part) {
+    kda_recurrent_rows(a.rows(r0, r1), part);
+  });
+}
+
+void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
+  for_snapshot_pieces(layout, a.states, [&](int64_t r0, int64_t r1, const SeqLayout& part) {
+    kda_chunked_rows(a.rows(r0, r1), part);
+  });
+}
+
+void CudaBackend::kda_recurrent_rows(const KdaArgs& a, const SeqLayout& layout) {
   const KdaStep s = kda_step(a, layout, "kda_recurrent");
   if (layout.num_seqs() == 0 || layout.num_rows() == 0) return;
   const dim3 grid((s.dv + kCols - 1) / kCols, s.heads, static_cast<unsigned>(layout.num_seqs()));
@@ -383,7 +395,7 @@ void CudaBackend::kda_recurrent(const KdaArgs& a, const SeqLayout& layout) {
   KL_LAUNCHED("kda_recurrent q " + shapes(a.q) + " seqs " + std::to_string(layout.num_seqs()));
 }
 
-void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
+void CudaBackend::kda_chunked_rows(const KdaArgs& a, const SeqLayout& layout) {
   const KdaStep s = kda_step(a, layout, "kda_chunked");
   const int64_t num_seqs = layout.num_seqs();
   if (num_seqs == 0 || layout.num_rows() == 0) return;

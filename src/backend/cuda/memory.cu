@@ -2,10 +2,12 @@
 // copies with dtype conversion, fills, column and row copies, and MXFP4 dequantization at upload.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "backend/cuda/device.cuh"
+#include "core/counter_rng.h"
 
 namespace klinear::cuda {
 
@@ -74,6 +76,11 @@ std::vector<uint8_t> host_bytes(const Tensor& host, DType dtype) {
 __global__ void fill_kernel(Out t, int64_t n, float value) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     t.set(i, value);
+}
+
+__global__ void random_fill_kernel(Out t, int64_t n, uint64_t seed, float lo, float hi) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    t.set(i, counter_uniform(seed, static_cast<uint64_t>(i), lo, hi));
 }
 
 __global__ void fill_i32_kernel(int32_t* t, int64_t n, int32_t value) {
@@ -181,6 +188,13 @@ void CudaBackend::fill(const Tensor& t, float value) {
   KL_LAUNCHED("fill " + shapes(t));
 }
 
+void CudaBackend::random_fill(const Tensor& t, uint64_t seed, float lo, float hi) {
+  const Out o = out(t, "random_fill");
+  if (t.numel() == 0) return;
+  random_fill_kernel<<<blocks_for(t.numel(), 256), 256, 0, stream_>>>(o, t.numel(), seed, lo, hi);
+  KL_LAUNCHED("random_fill " + shapes(t));
+}
+
 Tensor CudaBackend::upload(const Tensor& host, DType dtype) {
   const std::vector<uint8_t> bytes = host_bytes(host, dtype);
   Tensor t = alloc_persistent(dtype, host.shape());
@@ -237,6 +251,58 @@ void CudaBackend::upload_layout(SeqLayout& layout) {
   layout.dev.cached = put(layout.cached, {b});
   layout.dev.slots = put(layout.slots, {b});
   layout.dev.page_table = put(layout.page_table, {b, layout.max_pages});
+  const int64_t snaps = static_cast<int64_t>(layout.snap_seq.size());
+  KL_CHECK(static_cast<int64_t>(layout.snap_pos.size()) == snaps && static_cast<int64_t>(layout.snap_slot.size()) == snaps,
+           "upload_layout: snapshot arrays of different lengths");
+  layout.dev.snap_seq = put(layout.snap_seq, {snaps});
+  layout.dev.snap_pos = put(layout.snap_pos, {snaps});
+  layout.dev.snap_slot = put(layout.snap_slot, {snaps});
+}
+
+void CudaBackend::for_snapshot_pieces(const SeqLayout& layout, const Tensor& states,
+                                      const std::function<void(int64_t, int64_t, const SeqLayout&)>& op) {
+  if (layout.snap_seq.empty()) {
+    op(0, layout.num_rows(), layout);
+    return;
+  }
+  const int64_t B = layout.num_seqs();
+  auto snaps_of = [&](int64_t b) {
+    std::vector<std::pair<int32_t, int32_t>> s;  // (position, slot), in position order
+    for (size_t k = 0; k < layout.snap_seq.size(); ++k)
+      if (layout.snap_seq[k] == b) s.emplace_back(layout.snap_pos[k], layout.snap_slot[k]);
+    std::sort(s.begin(), s.end());
+    return s;
+  };
+  // Rows [p0, p1) of sequence b as a layout of their own (b's positions before p0 count as cached).
+  auto piece = [&](int64_t b, int64_t p0, int64_t p1) {
+    SeqLayout p = layout.part(b, b + 1);
+    p.cu_seqlens = {0, static_cast<int32_t>(p1 - p0)};
+    p.cached[0] += static_cast<int32_t>(p0);
+    p.snap_seq.clear(), p.snap_pos.clear(), p.snap_slot.clear();
+    upload_layout(p);
+    op(layout.cu_seqlens[b] + p0, layout.cu_seqlens[b] + p1, p);
+  };
+  for (int64_t b = 0; b < B;) {
+    int64_t e = b;
+    while (e < B && snaps_of(e).empty()) ++e;
+    if (e > b) {  // sequences without snapshots, together
+      SeqLayout p = layout.part(b, e);
+      upload_layout(p);
+      op(layout.cu_seqlens[b], layout.cu_seqlens[e], p);
+      b = e;
+      continue;
+    }
+    int64_t done = 0;
+    for (const auto& [pos, slot] : snaps_of(b)) {
+      KL_CHECK(pos >= done && pos <= layout.new_tokens(b), "snapshot after " + std::to_string(pos) + " of " +
+                                                              std::to_string(layout.new_tokens(b)) + " rows");
+      if (pos > done) piece(b, done, pos);
+      done = pos;
+      copy(states.rows(layout.slots[b], layout.slots[b] + 1), states.rows(slot, slot + 1));
+    }
+    if (done < layout.new_tokens(b)) piece(b, done, layout.new_tokens(b));
+    ++b;
+  }
 }
 
 Tensor CudaBackend::to_host(const Tensor& t) {
