@@ -1,8 +1,31 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages klinear builds and tests with, and the PyPI packages of the test
-# oracles and clients (tiktoken for tests/io/k3_reference_encoder.py, openai for the server tests).
-# Idempotent; uses sudo when not root.
+# Installs what klinear builds and tests with. Idempotent; uses sudo when not root.
+#   scripts/setup.sh          # the Debian 12 packages of the CPU build and the tests, and the PyPI
+#                             # packages of the test oracles and clients (tiktoken for the K3 reference
+#                             # encoder, openai for the server tests)
+#   scripts/setup.sh --gpu    # also fetches the pinned GPU dependencies into third_party/ (git-ignored):
+#     third_party/wheels/     the PyPI wheels below, checked against their sha256
+#     third_party/cutlass/include, third_party/flashinfer/include   headers for later kernels
+#     third_party/gpu-carry/  what the GPU machine needs and cannot download (scripts/gpu-check.sh
+#                             unpacks it there): the FLA wheel and the -dev debs of the libraries the
+#                             build links (PCRE2, cpp-httplib, nlohmann-json, CLI11, GoogleTest,
+#                             OpenBLAS), a few MiB, well inside the device tool's 64 MiB carry limit.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+gpu=0
+for arg in "$@"; do
+  case "$arg" in
+    --gpu) gpu=1 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (expected --gpu or --help)" >&2; exit 2 ;;
+  esac
+done
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+
 packages=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-openmp-dev
           libgtest-dev libcpp-httplib-dev python3 python3-jinja2 python3-pip clang libclang-rt-14-dev)
 missing=()
@@ -10,21 +33,58 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -q
   $sudo apt-get install -y -q "${missing[@]}"
 fi
 if ! python3 -c "import tiktoken" 2>/dev/null; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
   # Debian 12's python3 is externally managed (PEP 668): pip needs --break-system-packages there.
   $sudo python3 -m pip install -q tiktoken 2>/dev/null || $sudo python3 -m pip install -q --break-system-packages tiktoken
 fi
 # The server tests drive klinear serve with the official OpenAI Python client (PyPI).
 if ! python3 -c "import openai" 2>/dev/null; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo python3 -m pip install -q openai 2>/dev/null || $sudo python3 -m pip install -q --break-system-packages openai
 fi
+
+[ "$gpu" -eq 1 ] || exit 0
+
+# ---- GPU dependencies (pinned by version and sha256)
+wheels=(
+  "nvidia-cutlass==4.2.0.0 nvidia_cutlass-4.2.0.0-py3-none-any.whl f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6"
+  "flashinfer-python==0.7.2.post1 flashinfer_python-0.7.2.post1-py3-none-any.whl bfdc18b9e1e4d8d0730fe4343dc0e284cd0c160086de80f99888bc4867922d49"
+  "fla-core==0.6.0 fla_core-0.6.0-py3-none-any.whl b0708b70e0b119cd58a0a5146ea56cb175cef6ed969d8ac60267e3e077ce3ebd"
+)
+mkdir -p third_party/wheels
+for entry in "${wheels[@]}"; do
+  read -r spec file sha <<<"$entry"
+  if [ ! -f "third_party/wheels/$file" ] || ! echo "$sha  third_party/wheels/$file" | sha256sum -c --quiet - 2>/dev/null; then
+    python3 -m pip download -q --no-deps --only-binary=:all: -d third_party/wheels "$spec"
+  fi
+  echo "$sha  third_party/wheels/$file" | sha256sum -c --quiet - ||
+    { echo "setup.sh: $file does not match its pinned sha256 $sha" >&2; exit 1; }
+done
+
+unpack_include() {  # wheel, path inside it, destination
+  if [ ! -d "$3" ]; then
+    local tmp
+    tmp=$(mktemp -d)
+    python3 -m zipfile -e "third_party/wheels/$1" "$tmp"
+    mkdir -p "$(dirname "$3")"
+    mv "$tmp/$2" "$3"
+    rm -rf "$tmp"
+  fi
+}
+unpack_include nvidia_cutlass-4.2.0.0-py3-none-any.whl cutlass_library/source/include third_party/cutlass/include
+unpack_include flashinfer_python-0.7.2.post1-py3-none-any.whl flashinfer/data/include third_party/flashinfer/include
+
+# The GPU machine reaches no registry: carry the FLA wheel and the libraries the build links as debs
+# (scripts/gpu-check.sh unpacks them into a prefix with dpkg -x).
+debs=(libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libcpp-httplib-dev libcpp-httplib0.11
+      nlohmann-json3-dev libcli11-dev libgtest-dev libopenblas-openmp-dev libopenblas0-openmp libopenblas-dev
+      libgfortran5 libquadmath0)
+mkdir -p third_party/gpu-carry/debs
+cp third_party/wheels/fla_core-0.6.0-py3-none-any.whl third_party/gpu-carry/
+if [ -z "$(ls third_party/gpu-carry/debs)" ]; then
+  $sudo apt-get update -q
+  (cd third_party/gpu-carry/debs && apt-get download "${debs[@]}")
+fi
+echo "setup.sh: GPU carry ready: $(du -sh third_party/gpu-carry | cut -f1) in third_party/gpu-carry"

@@ -4,9 +4,18 @@
 # tables of tests/io/hostile_test.cc and tests/tools/hostile_cli_test.cc, the context and
 # non-finite limits of tests/tools/limits_cli_test.cc) again under ASan + UBSan,
 # then every libFuzzer target of fuzz/ for a short smoke run (scripts/fuzz.sh).
+# Where nvcc is installed (CI has one, and no GPU) the Release build includes the CUDA backend, so
+# the CUDA code is compiled; its test rows skip without a GPU (scripts/gpu-check.sh runs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+nvcc=$(command -v nvcc || true)
+[ -n "$nvcc" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || nvcc=/usr/local/cuda/bin/nvcc
+if [ -n "$nvcc" ]; then
+  export KLINEAR_CMAKE_ARGS="${KLINEAR_CMAKE_ARGS:-} -DKLINEAR_CUDA=ON -DCMAKE_CUDA_COMPILER=$nvcc"
+else
+  echo "test.sh: no nvcc found: building without the CUDA backend"
+fi
 bash scripts/build.sh
 (cd build && ctest --output-on-failure -j "$(nproc)")
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKLINEAR_ASAN=ON >/dev/null

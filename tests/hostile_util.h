@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -44,7 +45,7 @@ struct Bounded {
 };
 
 // Runs `fn` in a forked child limited to `seconds` of wall time (SIGALRM) and `max_mb` of address
-// space (RLIMIT_AS, not under ASan). A hang, an abort, a crash or a failed allocation comes back
+// space beyond what the process has mapped when it forks (RLIMIT_AS, not under ASan). A hang, an abort, a crash or a failed allocation comes back
 // as finished=false with the reason; otherwise `result` is what `fn` returned.
 inline Bounded run_bounded(const std::function<std::string()>& fn, int seconds, int64_t max_mb) {
   int fds[2];
@@ -56,7 +57,15 @@ inline Bounded run_bounded(const std::function<std::string()>& fn, int seconds, 
     close(fds[0]);
     alarm(static_cast<unsigned>(seconds));
     if (!kAsan) {
-      const rlimit lim{static_cast<rlim_t>(max_mb) << 20, static_cast<rlim_t>(max_mb) << 20};
+      // On top of what is mapped already: a CUDA build maps cuBLASLt (~0.5 GB) before fn runs.
+      rlim_t mapped = 0;
+      if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+        unsigned long pages = 0;
+        if (std::fscanf(f, "%lu", &pages) == 1) mapped = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE));
+        std::fclose(f);
+      }
+      const rlim_t cap = mapped + (static_cast<rlim_t>(max_mb) << 20);
+      const rlimit lim{cap, cap};
       setrlimit(RLIMIT_AS, &lim);
     }
     const std::string r = fn();

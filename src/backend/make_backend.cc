@@ -1,6 +1,9 @@
 // The only place a device is chosen.
 #include "backend/backend.h"
 #include "backend/cpu/backend.h"
+#ifdef KLINEAR_WITH_CUDA
+#include "backend/cuda/backend.h"
+#endif
 
 namespace klinear {
 
@@ -22,8 +25,15 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& o) {
       if (o.dtype != DType::kF32)
         return Status::NotSupported(std::string("the CPU backend computes in float32 only, not ") + dtype_name(o.dtype));
       return std::unique_ptr<Backend>(std::make_unique<cpu::CpuBackend>());
-    case Device::kCuda:
-      return Status::NotSupported("the CUDA backend is not implemented yet in this build; use --device cpu");
+    case Device::kCuda: {
+#ifdef KLINEAR_WITH_CUDA
+      auto be = cuda::CudaBackend::create(o.dtype);
+      if (!be.ok()) return be.status();
+      return std::unique_ptr<Backend>(std::move(be).value());
+#else
+      return Status::NotSupported("this klinear was built without CUDA (configure with -DKLINEAR_CUDA=ON); use --device cpu");
+#endif
+    }
   }
   return Status::InvalidArgument("unknown device");
 }

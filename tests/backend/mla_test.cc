@@ -66,6 +66,8 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
       {{25}, {40}, 2, 16, 0, 16, 32, 64},
       {{70}, {5}, 4, 32, 16, 32, 64, 64},
       {{1, 13, 1, 64}, {100, 0, 3, 64}, 2, 16, 8, 16, 32, 7},
+      // Long cached contexts (a GPU decode splits them over blocks) beside a short one.
+      {{1, 1, 2}, {1000, 70, 0}, 2, 16, 8, 16, 32, 16},
   };
   std::mt19937_64 rng(testing::fresh_seed());
   for (const MlaCase& c : cases) {

@@ -1,0 +1,201 @@
+// CUDA op benchmarks (issue 7's baseline table): each row prints the op, its shape, the median time
+// of timed repeats (CUDA events on the backend's stream, after warm-up), the FLOP and byte counts,
+// the floors they give on an H200 (4.2 TB/s copy bandwidth, 770 TFLOP/s bf16 dense) and the
+// achieved fraction of the larger floor. Inputs are random (never zeros); bf16 activations.
+//   ops_bench [kda|kda_decode|mla|moe|all]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/backend.h"
+
+namespace klinear {
+namespace {
+
+constexpr double kBandwidth = 4.2e12, kFlops = 770e12;
+
+Tensor random_host(Shape shape, std::mt19937_64& gen, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t = Tensor::empty(DType::kF32, std::move(shape));
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = u(gen);
+  return t;
+}
+
+// Median milliseconds of `fn` over `reps` timed runs after `warm` untimed ones. `fn` starts a step
+// (begin_step) and makes everything step-scoped it uses (the layout) inside it.
+double time_ms(cuda::CudaBackend& be, const std::function<void()>& fn, int warm = 3, int reps = 10) {
+  for (int i = 0; i < warm; ++i) fn();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a, be.stream());
+    fn();
+    cudaEventRecord(b, be.stream());
+    const cudaError_t err = cudaEventSynchronize(b);
+    if (err != cudaSuccess) {
+      std::fprintf(stderr, "ops_bench: %s\n", cudaGetErrorString(err));
+      std::exit(1);
+    }
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void row(const std::string& op, const std::string& shape, double ms, double flop, double bytes) {
+  const double floor_ms = std::max(flop / kFlops, bytes / kBandwidth) * 1e3;
+  std::printf("| %-22s | %-34s | %9.4f | %10.3g | %10.3g | %9.4f | %5.1f%% |\n", op.c_str(), shape.c_str(), ms, flop, bytes,
+              floor_ms, 100.0 * floor_ms / ms);
+  std::fflush(stdout);
+}
+
+SeqLayout layout_for(const std::vector<int>& lens, const std::vector<int>& cached, int64_t page_size) {
+  SeqLayout l;
+  l.page_size = page_size;
+  l.cu_seqlens = {0};
+  int64_t max_pages = 1;
+  for (size_t b = 0; b < lens.size(); ++b) {
+    l.cu_seqlens.push_back(l.cu_seqlens.back() + lens[b]);
+    l.cached.push_back(cached[b]);
+    l.slots.push_back(static_cast<int32_t>(b));
+    max_pages = std::max<int64_t>(max_pages, (cached[b] + lens[b] + page_size - 1) / page_size);
+  }
+  l.max_pages = max_pages;
+  for (size_t b = 0; b < lens.size(); ++b)
+    for (int64_t p = 0; p < max_pages; ++p) l.page_table.push_back(static_cast<int32_t>(b * max_pages + p));
+  return l;
+}
+
+void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
+  const int64_t H = 32, D = 128;
+  std::vector<std::vector<int>> shapes;
+  if (decode)
+    shapes = {std::vector<int>(1, 1), std::vector<int>(64, 1), std::vector<int>(256, 1)};
+  else
+    shapes = {{4096}, {16384}, {65536}, std::vector<int>(8, 2048)};
+  for (const auto& lens : shapes) {
+    for (KdaGate gate : {KdaGate::kSoftplus, KdaGate::kLowerBound}) {
+      if (decode && gate == KdaGate::kLowerBound) continue;  // the gate form does not change the decode kernel
+      SeqLayout layout = layout_for(lens, std::vector<int>(lens.size(), decode ? 100 : 0), 64);
+      const int64_t N = layout.num_rows(), B = static_cast<int64_t>(lens.size());
+      be.begin_step();
+      be.upload_layout(layout);
+      const Tensor q = be.upload(random_host({N, H, D}, gen), DType::kBF16);
+      const Tensor k = be.upload(random_host({N, H, D}, gen), DType::kBF16);
+      const Tensor v = be.upload(random_host({N, H, D}, gen), DType::kBF16);
+      const Tensor f = be.upload(random_host({N, H * D}, gen, -3, 3), DType::kBF16);
+      const Tensor dt = be.upload(random_host({H * D}, gen), DType::kF32);
+      const Tensor alog = be.upload(random_host({H}, gen, 0.0f, std::log(16.0f)), DType::kF32);
+      const Tensor beta = be.upload(random_host({N, H}, gen, 0.0f, 1.0f), DType::kF32);
+      const Tensor states = be.upload(random_host({B, H, D, D}, gen, -0.1f, 0.1f), DType::kF32);
+      const Tensor g = be.alloc_persistent(DType::kF32, {N, H, D});
+      be.kda_gate(f, dt, alog, KdaGateParams{gate, -5.0f}, g.view({N, H * D}));
+      const Tensor o = be.alloc_persistent(DType::kBF16, {N, H, D});
+      const KdaArgs args{q, k, v, g, beta, states, o};
+      const double ms = time_ms(be, [&] {
+        be.begin_step();
+        be.upload_layout(layout);
+        if (decode) be.kda_recurrent(args, layout); else be.kda_chunked(args, layout);
+      });
+      // bytes: q, k, v, out bf16 + g fp32 + β + the state read and written; FLOP: ~ the chunk form's
+      // 2·(4·64·D + 3·D·D) per token and head (decode: 4·D·D per token and head).
+      const double bytes = N * H * D * (2.0 * 4 + 4) + N * H * 4.0 + 2.0 * B * H * D * D * 4;
+      const double flop = decode ? N * H * 4.0 * D * D : N * H * 2.0 * (4.0 * 64 * D + 3.0 * D * D);
+      char shape[64];
+      std::snprintf(shape, sizeof shape, "B=%lld T=%lld H=32 D=128 %s", (long long)B, (long long)(N / B),
+                    gate == KdaGate::kSoftplus ? "softplus" : "lower-bound");
+      row(decode ? "kda_recurrent (decode)" : "kda_chunked (prefill)", shape, ms, flop, bytes);
+    }
+  }
+}
+
+void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
+  const int64_t H = 32, n = 128, r = 64, c = 512, vd = 128, ps = 64;
+  for (int64_t batch : {1, 64}) {
+    for (int ctx : {4096, 32768}) {
+      SeqLayout layout = layout_for(std::vector<int>(batch, 1), std::vector<int>(batch, ctx - 1), ps);
+      be.begin_step();
+      be.upload_layout(layout);
+      const int64_t pages_n = batch * layout.max_pages;
+      const Tensor pages = be.upload(random_host({pages_n, ps, c + r}, gen), DType::kBF16);
+      const Tensor q = be.upload(random_host({batch, H, n + r}, gen), DType::kBF16);
+      const Tensor kvb = be.upload(random_host({H * (n + vd), c}, gen, -0.05f, 0.05f), DType::kBF16);
+      const Tensor o = be.alloc_persistent(DType::kBF16, {batch, H, vd});
+      const MlaArgs args{q, pages, kvb, 1.0f / std::sqrt(192.0f), o};
+      const double ms = time_ms(be, [&] {
+        be.begin_step();
+        be.upload_layout(layout);
+        be.mla_decode(args, layout);
+      });
+      const double bytes = double(batch) * ctx * (c + r) * 2 + H * (n + vd) * c * 2.0;
+      const double flop = double(batch) * H * ctx * (2.0 * (c + r) + 2.0 * c);
+      char shape[64];
+      std::snprintf(shape, sizeof shape, "batch=%lld ctx=%d H=32 page=64", (long long)batch, ctx);
+      row("mla_decode (absorbed)", shape, ms, flop, bytes);
+    }
+  }
+}
+
+void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
+  const int64_t E = 256, K = 8, D = 2304, F = 1024;
+  const Tensor w13 = be.upload(random_host({E, 2 * F, D}, gen, -0.02f, 0.02f), DType::kBF16);
+  const Tensor w2 = be.upload(random_host({E, D, F}, gen, -0.02f, 0.02f), DType::kBF16);
+  const Tensor bias = be.upload(random_host({E}, gen, -0.1f, 0.1f), DType::kF32);
+  for (int64_t n : {1, 64, 8192}) {
+    be.begin_step();
+    const Tensor x = be.upload(random_host({n, D}, gen), DType::kBF16);
+    const Tensor logits = be.upload(random_host({n, E}, gen, -3, 3), DType::kF32);
+    const Tensor idx = be.alloc_persistent(DType::kI32, {n, K});
+    const Tensor w = be.alloc_persistent(DType::kF32, {n, K});
+    const Tensor o = be.alloc_persistent(DType::kBF16, {n, D});
+    const RouteParams rp{static_cast<int>(K), 1, 1, true, 2.446f};
+    be.moe_route(logits, bias, rp, idx, w);
+    const Tensor ih = be.to_host(idx);
+    std::vector<bool> used(E, false);
+    for (int64_t i = 0; i < n * K; ++i) used[ih.data_as<int32_t>()[i]] = true;
+    const double active = static_cast<double>(std::count(used.begin(), used.end(), true));
+    const double ms = time_ms(be, [&] {
+      be.begin_step();
+      be.moe_route(logits, bias, rp, idx, w);
+      be.moe_experts(x, idx, w, w13, w2, GluParams{}, o);
+    });
+    const double bytes = active * 3.0 * D * F * 2 + n * D * 4.0;
+    const double flop = n * K * 2.0 * 3.0 * D * F;
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "N=%lld E=256 top-8 D=2304 F=1024", (long long)n);
+    row("moe route+experts", shape, ms, flop, bytes);
+  }
+}
+
+}  // namespace
+}  // namespace klinear
+
+int main(int argc, char** argv) {
+  using namespace klinear;
+  const std::string what = argc > 1 ? argv[1] : "all";
+  auto be = cuda::CudaBackend::create(DType::kBF16);
+  if (!be.ok()) {
+    std::fprintf(stderr, "ops_bench: %s\n", be.status().to_string().c_str());
+    return 1;
+  }
+  std::mt19937_64 gen(std::random_device{}());
+  std::printf("| op | shape | ms (median) | FLOP | bytes | floor ms | of floor |\n|---|---|---|---|---|---|---|\n");
+  if (what == "all" || what == "kda") bench_kda(*be.value(), gen, false);
+  if (what == "all" || what == "kda_decode") bench_kda(*be.value(), gen, true);
+  if (what == "all" || what == "mla") bench_mla(*be.value(), gen);
+  if (what == "all" || what == "moe") bench_moe(*be.value(), gen);
+  return 0;
+}

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# One command on the GPU machine (an H200 with nvcc, torch and triton, no registry access):
+#   scripts/gpu-check.sh OUTDIR
+# 1. unpacks third_party/gpu-carry (made here by `scripts/setup.sh --gpu`): the library debs into a
+#    prefix (dpkg -x, nothing installed system-wide) and the FLA wheel into a Python path;
+# 2. builds with -DKLINEAR_CUDA=ON (sm_90a) into build-gpu/;
+# 3. runs every GPU test: the CUDA rows of the row-parametrised suite (every op against plain
+#    references, every model fixture, batched == alone), failing if any of them skipped;
+# 4. runs `klinear generate --device cuda` on the fixture models: float32 must give the CPU's
+#    greedy ids, bfloat16 must run (its ids are logged beside the CPU's);
+# 5. runs the benchmarks: bench/cuda/ops_bench (klinear) and bench/cuda/fla_bench.py (FLA) on the
+#    same shapes;
+# 6. runs compute-sanitizer memcheck over the GPU tests (capped: see memcheck below);
+# and writes each step's log plus summary.md (step, status, seconds; the benchmark tables) to OUTDIR.
+# The CPU suite is CI's (scripts/test.sh); KLINEAR_GPU_CHECK_CPU=1 runs it here too.
+# KLINEAR_GPU_CHECK_SKIP names steps to leave out (space-separated: e.g. "fla_bench memcheck").
+# Every step runs even when an earlier one fails; the exit status is non-zero if any failed.
+# On the H200 (2026-12-01): build 90 s, GPU tests 10 s, generate 8 s, ops_bench 181 s, fla_bench
+# 273 s (Triton compiling), memcheck 3 + 48 s. Under a 10-minute limit per command, run it twice:
+# KLINEAR_GPU_CHECK_SKIP="ops_bench fla_bench", then KLINEAR_GPU_CHECK_SKIP="memcheck_ops memcheck_models".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/gpu-check.sh OUTDIR}
+mkdir -p "$out"
+summary="$out/summary.md"
+echo "# gpu-check $(date -u +%Y-%m-%dT%H:%MZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)" >"$summary"
+echo "| step | status | seconds |" >>"$summary"
+echo "|---|---|---|" >>"$summary"
+failed=0
+
+step() {  # name, command...
+  local name=$1
+  shift
+  case " ${KLINEAR_GPU_CHECK_SKIP:-} " in *" $name "*) echo "| $name | left out | 0 |" >>"$summary"; return ;; esac
+  local t0=$SECONDS
+  echo "== $name: $*"
+  if "$@" >"$out/$name.log" 2>&1; then
+    echo "| $name | ok | $((SECONDS - t0)) |" >>"$summary"
+  else
+    echo "| $name | FAILED ($?) | $((SECONDS - t0)) |" >>"$summary"
+    failed=1
+    tail -n 40 "$out/$name.log"
+  fi
+}
+
+deps=/tmp/klinear-deps
+arch=x86_64-linux-gnu
+unpack() {
+  mkdir -p "$deps" /tmp/klinear-py
+  for deb in third_party/gpu-carry/debs/*.deb; do dpkg -x "$deb" "$deps"; done
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/klinear-py third_party/gpu-carry/*.whl
+}
+step unpack unpack
+export PKG_CONFIG_PATH=$deps/usr/lib/$arch/pkgconfig:$deps/usr/share/pkgconfig
+export PKG_CONFIG_SYSROOT_DIR=$deps
+export LD_LIBRARY_PATH=$deps/usr/lib/$arch:$deps/usr/lib/$arch/openblas-openmp:${LD_LIBRARY_PATH:-}
+export PYTHONPATH=/tmp/klinear-py:${PYTHONPATH:-}
+export PATH=$PATH:/usr/local/cuda/bin
+
+configure() {
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKLINEAR_CUDA=ON -DKLINEAR_DEPS_ROOT="$deps" \
+    -DCMAKE_PREFIX_PATH="$deps/usr" -DCMAKE_CUDA_COMPILER="$(command -v nvcc)"
+}
+step configure configure
+step build cmake --build build-gpu -j "$(nproc)"
+
+gpu_filter='*cuda_f32:*cuda_bf16'
+gpu_tests() {  # the CUDA rows; a skipped CUDA row on this machine is a failure
+  build-gpu/klinear_tests --gtest_filter="$gpu_filter" || return 1
+  if grep -q '^\[  SKIPPED \]' "$out/gpu_tests.log"; then
+    echo "gpu-check: CUDA rows were skipped on a GPU machine"
+    return 1
+  fi
+}
+step gpu_tests gpu_tests
+
+generate_e2e() {  # klinear generate --device cuda against --device cpu on each fixture model
+  local rc=0 model cpu f32 bf16
+  for model in tests/fixtures/{kimi-linear-tiny,kimi-linear-tiny-bf16,k3-tiny,k3-tiny-mxfp4}/model; do
+    local args=(generate --model "$model" --prompt-ids 1,2,3,4,5,6,7 --max-tokens 24 --ignore-eos --json)
+    cpu=$(build-gpu/klinear "${args[@]}" --device cpu) || return 1
+    f32=$(build-gpu/klinear "${args[@]}" --device cuda --dtype float32) || return 1
+    bf16=$(build-gpu/klinear "${args[@]}" --device cuda --dtype bfloat16) || return 1
+    python3 - "$model" "$cpu" "$f32" "$bf16" <<'PY' || rc=1
+import json, sys
+model, cpu, f32, bf16 = sys.argv[1], *(json.loads(a) for a in sys.argv[2:])
+same = sum(a == b for a, b in zip(cpu["ids"], bf16["ids"]))
+print(f"{model}: cpu {cpu['ids']}\n  cuda float32  {f32['ids']}")
+print(f"  cuda bfloat16 {bf16['ids']} ({same}/{len(cpu['ids'])} as cpu)")
+secs = " ".join(f"{n} {r['decode_seconds']:.4f}" for n, r in (("cpu", cpu), ("cuda f32", f32), ("bf16", bf16)))
+print(f"  decode s: {secs}")
+sys.exit(0 if f32["ids"] == cpu["ids"] and len(bf16["ids"]) == len(cpu["ids"]) else 1)
+PY
+  done
+  return $rc
+}
+step generate generate_e2e
+
+step ops_bench build-gpu/ops_bench all
+step fla_bench env PYTHONUNBUFFERED=1 python3 bench/cuda/fla_bench.py all
+if [ "${KLINEAR_GPU_CHECK_CPU:-0}" = 1 ]; then
+  step cpu_ctest bash -c "cd build-gpu && ctest --output-on-failure -j $(nproc) --timeout 600 -E 'cuda_(f32|bf16)'"
+fi
+# memcheck last (the slowest steps): the op tests, then the model tests. Each is capped by
+# KLINEAR_MEMCHECK_TIMEOUT seconds and, when KLINEAR_GPU_CHECK_BUDGET (seconds for the whole script)
+# is set, by what is left of it.
+memcheck() {  # gtest filter
+  local cap=${KLINEAR_MEMCHECK_TIMEOUT:-1800}
+  if [ -n "${KLINEAR_GPU_CHECK_BUDGET:-}" ]; then
+    local left=$((KLINEAR_GPU_CHECK_BUDGET - SECONDS - 10))
+    [ "$left" -lt "$cap" ] && cap=$left
+    [ "$cap" -gt 0 ] || { echo "memcheck: no time left in KLINEAR_GPU_CHECK_BUDGET"; return 1; }
+  fi
+  timeout "$cap" compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/klinear_tests --gtest_filter="$1" \
+    --gtest_brief=1
+}
+step memcheck_ops memcheck 'Backends/*cuda_f32:Backends/*cuda_bf16'
+step memcheck_models memcheck '*cuda_f32:*cuda_bf16-Backends/*'
+
+{
+  echo
+  echo "## klinear (bench/cuda/ops_bench)"
+  grep '^|' "$out/ops_bench.log" || echo "(no table)"
+  echo
+  echo "## FLA (bench/cuda/fla_bench.py)"
+  grep '^|' "$out/fla_bench.log" || echo "(no table)"
+  echo
+  echo "## GPU tests"
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests? from .* ran' "$out/gpu_tests.log" | tail -20
+  echo
+  echo "## generate --device cuda"
+  cat "$out/generate.log" 2>/dev/null
+  echo
+  echo "## memcheck"
+  grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out"/memcheck_*.log | tail -10
+} >>"$summary"
+cat "$summary"
+exit $failed

@@ -1,0 +1,90 @@
+// CUDA elementwise ops: embedding lookup, residual add, sigmoid gates and the GLU activations
+// (SPEC 3.2). Math in fp32; each output rounded once to its dtype.
+#include "backend/cuda/device.cuh"
+
+namespace klinear::cuda {
+
+namespace {
+
+#define KL_GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
+
+__global__ void embedding_kernel(const int32_t* ids, In table, int64_t vocab, int64_t rows, int64_t c, Out o) {
+  KL_GRID_STRIDE(i, rows * c) {
+    const int32_t id = ids[i / c];
+    o.set(i, id >= 0 && id < vocab ? table[id * c + i % c] : __int_as_float(0x7fc00000));  // NaN marks a bad id
+  }
+}
+
+__global__ void add_kernel(Out acc, In x, int64_t n) {
+  KL_GRID_STRIDE(i, n) acc.set(i, acc[i] + x[i]);
+}
+
+__global__ void sigmoid_mul_kernel(Out x, In gate, int64_t n) {
+  KL_GRID_STRIDE(i, n) x.set(i, x[i] * sigmoid_f(gate[i]));
+}
+
+__global__ void sigmoid_kernel(In x, Out y, int64_t n) {
+  KL_GRID_STRIDE(i, n) y.set(i, sigmoid_f(x[i]));
+}
+
+// The GLU of one gate/up pair (SPEC 3.2).
+__device__ float glu_value(float g, float u, Activation kind, float beta, bool has_linear_beta, float linear_beta) {
+  if (kind == Activation::kSilu) return g * sigmoid_f(g) * u;
+  const float ag = beta * tanhf(g / beta) * sigmoid_f(g);
+  return ag * (has_linear_beta ? linear_beta * tanhf(u / linear_beta) : u);
+}
+
+__global__ void glu_kernel(In gate_up, int64_t rows, int64_t f, Activation kind, float beta, bool has_lb, float lb,
+                           Out o) {
+  KL_GRID_STRIDE(i, rows * f) {
+    const int64_t r = i / f, j = i % f;
+    o.set(i, glu_value(gate_up[r * 2 * f + j], gate_up[r * 2 * f + f + j], kind, beta, has_lb, lb));
+  }
+}
+
+}  // namespace
+
+void CudaBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& o) {
+  const int64_t c = table.dim(1), rows = ids.numel();
+  KL_CHECK(ids.dtype() == DType::kI32 && o.numel() == rows * c && o.dtype() == table.dtype(),
+           "embedding ids " + shapes(ids) + " table " + shapes(table) + " out " + shapes(o));
+  if (o.numel() == 0) return;
+  embedding_kernel<<<blocks_for(o.numel(), 256), 256, 0, stream_>>>(ids.data_as<const int32_t>(), in(table, "embedding"),
+                                                                     table.dim(0), rows, c, out(o, "embedding"));
+  KL_LAUNCHED("embedding " + shapes(o));
+}
+
+void CudaBackend::add(const Tensor& acc, const Tensor& x) {
+  KL_CHECK(acc.numel() == x.numel(), "add " + shapes(acc) + " + " + shapes(x));
+  if (acc.numel() == 0) return;
+  add_kernel<<<blocks_for(acc.numel(), 256), 256, 0, stream_>>>(out(acc, "add"), in(x, "add"), acc.numel());
+  KL_LAUNCHED("add " + shapes(acc));
+}
+
+void CudaBackend::sigmoid_mul(const Tensor& x, const Tensor& gate) {
+  KL_CHECK(x.numel() == gate.numel(), "sigmoid_mul " + shapes(x) + " gate " + shapes(gate));
+  if (x.numel() == 0) return;
+  sigmoid_mul_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(out(x, "sigmoid_mul"), in(gate, "sigmoid_mul"),
+                                                                       x.numel());
+  KL_LAUNCHED("sigmoid_mul " + shapes(x));
+}
+
+void CudaBackend::sigmoid(const Tensor& x, const Tensor& y) {
+  KL_CHECK(x.numel() == y.numel(), "sigmoid " + shapes(x) + " -> " + shapes(y));
+  if (x.numel() == 0) return;
+  sigmoid_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(in(x, "sigmoid"), out(y, "sigmoid"), x.numel());
+  KL_LAUNCHED("sigmoid " + shapes(x));
+}
+
+void CudaBackend::glu(const Tensor& gate_up, const GluParams& p, const Tensor& o) {
+  const int64_t f = o.dim(-1), rows = f == 0 ? 0 : o.numel() / f;
+  KL_CHECK(gate_up.numel() == rows * 2 * f, "glu " + shapes(gate_up) + " -> " + shapes(o));
+  if (o.numel() == 0) return;
+  glu_kernel<<<blocks_for(o.numel(), 256), 256, 0, stream_>>>(in(gate_up, "glu"), rows, f, p.kind, p.beta,
+                                                               p.linear_beta.has_value(), p.linear_beta.value_or(1.0f),
+                                                               out(o, "glu"));
+  KL_LAUNCHED("glu " + shapes(o));
+}
+
+}  // namespace klinear::cuda

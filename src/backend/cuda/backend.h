@@ -1,0 +1,150 @@
+// CudaBackend: every op of the interface on one NVIDIA GPU (sm_90a), on one stream.
+//
+// Dtypes: activations and weights are BF16 (the default on CUDA) or F32 (the exact mode: fp32
+// throughout, TF32 off, which reproduces the CPU reference). Whatever the activation dtype, every
+// reduction, softmax, norm statistic, router score, gate and the KDA state are fp32.
+//
+// Memory: step tensors come from one Arena (backend/arena.h) over device blocks; begin_step()
+// rewinds it, so after the first steps no cudaMalloc runs on the hot path. Weights, pools and
+// caches come from alloc_persistent()/upload() (cudaMalloc at load time, freed with their last
+// handle). Every CUDA and cuBLAS call is checked (KL_CUDA / KL_CUBLAS) with the op and shape.
+//
+// Interface-internal helpers shared by the op files live below (kernels are in the .cu files that
+// own them; this header compiles as plain C++ too).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "backend/arena.h"
+#include "backend/backend.h"
+
+struct cublasLtContext;
+using cublasLtHandle_t = cublasLtContext*;
+
+namespace klinear::cuda {
+
+// Aborts with the call, the CUDA error and `what` (the op and its shape) when `err` is not success.
+void check_cuda(cudaError_t err, const char* call, const std::string& what, const char* file, int line);
+void check_cublas(int status, const char* call, const std::string& what, const char* file, int line);
+#define KL_CUDA(call, what) ::klinear::cuda::check_cuda((call), #call, (what), __FILE__, __LINE__)
+#define KL_CUBLAS(call, what) ::klinear::cuda::check_cublas(static_cast<int>(call), #call, (what), __FILE__, __LINE__)
+// After a kernel launch: the launch error (bad configuration) with the op and shape.
+#define KL_LAUNCHED(what) KL_CUDA(cudaGetLastError(), (what))
+
+// C[m, n] (row-major, ldc) ← A[m, k] (lda) · op(B), op(B) = Bᵀ for B stored [n, k] (b_transposed)
+// or B for B stored [k, n]; `batch` problems `stride_*` elements apart. A and B share a dtype (F32 or
+// BF16); C is that dtype or F32. fp32 accumulation; TF32 never. `accumulate`: C ← C + A·op(B).
+struct GemmArgs {
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  bool b_transposed = true;
+  void* c = nullptr;
+  int64_t ldc = 0, stride_c = 0;
+  int64_t batch = 1;
+  DType ab_dtype = DType::kF32;
+  DType c_dtype = DType::kF32;
+  bool accumulate = false;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // Fails (NotSupported) when no CUDA device is visible or `dtype` is not F32/BF16.
+  static Result<std::unique_ptr<CudaBackend>> create(DType dtype);
+  ~CudaBackend() override;
+
+  Device device() const override { return Device::kCuda; }
+  const char* name() const override { return "cuda"; }
+
+  DType activation_dtype() const override { return dtype_; }
+  size_t weight_element_bytes() const override { return dtype_size(dtype_); }
+  uint64_t available_bytes() const override;
+  void begin_step() override;
+  Tensor alloc(DType dtype, const Shape& shape) override;
+  Tensor alloc_persistent(DType dtype, const Shape& shape) override;
+  void fill(const Tensor& t, float value) override;
+  void random_fill(const Tensor& t, uint64_t seed, float lo, float hi) override;
+  Tensor upload(const Tensor& host, DType dtype) override;
+  Tensor upload_mxfp4(const Tensor& packed, const Tensor& scale) override;
+  Tensor to_device(const Tensor& host, DType dtype) override;
+  void upload_layout(SeqLayout& layout) override;
+  Tensor to_host(const Tensor& t) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width) override;
+  void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& out) override;
+
+  void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
+  void add(const Tensor& acc, const Tensor& x) override;
+  void sigmoid_mul(const Tensor& x, const Tensor& gate) override;
+  void sigmoid(const Tensor& x, const Tensor& y) override;
+  void glu(const Tensor& gate_up, const GluParams& p, const Tensor& out) override;
+
+  void linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
+
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override;
+  void gated_rms_norm(const Tensor& o, const Tensor& w, const Tensor& gate, float eps, const Tensor& y) override;
+
+  void short_conv(const ConvArgs& a, const SeqLayout& layout) override;
+  void kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& a_log, const KdaGateParams& p,
+                const Tensor& g) override;
+  void kda_chunked(const KdaArgs& a, const SeqLayout& layout) override;
+  void kda_recurrent(const KdaArgs& a, const SeqLayout& layout) override;
+
+  void mla_cache_write(const Tensor& rows, const Tensor& pages, const SeqLayout& layout) override;
+  void mla_prefill(const MlaArgs& a, const SeqLayout& layout) override;
+  void mla_decode(const MlaArgs& a, const SeqLayout& layout) override;
+
+  void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
+                 const Tensor& weights) override;
+  void moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13, const Tensor& w2,
+                   const GluParams& p, const Tensor& out) override;
+
+  void attn_res_read(std::span<const Tensor> candidates, const Tensor& e, float eps, const Tensor& out) override;
+
+  // ---- for the op files
+  cudaStream_t stream() const { return stream_; }
+  int num_sms() const { return num_sms_; }
+  // Runs one (batched) GEMM through cuBLASLt on the stream; `what` names the op for errors.
+  void gemm(const GemmArgs& g, const char* what);
+  // Waits for the stream; `what` names the op for errors.
+  void sync(const char* what);
+
+ private:
+  explicit CudaBackend(DType dtype);
+  struct GemmPlan;
+
+  // The state ops' kernels over a layout, snapshots aside.
+  void short_conv_rows(const ConvArgs& a, const SeqLayout& layout);
+  void kda_recurrent_rows(const KdaArgs& a, const SeqLayout& layout);
+  void kda_chunked_rows(const KdaArgs& a, const SeqLayout& layout);
+  // Runs op(r0, r1, part) over the layout. Without snapshots that is one call over every row. With
+  // them, a sequence that has snapshots runs alone, in pieces cut at its snapshot positions (multiples
+  // of 64, so the chunks stay where they were), and after each piece its slot of `states` is copied
+  // into the snapshot's slot; the sequences between run together. Correct, not fast: prefix-caching
+  // steps pay a layout upload per piece until the kernels write snapshots themselves.
+  void for_snapshot_pieces(const SeqLayout& layout, const Tensor& states,
+                           const std::function<void(int64_t r0, int64_t r1, const SeqLayout& part)>& op);
+
+  DType dtype_;
+  int device_ = 0;
+  int num_sms_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* lt_workspace_ = nullptr;
+  size_t lt_workspace_bytes_ = 0;
+  std::unordered_map<std::string, std::shared_ptr<GemmPlan>> gemm_plans_;
+  std::unique_ptr<Arena> arena_;
+};
+
+// Shapes as "[2, 3]" for messages.
+inline std::string shapes(const Tensor& t) { return shape_to_string(t.shape()); }
+
+}  // namespace klinear::cuda

@@ -1,0 +1,124 @@
+// CUDA GEMMs: every matrix product goes through cuBLASLt here. Row-major problems are mapped to
+// cuBLASLt's column-major view (Cᵀ = op(B)ᵀ·Aᵀ); fp32 compute (CUBLAS_COMPUTE_32F: no TF32 for F32
+// operands, fp32 accumulation for BF16 ones). Descriptors and the heuristic's algorithm are cached
+// per problem shape, so a step run again does no host-side planning.
+#include <cublasLt.h>
+
+#include <sstream>
+
+#include "backend/cuda/device.cuh"
+
+namespace klinear::cuda {
+
+namespace {
+cudaDataType_t lt_type(DType t) {
+  KL_CHECK(t == DType::kF32 || t == DType::kBF16, std::string("gemm operand dtype ") + dtype_name(t));
+  return t == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+}
+// Largest power of two ≤ 256 dividing the address (cuBLASLt picks kernels by operand alignment).
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+}  // namespace
+
+struct CudaBackend::GemmPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~GemmPlan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+void CudaBackend::gemm(const GemmArgs& g, const char* what) {
+  KL_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, std::string(what) + ": bad gemm sizes");
+  if (g.m == 0 || g.n == 0) return;
+  std::ostringstream shape;
+  shape << what << " gemm m=" << g.m << " n=" << g.n << " k=" << g.k << " batch=" << g.batch;
+  if (g.k == 0) {  // an empty product: C ← 0 (or unchanged when accumulating)
+    if (!g.accumulate) {
+      KL_CHECK(g.batch == 1 && g.ldc == g.n, shape.str() + ": empty product into a strided C");
+      KL_CUDA(cudaMemsetAsync(g.c, 0, g.m * g.n * dtype_size(g.c_dtype), stream_), shape.str());
+    }
+    return;
+  }
+  std::ostringstream key;
+  key << g.m << ',' << g.n << ',' << g.k << ',' << g.lda << ',' << g.stride_a << ',' << g.ldb << ',' << g.stride_b << ','
+      << g.b_transposed << ',' << g.ldc << ',' << g.stride_c << ',' << g.batch << ',' << int(g.ab_dtype) << ','
+      << int(g.c_dtype) << ',' << alignment(g.a) << ',' << alignment(g.b) << ',' << alignment(g.c);
+  std::shared_ptr<GemmPlan>& plan = gemm_plans_[key.str()];
+  if (!plan) {
+    auto p = std::make_shared<GemmPlan>();
+    const std::string s = shape.str();
+    KL_CUBLAS(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), s);
+    const cublasOperation_t ta = g.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    KL_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), s);
+    KL_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), s);
+    // Column-major: A_lt = B (k×n stored, or n×k), B_lt = A (k×m), C_lt = C (n×m).
+    const cudaDataType_t ab = lt_type(g.ab_dtype), ct = lt_type(g.c_dtype);
+    KL_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, ab, g.b_transposed ? g.k : g.n, g.b_transposed ? g.n : g.k, g.ldb), s);
+    KL_CUBLAS(cublasLtMatrixLayoutCreate(&p->b, ab, g.k, g.m, g.lda), s);
+    KL_CUBLAS(cublasLtMatrixLayoutCreate(&p->c, ct, g.n, g.m, g.ldc), s);
+    if (g.batch > 1) {
+      const int32_t count = static_cast<int32_t>(g.batch);
+      const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {{p->a, g.stride_b}, {p->b, g.stride_a}, {p->c, g.stride_c}};
+      for (const auto& [layout, stride] : layouts) {
+        KL_CUBLAS(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), s);
+        KL_CUBLAS(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                   sizeof(stride)),
+                  s);
+      }
+    }
+    cublasLtMatmulPreference_t pref = nullptr;
+    KL_CUBLAS(cublasLtMatmulPreferenceCreate(&pref), s);
+    KL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt_workspace_bytes_,
+                                                   sizeof(lt_workspace_bytes_)),
+              s);
+    const uint32_t al_a = alignment(g.b), al_b = alignment(g.a), al_c = alignment(g.c);
+    KL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)), s);
+    KL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)), s);
+    KL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c)), s);
+    KL_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof(al_c)), s);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    KL_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found), s);
+    cublasLtMatmulPreferenceDestroy(pref);
+    KL_CHECK(found > 0, s + ": cuBLASLt has no algorithm for this problem");
+    p->algo = result.algo;
+    plan = p;
+  }
+  const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+  KL_CUBLAS(cublasLtMatmul(lt_, plan->op, &alpha, g.b, plan->a, g.a, plan->b, &beta, g.c, plan->c, g.c, plan->c,
+                           &plan->algo, lt_workspace_, lt_workspace_bytes_, stream_),
+            shape.str());
+}
+
+void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
+  const int64_t k = w.dim(1), m = w.dim(0), n = k == 0 ? y.numel() / std::max<int64_t>(m, 1) : x.numel() / k;
+  KL_CHECK(x.dim(-1) == k && y.numel() == n * m && x.dtype() == w.dtype() &&
+               (y.dtype() == x.dtype() || y.dtype() == DType::kF32),
+           "linear x " + shapes(x) + " w " + shapes(w) + " y " + shapes(y) + " " + dtype_name(x.dtype()) + "/" +
+               dtype_name(w.dtype()) + "->" + dtype_name(y.dtype()));
+  GemmArgs g;
+  g.m = n;
+  g.n = m;
+  g.k = k;
+  g.a = x.data();
+  g.lda = k;
+  g.b = w.data();
+  g.ldb = k;
+  g.b_transposed = true;
+  g.c = y.data();
+  g.ldc = m;
+  g.ab_dtype = x.dtype();
+  g.c_dtype = y.dtype();
+  gemm(g, "linear");
+}
+
+}  // namespace klinear::cuda

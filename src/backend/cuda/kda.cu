@@ -1,0 +1,441 @@
+// CUDA KDA (SPEC 4.3-4.6): the decay gate, the recurrent decode and the chunk-64 prefill, over the
+// sequences of a step and their fp32 state slots [slots, H, dk, dv] (K-first).
+//
+// Both core forms keep a state tile of dk rows × 32 columns of one (sequence, head) in registers:
+// 4 warps, lane = column, warp w owns rows [32w, 32w+32) (so dk ≤ 128); a block per (32-column
+// tile, head, sequence). Products over k (Sᵀk, Sᵀq) are per-thread partial sums over the owned rows
+// combined through shared memory.
+//
+// kda_chunked follows the CPU's chunk algorithm (backend/cpu/kda.cc) in two launches:
+//   chunk_prep, one block per (chunk, head), all chunks in parallel: L2 norms, G = cumsum(g), the
+//     decayed dots Lm and Aqk (running products e^{G_i−G_m}, factors ≤ 1, never overflowing), the
+//     forward substitution (I + Lm)[W | U] = β[e^G⊙K | V] (a thread per column, the column in
+//     registers), Qd = Q⊙e^G, Kd = K⊙e^{G_last−G}, e^{G_last}; all fp32 into a step workspace.
+//   chunk_state, one block per (column tile, head, sequence), chunks in order: Vn = U − W·S,
+//     O = Qd·S + Aqk·Vn, S ← e^{G_last}⊙S + Kdᵀ·Vn.
+// No per-chunk state goes to memory. Everything is fp32 on CUDA cores: the issue-9 version moves the
+// products to tensor cores and splits the sequence (docs/PERF.md).
+#include <cmath>
+#include <vector>
+
+#include "backend/cuda/device.cuh"
+
+namespace klinear::cuda {
+
+namespace {
+
+constexpr int kChunk = 64;
+constexpr int kMaxDk = 128;
+constexpr int kCols = 32;                  // state columns per block
+constexpr int kRowsPerWarp = kMaxDk / 4;   // state rows per warp
+constexpr int kStateThreads = 128;
+
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__global__ void kda_gate_kernel(In f, const float* dt_bias, const float* a_log, int64_t rows, int64_t width, int64_t d,
+                                KdaGate kind, float lower_bound, float* g) {
+  const int64_t n = rows * width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i % width;
+    const float x = f[i] + dt_bias[c];
+    const float a = expf(a_log[c / d]);
+    g[i] = kind == KdaGate::kSoftplus ? -a * softplus(x) : lower_bound * sigmoid_f(a * x);
+  }
+}
+
+struct KdaStep {
+  In q, k, v;
+  const float* g;     // [N, H, dk]
+  const float* beta;  // [N, H]
+  float* states;      // [slots, H, dk, dv]
+  Out out;            // [N, H, dv]
+  const int32_t* cu;
+  const int32_t* slots;
+  int heads, dk, dv;
+  float scale;        // dk^-1/2
+};
+
+__device__ __forceinline__ float* state_tile(const KdaStep& s, int b, int h) {
+  return s.states + (static_cast<int64_t>(s.slots[b]) * s.heads + h) * s.dk * s.dv;
+}
+
+__device__ __forceinline__ void load_state(const KdaStep& s, const float* st, int col, float (&reg)[kRowsPerWarp]) {
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int j = warp * kRowsPerWarp + i;
+    reg[i] = (j < s.dk && col < s.dv) ? st[static_cast<int64_t>(j) * s.dv + col] : 0.0f;
+  }
+}
+
+__device__ __forceinline__ void store_state(const KdaStep& s, float* st, int col, const float (&reg)[kRowsPerWarp]) {
+  const int warp = threadIdx.x / 32;
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int j = warp * kRowsPerWarp + i;
+    if (j < s.dk && col < s.dv) st[static_cast<int64_t>(j) * s.dv + col] = reg[i];
+  }
+}
+
+// SPEC 4.5, token by token: S ← diag(e^g)S; u = β(v − Sᵀk); S ← S + k uᵀ; o = Sᵀ q.
+__global__ void __launch_bounds__(kStateThreads) kda_recurrent_kernel(KdaStep s) {
+  __shared__ float qn[kMaxDk], kn[kMaxDk], eg[kMaxDk], part[4][kCols], u_sh[kCols], scratch[32];
+  const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, tid = threadIdx.x;
+  const int col = blockIdx.x * kCols + lane;
+  const int64_t row0 = s.cu[b], t_len = s.cu[b + 1] - row0;
+  if (t_len == 0) return;
+  float* st = state_tile(s, b, h);
+  float reg[kRowsPerWarp];
+  load_state(s, st, col, reg);
+  for (int64_t t = 0; t < t_len; ++t) {
+    const int64_t row = row0 + t;
+    const int64_t qk_base = (row * s.heads + h) * s.dk;
+    const float qv = tid < s.dk ? s.q[qk_base + tid] : 0.0f;
+    const float kv = tid < s.dk ? s.k[qk_base + tid] : 0.0f;
+    const float ssq = block_sum(qv * qv, scratch), ssk = block_sum(kv * kv, scratch);
+    qn[tid] = qv * (s.scale / sqrtf(ssq + 1e-6f));
+    kn[tid] = kv * (1.0f / sqrtf(ssk + 1e-6f));
+    eg[tid] = tid < s.dk ? expf(s.g[qk_base + tid]) : 0.0f;
+    __syncthreads();
+    float p = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int j = warp * kRowsPerWarp + i;
+      reg[i] *= eg[j];
+      p += reg[i] * kn[j];
+    }
+    part[warp][lane] = p;
+    __syncthreads();
+    if (warp == 0) {
+      const float kS = part[0][lane] + part[1][lane] + part[2][lane] + part[3][lane];
+      const float vv = col < s.dv ? s.v[(row * s.heads + h) * s.dv + col] : 0.0f;
+      u_sh[lane] = s.beta[row * s.heads + h] * (vv - kS);
+    }
+    __syncthreads();
+    const float u = u_sh[lane];
+    float o = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int j = warp * kRowsPerWarp + i;
+      reg[i] += kn[j] * u;
+      o += reg[i] * qn[j];
+    }
+    __syncthreads();  // everyone has read part[] of the k product
+    part[warp][lane] = o;
+    __syncthreads();
+    if (warp == 0 && col < s.dv)
+      s.out.set((row * s.heads + h) * s.dv + col, part[0][lane] + part[1][lane] + part[2][lane] + part[3][lane]);
+    __syncthreads();  // qn/kn/eg/part are rewritten by the next token
+  }
+  store_state(s, st, col, reg);
+}
+
+// ---- chunked prefill
+
+struct ChunkWork {
+  const int32_t* chunk_row;    // [chunks] first row of each chunk in the step
+  const int32_t* chunk_len;    // [chunks] 1..64
+  const int32_t* seq_chunk;    // [B+1] chunks of sequence b: [seq_chunk[b], seq_chunk[b+1])
+  float* ws;                   // [chunks, H, per_head] workspace
+  int64_t per_head;            // floats per (chunk, head)
+};
+
+// Offsets of the workspace pieces of one (chunk, head), in floats.
+struct WsLayout {
+  int64_t w, u, aqk, qd, kd, dl;
+  __host__ __device__ WsLayout(int dk, int dv)
+      : w(0), u(int64_t{kChunk} * dk), aqk(u + int64_t{kChunk} * dv), qd(aqk + kChunk * kChunk),
+        kd(qd + int64_t{kChunk} * dk), dl(kd + int64_t{kChunk} * dk) {}
+  __host__ __device__ int64_t total(int dk) const { return dl + dk; }
+};
+
+constexpr int kPrepThreads = 256;
+constexpr int kPad = 1;  // row padding of the [64][dk] shared arrays (bank spread)
+
+__global__ void __launch_bounds__(kPrepThreads) kda_chunk_prep_kernel(KdaStep s, ChunkWork cw) {
+  extern __shared__ float sm[];
+  const int dk = s.dk, ld = dk + kPad;
+  float* qn = sm;                        // [64][ld]
+  float* kn = qn + kChunk * ld;          // [64][ld]
+  float* G = kn + kChunk * ld;           // [64][ld] cumulative log decay
+  float* eg = G + kChunk * ld;           // [64][ld] e^{g}
+  float* lm = eg + kChunk * ld;          // [64][65]
+  float* bsh = lm + kChunk * (kChunk + 1);  // [64] β
+  const int chunk = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t row0 = cw.chunk_row[chunk];
+  const int L = cw.chunk_len[chunk];
+  const WsLayout wl(dk, s.dv);
+  float* ws = cw.ws + (static_cast<int64_t>(chunk) * s.heads + h) * cw.per_head;
+
+  for (int e = tid; e < kChunk * dk; e += blockDim.x) {
+    const int i = e / dk, j = e % dk;
+    const bool live = i < L;
+    const int64_t src = ((row0 + i) * s.heads + h) * dk + j;
+    qn[i * ld + j] = live ? s.q[src] : 0.0f;
+    kn[i * ld + j] = live ? s.k[src] : 0.0f;
+    const float gv = live ? s.g[src] : 0.0f;
+    G[i * ld + j] = gv;
+    eg[i * ld + j] = expf(gv);
+  }
+  if (tid < kChunk) bsh[tid] = tid < L ? s.beta[(row0 + tid) * s.heads + h] : 0.0f;
+  __syncthreads();
+  // L2 norms, a warp per row.
+  for (int i = warp; i < L; i += blockDim.x / 32) {
+    float sq = 0.0f, sk = 0.0f;
+    for (int j = lane; j < dk; j += 32) {
+      sq += qn[i * ld + j] * qn[i * ld + j];
+      sk += kn[i * ld + j] * kn[i * ld + j];
+    }
+    sq = s.scale / sqrtf(warp_sum(sq) + 1e-6f);
+    sk = 1.0f / sqrtf(warp_sum(sk) + 1e-6f);
+    for (int j = lane; j < dk; j += 32) {
+      qn[i * ld + j] *= sq;
+      kn[i * ld + j] *= sk;
+    }
+  }
+  // G = cumsum(g) down each channel.
+  for (int j = tid; j < dk; j += blockDim.x)
+    for (int i = 1; i < kChunk; ++i) G[i * ld + j] += G[(i - 1) * ld + j];
+  __syncthreads();
+
+  // Decayed dots: 4 threads per key m (channels j ≡ slice mod 4), rows i walked in order so that
+  // dec = k_m ⊙ e^{G_i − G_m} is a running product of factors ≤ 1.
+  float* aqk = ws + wl.aqk;
+  {
+    const int m = tid / 4, slice = tid % 4;
+    float dec[kMaxDk / 4];
+#pragma unroll
+    for (int jj = 0; jj < kMaxDk / 4; ++jj) {
+      const int j = jj * 4 + slice;
+      dec[jj] = j < dk ? kn[m * ld + j] : 0.0f;
+    }
+    for (int i = 0; i < kChunk; ++i) {
+      float kk = 0.0f, qk = 0.0f;
+      if (i >= m) {
+#pragma unroll
+        for (int jj = 0; jj < kMaxDk / 4; ++jj) {
+          const int j = jj * 4 + slice;
+          if (j < dk) {
+            if (i > m) dec[jj] *= eg[i * ld + j];
+            kk += kn[i * ld + j] * dec[jj];
+            qk += qn[i * ld + j] * dec[jj];
+          }
+        }
+      }
+      kk += __shfl_xor_sync(0xffffffffu, kk, 1);
+      kk += __shfl_xor_sync(0xffffffffu, kk, 2);
+      qk += __shfl_xor_sync(0xffffffffu, qk, 1);
+      qk += __shfl_xor_sync(0xffffffffu, qk, 2);
+      if (slice == 0) {
+        const bool live = i < L && m <= i;
+        lm[i * (kChunk + 1) + m] = (live && m < i) ? bsh[i] * kk : 0.0f;
+        aqk[i * kChunk + m] = live ? qk : 0.0f;
+      }
+    }
+  }
+  __syncthreads();
+
+  // Forward substitution, a thread per column of [W | U]: x_i = rhs_i − Σ_{m<i} Lm[i,m]·x_m.
+  for (int colx = tid; colx < dk + s.dv; colx += blockDim.x) {
+    const bool is_w = colx < dk;
+    float x[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      float r = 0.0f;
+      if (i < L)
+        r = is_w ? bsh[i] * expf(G[i * ld + colx]) * kn[i * ld + colx]
+                 : bsh[i] * s.v[((row0 + i) * s.heads + h) * s.dv + (colx - dk)];
+#pragma unroll
+      for (int m = 0; m < i; ++m) r -= lm[i * (kChunk + 1) + m] * x[m];
+      x[i] = r;
+    }
+    float* dst = is_w ? ws + wl.w + colx : ws + wl.u + (colx - dk);
+    const int stride = is_w ? dk : s.dv;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) dst[i * stride] = x[i];
+  }
+  // Qd, Kd and the chunk's total decay.
+  const float* glast = G + (L - 1) * ld;
+  for (int e = tid; e < kChunk * dk; e += blockDim.x) {
+    const int i = e / dk, j = e % dk;
+    ws[wl.qd + e] = qn[i * ld + j] * expf(G[i * ld + j]);
+    ws[wl.kd + e] = i < L ? kn[i * ld + j] * expf(glast[j] - G[i * ld + j]) : 0.0f;
+  }
+  for (int j = tid; j < dk; j += blockDim.x) ws[wl.dl + j] = expf(glast[j]);
+}
+
+__global__ void __launch_bounds__(kStateThreads) kda_chunk_state_kernel(KdaStep s, ChunkWork cw) {
+  extern __shared__ float sm[];
+  const int dk = s.dk;
+  float* buf = sm;                         // [64][dk]: W, then Qd, then Kd
+  float* aqk = buf + kChunk * dk;          // [64][64]
+  float* vn = aqk + kChunk * kChunk;       // [64][32]
+  float* part = vn + kChunk * kCols;       // [4][64][32]
+  float* dl = part + 4 * kChunk * kCols;   // [dk]
+  const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, tid = threadIdx.x;
+  const int col = blockIdx.x * kCols + lane;
+  const int c_begin = cw.seq_chunk[b], c_end = cw.seq_chunk[b + 1];
+  if (c_begin == c_end) return;
+  const WsLayout wl(dk, s.dv);
+  float* st = state_tile(s, b, h);
+  float reg[kRowsPerWarp];
+  load_state(s, st, col, reg);
+
+  // part[w][i][lane] ← Σ_{own rows j} a[i][j]·S[j][col] for a = buf [64][dk].
+  auto rows_times_state = [&]() {
+    for (int i = 0; i < kChunk; ++i) {
+      float p = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const int j = warp * kRowsPerWarp + r;
+        if (j < dk) p += buf[i * dk + j] * reg[r];
+      }
+      part[(warp * kChunk + i) * kCols + lane] = p;
+    }
+  };
+  auto load = [&](float* dst, const float* src, int n) {
+    for (int e = tid; e < n; e += blockDim.x) dst[e] = src[e];
+  };
+
+  for (int c = c_begin; c < c_end; ++c) {
+    const float* ws = cw.ws + (static_cast<int64_t>(c) * s.heads + h) * cw.per_head;
+    const int64_t row0 = cw.chunk_row[c];
+    const int L = cw.chunk_len[c];
+    load(buf, ws + wl.w, kChunk * dk);
+    load(aqk, ws + wl.aqk, kChunk * kChunk);
+    load(dl, ws + wl.dl, dk);
+    __syncthreads();
+    rows_times_state();  // W·S
+    __syncthreads();
+    for (int e = tid; e < kChunk * kCols; e += blockDim.x) {
+      const int i = e / kCols, cc = e % kCols, gc = blockIdx.x * kCols + cc;
+      const float ws_sum = part[(0 * kChunk + i) * kCols + cc] + part[(1 * kChunk + i) * kCols + cc] +
+                           part[(2 * kChunk + i) * kCols + cc] + part[(3 * kChunk + i) * kCols + cc];
+      vn[e] = gc < s.dv ? ws[wl.u + static_cast<int64_t>(i) * s.dv + gc] - ws_sum : 0.0f;
+    }
+    load(buf, ws + wl.qd, kChunk * dk);
+    __syncthreads();
+    rows_times_state();  // Qd·S
+    __syncthreads();
+    for (int e = tid; e < L * kCols; e += blockDim.x) {
+      const int i = e / kCols, cc = e % kCols, gc = blockIdx.x * kCols + cc;
+      float o = part[(0 * kChunk + i) * kCols + cc] + part[(1 * kChunk + i) * kCols + cc] +
+                part[(2 * kChunk + i) * kCols + cc] + part[(3 * kChunk + i) * kCols + cc];
+      for (int m = 0; m <= i; ++m) o += aqk[i * kChunk + m] * vn[m * kCols + cc];
+      if (gc < s.dv) s.out.set(((row0 + i) * s.heads + h) * s.dv + gc, o);
+    }
+    __syncthreads();
+    load(buf, ws + wl.kd, kChunk * dk);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int j = warp * kRowsPerWarp + r;
+      if (j < dk) {
+        float acc = dl[j] * reg[r];
+        for (int m = 0; m < L; ++m) acc += buf[m * dk + j] * vn[m * kCols + lane];
+        reg[r] = acc;
+      }
+    }
+    __syncthreads();
+  }
+  store_state(s, st, col, reg);
+}
+
+KdaStep kda_step(const KdaArgs& a, const SeqLayout& layout, const char* op) {
+  const int64_t n = a.q.dim(0), heads = a.q.dim(1), dk = a.q.dim(2), dv = a.v.dim(2);
+  KL_CHECK(a.k.shape() == a.q.shape() && a.g.shape() == a.q.shape() && a.v.dim(0) == n && a.v.dim(1) == heads &&
+               a.beta.numel() == n * heads && a.states.rank() == 4 && a.states.dim(1) == heads &&
+               a.states.dim(2) == dk && a.states.dim(3) == dv && a.out.shape() == a.v.shape() &&
+               a.g.dtype() == DType::kF32 && a.beta.dtype() == DType::kF32 && a.states.dtype() == DType::kF32 &&
+               layout.num_rows() == n && layout.dev.cu_seqlens.defined(),
+           std::string(op) + " q " + shapes(a.q) + " v " + shapes(a.v) + " g " + shapes(a.g) + " states " +
+               shapes(a.states) + " rows " + std::to_string(layout.num_rows()));
+  KL_CHECK(dk >= 1 && dk <= kMaxDk, std::string(op) + ": key head dim " + std::to_string(dk) + " is over " +
+                                        std::to_string(kMaxDk) + " (not supported by the CUDA kernels)");
+  return KdaStep{in(a.q, op), in(a.k, op), in(a.v, op), a.g.data_as<const float>(), a.beta.data_as<const float>(),
+                 a.states.data_as<float>(), out(a.out, op), layout.dev.cu_seqlens.data_as<const int32_t>(),
+                 layout.dev.slots.data_as<const int32_t>(), static_cast<int>(heads), static_cast<int>(dk),
+                 static_cast<int>(dv), 1.0f / std::sqrt(static_cast<float>(dk))};
+}
+
+}  // namespace
+
+void CudaBackend::kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& a_log, const KdaGateParams& p,
+                           const Tensor& g) {
+  const int64_t width = dt_bias.numel(), heads = a_log.numel();
+  KL_CHECK(heads > 0 && width % heads == 0 && f.numel() == g.numel() && f.dim(-1) == width &&
+               dt_bias.dtype() == DType::kF32 && a_log.dtype() == DType::kF32 && g.dtype() == DType::kF32,
+           "kda_gate f " + shapes(f) + " dt_bias " + shapes(dt_bias) + " A_log " + shapes(a_log) + " g " + shapes(g));
+  const int64_t rows = f.numel() / width;
+  if (g.numel() == 0) return;
+  kda_gate_kernel<<<blocks_for(g.numel(), 256), 256, 0, stream_>>>(in(f, "kda_gate"), dt_bias.data_as<const float>(),
+                                                                    a_log.data_as<const float>(), rows, width,
+                                                                    width / heads, p.kind, p.lower_bound,
+                                                                    g.data_as<float>());
+  KL_LAUNCHED("kda_gate " + shapes(f));
+}
+
+void CudaBackend::kda_recurrent(const KdaArgs& a, const SeqLayout& layout) {
+  for_snapshot_pieces(layout, a.states, [&](int64_t r0, int64_t r1, const SeqLayout& part) {
+    kda_recurrent_rows(a.rows(r0, r1), part);
+  });
+}
+
+void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
+  for_snapshot_pieces(layout, a.states, [&](int64_t r0, int64_t r1, const SeqLayout& part) {
+    kda_chunked_rows(a.rows(r0, r1), part);
+  });
+}
+
+void CudaBackend::kda_recurrent_rows(const KdaArgs& a, const SeqLayout& layout) {
+  const KdaStep s = kda_step(a, layout, "kda_recurrent");
+  if (layout.num_seqs() == 0 || layout.num_rows() == 0) return;
+  const dim3 grid((s.dv + kCols - 1) / kCols, s.heads, static_cast<unsigned>(layout.num_seqs()));
+  kda_recurrent_kernel<<<grid, kStateThreads, 0, stream_>>>(s);
+  KL_LAUNCHED("kda_recurrent q " + shapes(a.q) + " seqs " + std::to_string(layout.num_seqs()));
+}
+
+void CudaBackend::kda_chunked_rows(const KdaArgs& a, const SeqLayout& layout) {
+  const KdaStep s = kda_step(a, layout, "kda_chunked");
+  const int64_t num_seqs = layout.num_seqs();
+  if (num_seqs == 0 || layout.num_rows() == 0) return;
+  // Chunk tables from the host layout (the truth): each sequence's rows cut into chunks of 64.
+  std::vector<int32_t> chunk_row, chunk_len, seq_chunk{0};
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    for (int32_t r = layout.cu_seqlens[b]; r < layout.cu_seqlens[b + 1]; r += kChunk) {
+      chunk_row.push_back(r);
+      chunk_len.push_back(std::min<int32_t>(kChunk, layout.cu_seqlens[b + 1] - r));
+    }
+    seq_chunk.push_back(static_cast<int32_t>(chunk_row.size()));
+  }
+  const int64_t chunks = static_cast<int64_t>(chunk_row.size());
+  auto dev = [&](std::vector<int32_t>& v) {
+    return to_device(Tensor::wrap(DType::kI32, {static_cast<int64_t>(v.size())}, v.data(), nullptr, Device::kCpu),
+                     DType::kI32);
+  };
+  const Tensor rows_t = dev(chunk_row), lens_t = dev(chunk_len), seq_t = dev(seq_chunk);
+  const WsLayout wl(s.dk, s.dv);
+  const int64_t per_head = wl.total(s.dk);
+  const Tensor ws = alloc(DType::kF32, {chunks, s.heads, per_head});
+  const ChunkWork cw{rows_t.data_as<const int32_t>(), lens_t.data_as<const int32_t>(), seq_t.data_as<const int32_t>(),
+                     ws.data_as<float>(), per_head};
+  const std::string what = "kda_chunked q " + shapes(a.q) + " seqs " + std::to_string(num_seqs);
+
+  const int ld = s.dk + kPad;
+  const size_t prep_smem = sizeof(float) * (4 * kChunk * ld + kChunk * (kChunk + 1) + kChunk);
+  KL_CUDA(cudaFuncSetAttribute(kda_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(prep_smem)),
+          what);
+  kda_chunk_prep_kernel<<<dim3(static_cast<unsigned>(chunks), s.heads), kPrepThreads, prep_smem, stream_>>>(s, cw);
+  KL_LAUNCHED(what + " (chunk prep)");
+
+  const size_t state_smem = sizeof(float) * (kChunk * s.dk + kChunk * kChunk + kChunk * kCols + 4 * kChunk * kCols + s.dk);
+  KL_CUDA(cudaFuncSetAttribute(kda_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(state_smem)),
+          what);
+  const dim3 grid((s.dv + kCols - 1) / kCols, s.heads, static_cast<unsigned>(num_seqs));
+  kda_chunk_state_kernel<<<grid, kStateThreads, state_smem, stream_>>>(s, cw);
+  KL_LAUNCHED(what + " (chunk state)");
+}
+
+}  // namespace klinear::cuda

@@ -1,0 +1,362 @@
+// CUDA memory ops: the backend's life cycle, the step arena, persistent allocations, host<->device
+// copies with dtype conversion, fills, column and row copies, and MXFP4 dequantization at upload.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/device.cuh"
+#include "core/counter_rng.h"
+
+namespace klinear::cuda {
+
+void check_cuda(cudaError_t err, const char* call, const std::string& what, const char* file, int line) {
+  if (err == cudaSuccess) return;
+  detail::check_failed(file, line, call,
+                       std::string("CUDA error ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ") in " +
+                           what);
+}
+
+void check_cublas(int status, const char* call, const std::string& what, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  detail::check_failed(file, line, call,
+                       std::string("cuBLAS status ") + cublasLtGetStatusName(static_cast<cublasStatus_t>(status)) +
+                           " in " + what);
+}
+
+In in(const Tensor& t, const char* what) {
+  KL_CHECK(t.device() == Device::kCuda && (t.dtype() == DType::kF32 || t.dtype() == DType::kBF16),
+           std::string(what) + ": expected an F32 or BF16 CUDA tensor, got " + dtype_name(t.dtype()) + " " + shapes(t));
+  return In{t.data(), t.dtype() == DType::kBF16};
+}
+Out out(const Tensor& t, const char* what) {
+  const In i = in(t, what);
+  return Out{t.data(), i.bf16};
+}
+
+namespace {
+
+constexpr size_t kInitialArenaBytes = size_t{64} << 20;
+constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+
+std::shared_ptr<void> device_block(size_t bytes, const std::string& what) {
+  void* p = nullptr;
+  KL_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 256)), what + " (" + std::to_string(bytes) + " bytes)");
+  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+}
+
+// Host F32 / BF16 / I32 bytes of `host` in `dtype` (floats converted, I32 kept).
+std::vector<uint8_t> host_bytes(const Tensor& host, DType dtype) {
+  KL_CHECK(host.device() == Device::kCpu, "expected a host tensor, got a device one " + shapes(host));
+  const size_t n = static_cast<size_t>(host.numel());
+  std::vector<uint8_t> bytes(n * dtype_size(dtype));
+  if (host.dtype() == DType::kI32 || dtype == DType::kI32) {
+    KL_CHECK(host.dtype() == dtype, "I32 tensors copy as I32 only, got " + std::string(dtype_name(host.dtype())) +
+                                        " to " + dtype_name(dtype));
+    std::memcpy(bytes.data(), host.data(), n * 4);
+    return bytes;
+  }
+  KL_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, std::string("unsupported device dtype ") + dtype_name(dtype));
+  if (host.dtype() == dtype) {
+    std::memcpy(bytes.data(), host.data(), bytes.size());
+    return bytes;
+  }
+  std::vector<float> f(n);
+  convert_to_f32(host.dtype(), host.data(), f.data(), n);
+  if (dtype == DType::kF32) {
+    std::memcpy(bytes.data(), f.data(), n * 4);
+  } else {
+    auto* b = reinterpret_cast<uint16_t*>(bytes.data());
+    for (size_t i = 0; i < n; ++i) b[i] = f32_to_bf16(f[i]);
+  }
+  return bytes;
+}
+
+__global__ void fill_kernel(Out t, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    t.set(i, value);
+}
+
+__global__ void random_fill_kernel(Out t, int64_t n, uint64_t seed, float lo, float hi) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    t.set(i, counter_uniform(seed, static_cast<uint64_t>(i), lo, hi));
+}
+
+__global__ void fill_i32_kernel(int32_t* t, int64_t n, int32_t value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    t[i] = value;
+}
+
+template <typename E>
+__global__ void gather_rows_kernel(const E* src, int64_t src_rows, const int32_t* rows, E* dst, int64_t out_rows,
+                                   int64_t cols) {
+  const int64_t n = out_rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    const int32_t s = rows[r];
+    if (s >= 0 && s < src_rows) dst[i] = src[s * cols + c];  // out-of-range rows are a caller bug; never read them
+  }
+}
+
+// SPEC 2.3: W[r, c] = e2m1(nibble(r, c)) · 2^(scale[r, c/32] − 127); the low nibble is the even column.
+__global__ void mxfp4_kernel(const uint8_t* packed, const uint8_t* scale, int64_t rows, int64_t in, Out w) {
+  const int64_t n = rows * in;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / in, c = i % in;
+    const uint8_t byte = packed[r * (in / 2) + c / 2];
+    const uint8_t nib = (c % 2 == 0) ? (byte & 0xF) : (byte >> 4);
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const float v = (nib & 8) ? -mag[nib & 7] : mag[nib & 7];
+    const uint8_t e = scale[r * (in / 32) + c / 32];
+    const float s = e == 255 ? __int_as_float(0x7fc00000) : ldexpf(1.0f, static_cast<int>(e) - 127);
+    w.set(i, v * s);
+  }
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(DType dtype) : dtype_(dtype) {}
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16)
+    return Status::InvalidArgument(std::string("CUDA dtype must be float32 or bfloat16, got ") + dtype_name(dtype));
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0)
+    return Status::NotSupported(std::string("no CUDA device is visible (") +
+                                (err == cudaSuccess ? "0 devices" : cudaGetErrorString(err)) + "); use --device cpu");
+  std::unique_ptr<CudaBackend> b(new CudaBackend(dtype));
+  KL_CUDA(cudaGetDevice(&b->device_), "backend start");
+  cudaDeviceProp prop{};
+  KL_CUDA(cudaGetDeviceProperties(&prop, b->device_), "backend start");
+  if (prop.major < 9)
+    return Status::NotSupported(std::string("the CUDA backend is built for sm_90a (Hopper); device '") + prop.name +
+                                "' is sm_" + std::to_string(prop.major * 10 + prop.minor));
+  b->num_sms_ = prop.multiProcessorCount;
+  KL_CUDA(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking), "backend start");
+  KL_CUBLAS(cublasLtCreate(&b->lt_), "backend start");
+  b->lt_workspace_bytes_ = kLtWorkspaceBytes;
+  KL_CUDA(cudaMalloc(&b->lt_workspace_, kLtWorkspaceBytes), "cuBLASLt workspace");
+  b->arena_ = std::make_unique<Arena>(Device::kCuda, [](size_t bytes) { return device_block(bytes, "step arena"); });
+  b->arena_->alloc(DType::kU8, {static_cast<int64_t>(kInitialArenaBytes)});
+  b->arena_->rewind();
+  return Result<std::unique_ptr<CudaBackend>>(std::move(b));
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  arena_.reset();
+  if (lt_workspace_) cudaFree(lt_workspace_);
+  if (lt_) cublasLtDestroy(lt_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::sync(const char* what) { KL_CUDA(cudaStreamSynchronize(stream_), what); }
+
+uint64_t CudaBackend::available_bytes() const {
+  size_t free_bytes = 0, total = 0;
+  KL_CUDA(cudaMemGetInfo(&free_bytes, &total), "available_bytes");
+  return free_bytes;
+}
+
+// No sync: every kernel runs on one stream, so the next step's writes queue behind this step's
+// reads, and a merge frees blocks through cudaFree, which waits for the device.
+void CudaBackend::begin_step() { arena_->rewind(); }
+
+Tensor CudaBackend::alloc(DType dtype, const Shape& shape) { return arena_->alloc(dtype, shape); }
+
+Tensor CudaBackend::alloc_persistent(DType dtype, const Shape& shape) {
+  for (int64_t d : shape) KL_CHECK(d >= 0, "negative dimension in " + shape_to_string(shape));
+  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  auto block = device_block(bytes, "alloc_persistent " + shape_to_string(shape));
+  return Tensor::wrap(dtype, shape, block.get(), block, Device::kCuda);
+}
+
+void CudaBackend::fill(const Tensor& t, float value) {
+  if (t.dtype() == DType::kI32) {
+    KL_CHECK(t.device() == Device::kCuda, "fill of a host tensor " + shapes(t));
+    if (t.numel() == 0) return;
+    fill_i32_kernel<<<blocks_for(t.numel(), 256), 256, 0, stream_>>>(t.data_as<int32_t>(), t.numel(),
+                                                                     static_cast<int32_t>(value));
+    KL_LAUNCHED("fill I32 " + shapes(t));
+    return;
+  }
+  const Out o = out(t, "fill");
+  if (t.numel() == 0) return;
+  fill_kernel<<<blocks_for(t.numel(), 256), 256, 0, stream_>>>(o, t.numel(), value);
+  KL_LAUNCHED("fill " + shapes(t));
+}
+
+void CudaBackend::random_fill(const Tensor& t, uint64_t seed, float lo, float hi) {
+  const Out o = out(t, "random_fill");
+  if (t.numel() == 0) return;
+  random_fill_kernel<<<blocks_for(t.numel(), 256), 256, 0, stream_>>>(o, t.numel(), seed, lo, hi);
+  KL_LAUNCHED("random_fill " + shapes(t));
+}
+
+Tensor CudaBackend::upload(const Tensor& host, DType dtype) {
+  const std::vector<uint8_t> bytes = host_bytes(host, dtype);
+  Tensor t = alloc_persistent(dtype, host.shape());
+  KL_CUDA(cudaMemcpyAsync(t.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream_),
+          "upload " + shapes(host));
+  sync("upload");
+  return t;
+}
+
+Tensor CudaBackend::upload_mxfp4(const Tensor& packed, const Tensor& scale) {
+  KL_CHECK(packed.dtype() == DType::kU8 && scale.dtype() == DType::kU8, "MXFP4 parts must be U8");
+  const int64_t in_cols = packed.dim(-1) * 2, rows = packed.numel() / packed.dim(-1);
+  KL_CHECK(scale.dim(-1) * 32 == in_cols && scale.numel() / scale.dim(-1) == rows,
+           "MXFP4 scale " + shapes(scale) + " does not fit packed " + shapes(packed));
+  Shape shape = packed.shape();
+  shape.back() = in_cols;
+  Tensor w = alloc_persistent(dtype_, shape);
+  auto p = device_block(packed.nbytes(), "upload_mxfp4 packed");
+  auto s = device_block(scale.nbytes(), "upload_mxfp4 scale");
+  KL_CUDA(cudaMemcpyAsync(p.get(), packed.data(), packed.nbytes(), cudaMemcpyHostToDevice, stream_), "upload_mxfp4");
+  KL_CUDA(cudaMemcpyAsync(s.get(), scale.data(), scale.nbytes(), cudaMemcpyHostToDevice, stream_), "upload_mxfp4");
+  if (w.numel() > 0) {
+    mxfp4_kernel<<<blocks_for(w.numel(), 256), 256, 0, stream_>>>(static_cast<const uint8_t*>(p.get()),
+                                                                   static_cast<const uint8_t*>(s.get()), rows, in_cols,
+                                                                   out(w, "upload_mxfp4"));
+    KL_LAUNCHED("upload_mxfp4 " + shapes(packed));
+  }
+  sync("upload_mxfp4");
+  return w;
+}
+
+Tensor CudaBackend::to_device(const Tensor& host, DType dtype) {
+  const std::vector<uint8_t> bytes = host_bytes(host, dtype);
+  Tensor t = alloc(dtype, host.shape());
+  if (!bytes.empty())
+    KL_CUDA(cudaMemcpyAsync(t.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream_),
+            "to_device " + shapes(host));
+  return t;
+}
+
+void CudaBackend::upload_layout(SeqLayout& layout) {
+  auto put = [&](const std::vector<int32_t>& v, const Shape& shape) {
+    Tensor t = alloc(DType::kI32, shape);
+    if (!v.empty())
+      KL_CUDA(cudaMemcpyAsync(t.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice, stream_),
+              "upload_layout " + shape_to_string(shape));
+    return t;
+  };
+  const int64_t b = layout.num_seqs();
+  KL_CHECK(static_cast<int64_t>(layout.cu_seqlens.size()) == b + 1 && static_cast<int64_t>(layout.slots.size()) == b &&
+               static_cast<int64_t>(layout.page_table.size()) == b * layout.max_pages,
+           "upload_layout: inconsistent layout for " + std::to_string(b) + " sequences");
+  layout.dev.cu_seqlens = put(layout.cu_seqlens, {b + 1});
+  layout.dev.cached = put(layout.cached, {b});
+  layout.dev.slots = put(layout.slots, {b});
+  layout.dev.page_table = put(layout.page_table, {b, layout.max_pages});
+  const int64_t snaps = static_cast<int64_t>(layout.snap_seq.size());
+  KL_CHECK(static_cast<int64_t>(layout.snap_pos.size()) == snaps && static_cast<int64_t>(layout.snap_slot.size()) == snaps,
+           "upload_layout: snapshot arrays of different lengths");
+  layout.dev.snap_seq = put(layout.snap_seq, {snaps});
+  layout.dev.snap_pos = put(layout.snap_pos, {snaps});
+  layout.dev.snap_slot = put(layout.snap_slot, {snaps});
+}
+
+void CudaBackend::for_snapshot_pieces(const SeqLayout& layout, const Tensor& states,
+                                      const std::function<void(int64_t, int64_t, const SeqLayout&)>& op) {
+  if (layout.snap_seq.empty()) {
+    op(0, layout.num_rows(), layout);
+    return;
+  }
+  const int64_t B = layout.num_seqs();
+  auto snaps_of = [&](int64_t b) {
+    std::vector<std::pair<int32_t, int32_t>> s;  // (position, slot), in position order
+    for (size_t k = 0; k < layout.snap_seq.size(); ++k)
+      if (layout.snap_seq[k] == b) s.emplace_back(layout.snap_pos[k], layout.snap_slot[k]);
+    std::sort(s.begin(), s.end());
+    return s;
+  };
+  // Rows [p0, p1) of sequence b as a layout of their own (b's positions before p0 count as cached).
+  auto piece = [&](int64_t b, int64_t p0, int64_t p1) {
+    SeqLayout p = layout.part(b, b + 1);
+    p.cu_seqlens = {0, static_cast<int32_t>(p1 - p0)};
+    p.cached[0] += static_cast<int32_t>(p0);
+    p.snap_seq.clear(), p.snap_pos.clear(), p.snap_slot.clear();
+    upload_layout(p);
+    op(layout.cu_seqlens[b] + p0, layout.cu_seqlens[b] + p1, p);
+  };
+  for (int64_t b = 0; b < B;) {
+    int64_t e = b;
+    while (e < B && snaps_of(e).empty()) ++e;
+    if (e > b) {  // sequences without snapshots, together
+      SeqLayout p = layout.part(b, e);
+      upload_layout(p);
+      op(layout.cu_seqlens[b], layout.cu_seqlens[e], p);
+      b = e;
+      continue;
+    }
+    int64_t done = 0;
+    for (const auto& [pos, slot] : snaps_of(b)) {
+      KL_CHECK(pos >= done && pos <= layout.new_tokens(b), "snapshot after " + std::to_string(pos) + " of " +
+                                                              std::to_string(layout.new_tokens(b)) + " rows");
+      if (pos > done) piece(b, done, pos);
+      done = pos;
+      copy(states.rows(layout.slots[b], layout.slots[b] + 1), states.rows(slot, slot + 1));
+    }
+    if (done < layout.new_tokens(b)) piece(b, done, layout.new_tokens(b));
+    ++b;
+  }
+}
+
+Tensor CudaBackend::to_host(const Tensor& t) {
+  KL_CHECK(t.device() == Device::kCuda, "to_host of a host tensor " + shapes(t));
+  std::vector<uint8_t> bytes(t.nbytes());
+  if (!bytes.empty())
+    KL_CUDA(cudaMemcpyAsync(bytes.data(), t.data(), bytes.size(), cudaMemcpyDeviceToHost, stream_),
+            "to_host " + shapes(t));
+  sync("to_host");
+  if (t.dtype() == DType::kI32) {
+    Tensor h = Tensor::empty(DType::kI32, t.shape());
+    std::memcpy(h.data(), bytes.data(), bytes.size());
+    return h;
+  }
+  Tensor h = Tensor::empty(DType::kF32, t.shape());
+  convert_to_f32(t.dtype(), bytes.data(), h.f32(), static_cast<size_t>(t.numel()));
+  return h;
+}
+
+void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
+  KL_CHECK(src.numel() == dst.numel() && src.dtype() == dst.dtype(),
+           "copy " + shapes(src) + " " + dtype_name(src.dtype()) + " to " + shapes(dst) + " " + dtype_name(dst.dtype()));
+  if (src.nbytes() == 0) return;
+  KL_CUDA(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, stream_),
+          "copy " + shapes(src));
+}
+
+void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width) {
+  const int64_t sc = src.dim(-1), dc = dst.dim(-1), rows = sc == 0 ? 0 : src.numel() / sc;
+  KL_CHECK(src.dtype() == dst.dtype() && (dc == 0 ? rows == 0 : dst.numel() / dc == rows) && src_col >= 0 &&
+               dst_col >= 0 && width >= 0 && src_col + width <= sc && dst_col + width <= dc,
+           "copy_columns src " + shapes(src) + " dst " + shapes(dst));
+  if (rows == 0 || width == 0) return;
+  const size_t es = dtype_size(src.dtype());
+  KL_CUDA(cudaMemcpy2DAsync(static_cast<char*>(dst.data()) + dst_col * es, dc * es,
+                            static_cast<const char*>(src.data()) + src_col * es, sc * es, width * es, rows,
+                            cudaMemcpyDeviceToDevice, stream_),
+          "copy_columns src " + shapes(src) + " dst " + shapes(dst));
+}
+
+void CudaBackend::gather_rows(const Tensor& src, const Tensor& rows, const Tensor& out_t) {
+  const int64_t cols = src.dim(-1), r = rows.numel();
+  KL_CHECK(rows.dtype() == DType::kI32 && src.dtype() == out_t.dtype() && out_t.numel() == r * cols,
+           "gather_rows src " + shapes(src) + " rows " + shapes(rows) + " out " + shapes(out_t));
+  if (out_t.numel() == 0) return;
+  const int64_t src_rows = src.numel() / cols;
+  const unsigned grid = blocks_for(out_t.numel(), 256);
+  if (dtype_size(src.dtype()) == 4)
+    gather_rows_kernel<<<grid, 256, 0, stream_>>>(src.data_as<const uint32_t>(), src_rows, rows.data_as<const int32_t>(),
+                                                  out_t.data_as<uint32_t>(), r, cols);
+  else
+    gather_rows_kernel<<<grid, 256, 0, stream_>>>(src.data_as<const uint16_t>(), src_rows, rows.data_as<const int32_t>(),
+                                                  out_t.data_as<uint16_t>(), r, cols);
+  KL_LAUNCHED("gather_rows " + shapes(src));
+}
+
+}  // namespace klinear::cuda
