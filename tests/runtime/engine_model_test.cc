@@ -6,6 +6,8 @@
 // the engine with prefix caching on (below).
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include "backend/backend.h"
 #include "io/presets.h"
 #include "model/model_cases.h"
@@ -137,11 +139,12 @@ TEST_P(EngineOnModel, ChunkedMixedAndPreemptedEqualAlone) {
 }
 
 // Prefix caching is exact: prompts sharing a prefix, of lengths just under, at and over snapshot
-// points (every 64 tokens) and page boundaries (pages of 16), run in a first wave (which publishes
-// pages and snapshots while steps mix decodes and prefill chunks) and a second wave (which hits
-// them, restoring snapshots and sharing pages), under prefill chunks of 1, 7, 64 and 100 tokens and
-// from NaN-poisoned pools, give the tokens and log-probabilities of each prompt run alone; a
-// cache too small for everything evicts instead of refusing; afterwards every slot and page is free.
+// points (every 64 tokens) and page boundaries (pages of 16), run in waves (the longest alone, so
+// the others restore snapshots taken inside its steps; then all, mixing decodes with prefill
+// chunks; then all again, hitting what the first waves published), under prefill chunks of 1, 7,
+// 64 and 100 tokens and from NaN-poisoned pools, give the tokens and log-probabilities of each
+// prompt run alone; a cache too small for everything evicts instead of refusing; afterwards every
+// slot and page is free.
 TEST_P(EngineOnModel, PrefixCacheEqualsUncached) {
   const testing::ScratchDir dir;
   std::mt19937_64 rng(testing::fresh_seed());
@@ -160,6 +163,8 @@ TEST_P(EngineOnModel, PrefixCacheEqualsUncached) {
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   std::vector<Reference> ref;
   for (const auto& p : prompts) ref.push_back(run_alone(**model, p));
+  std::vector<size_t> all(prompts.size());
+  std::iota(all.begin(), all.end(), size_t{0});
 
   struct Case {
     const char* name;
@@ -176,10 +181,14 @@ TEST_P(EngineOnModel, PrefixCacheEqualsUncached) {
     auto runner = ModelRunner::create(**model, CacheOptions{c.slots, 16, budget}, {PrefixCaching::kOn, 64}).value();
     poison(*runner, (*model)->config(), **backend);
     Engine engine(*runner, nullptr, EngineOptions{{c.chunk, 8, 64}, 100, {}});
-    for (int wave = 0; wave < 2; ++wave) {
-      const auto got = run_greedy(engine, prompts);
-      for (size_t i = 0; i < prompts.size(); ++i)
-        expect_matches(got[i], ref[i], "wave " + std::to_string(wave) + " prompt " + std::to_string(i));
+    // The longest prompt first (so the others restore snapshots it took inside its steps), then all, twice.
+    const std::vector<std::vector<size_t>> waves{{prompts.size() - 2}, all, all};
+    for (size_t w = 0; w < waves.size(); ++w) {
+      std::vector<std::vector<int32_t>> batch;
+      for (size_t i : waves[w]) batch.push_back(prompts[i]);
+      const auto got = run_greedy(engine, batch);
+      for (size_t k = 0; k < batch.size(); ++k)
+        expect_matches(got[k], ref[waves[w][k]], "wave " + std::to_string(w) + " prompt " + std::to_string(waves[w][k]));
     }
     EXPECT_GT(engine.metrics().prefix_hit_tokens, 0u);
     expect_pools_empty(*runner);
