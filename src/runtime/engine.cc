@@ -128,6 +128,7 @@ void Engine::take_inbox() {
       c->index = i;
       c->seq.id = r->id * 1000 + static_cast<uint64_t>(i);
       c->seq.tokens = r->spec.prompt;
+      c->seq.prompt = static_cast<int64_t>(r->spec.prompt.size());
       c->sampler.set_prompt(r->spec.prompt);
       if (tokenizer_) c->decoder.emplace(*tokenizer_);
       choice_of_[&c->seq] = c.get();
@@ -224,9 +225,26 @@ void Engine::post_process(Choice& c, std::span<const float> logits) {
   emit(c, std::move(out));
 }
 
+PrefixHit Engine::lookup(const Sequence& seq) { return runner_.lookup(seq.tokens); }
+
+void Engine::open(Sequence& seq, int64_t cached) {
+  auto slot = cached > 0 ? runner_.open_prefix(seq.tokens, cached) : runner_.open();
+  KL_CHECK(slot.ok(), "the scheduler admitted a sequence the runner cannot open: " + slot.status().to_string());
+  seq.slot = *slot;
+  seq.computed = cached;
+  Request& r = *choice_of_.at(&seq)->request;
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics_.prefix_query_tokens += seq.tokens.size();
+  metrics_.prefix_hit_tokens += static_cast<uint64_t>(cached);
+  if (!r.admitted) {
+    r.admitted = Clock::now();
+    metrics_.queue_s.observe(seconds(r.arrival, *r.admitted));
+  }
+}
+
 bool Engine::step() {
   take_inbox();
-  const StepPlan plan = scheduler_.schedule(runner_.usage());
+  const StepPlan plan = scheduler_.schedule(runner_.usage(), this);
   for (Sequence* v : plan.preempted) {
     runner_.close(*v->slot);
     v->slot.reset();
@@ -235,20 +253,9 @@ bool Engine::step() {
   steps.reserve(plan.seqs.size());
   for (const ScheduledSeq& s : plan.seqs) {
     Sequence& seq = *s.seq;
-    if (s.admit) {
-      auto slot = runner_.open();
-      KL_CHECK(slot.ok(), "the scheduler admitted a sequence the runner cannot open: " + slot.status().to_string());
-      seq.slot = *slot;
-      Request& r = *choice_of_.at(&seq)->request;
-      if (!r.admitted) {
-        r.admitted = Clock::now();
-        std::lock_guard<std::mutex> lock(mu_);
-        metrics_.queue_s.observe(seconds(r.arrival, *r.admitted));
-      }
-    }
     const auto begin = seq.tokens.begin() + seq.computed;
     steps.push_back({*seq.slot, std::span<const int32_t>(&*begin, static_cast<size_t>(s.tokens)),
-                     seq.computed + s.tokens == static_cast<int64_t>(seq.tokens.size())});
+                     seq.computed + s.tokens == static_cast<int64_t>(seq.tokens.size()), seq.prompt});
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -67,7 +67,7 @@ struct EngineEvent {
 };
 using EventSink = std::function<void(const EngineEvent&)>;
 
-class Engine {
+class Engine : private Admitter {
  public:
   // `tokenizer` may be null (then no text and no stop strings); both must outlive the engine.
   Engine(StepRunner& runner, const Tokenizer* tokenizer, EngineOptions options);
@@ -99,6 +99,8 @@ class Engine {
  private:
   struct Request;
   struct Choice;
+  PrefixHit lookup(const Sequence& seq) override;
+  void open(Sequence& seq, int64_t cached) override;
   void take_inbox();
   void post_process(Choice& c, std::span<const float> logits);
   void finish_choice(Choice& c);

@@ -34,6 +34,8 @@ std::vector<double> latency_buckets_s();
 struct EngineMetrics {
   std::map<std::string, uint64_t> requests;  // finished requests by status: stop, length, cancelled, error
   uint64_t prompt_tokens = 0, generation_tokens = 0, preemptions = 0;
+  // Prefix cache: tokens of admitted sequences, and those of them restored from the cache.
+  uint64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
   int64_t running = 0, waiting = 0;
   CacheUsage cache;
   Histogram ttft_s{latency_buckets_s()};

@@ -12,7 +12,20 @@ void Scheduler::remove(Sequence* seq) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq), waiting_.end());
 }
 
-StepPlan Scheduler::schedule(const CacheUsage& usage) {
+// Tokens of s to run from `from` within `budget`, ended at the first snapshot point (grid or prompt
+// end) the step could not snapshot at.
+int64_t Scheduler::chunk(const Sequence* s, int64_t from, int64_t budget) const {
+  const int64_t n = std::min(static_cast<int64_t>(s->tokens.size()) - from, budget);
+  const int64_t iv = options_.snapshot_interval;
+  if (iv == 0 || n <= 1) return n;
+  int64_t cut = from + n;
+  for (int64_t g = (from / iv + 1) * iv; g < cut && g <= s->prompt; g += iv)
+    if ((g - from) % 64 != 0) cut = g;
+  if (s->prompt > from && s->prompt < cut && (s->prompt - from) % 64 != 0) cut = s->prompt;
+  return cut - from;
+}
+
+StepPlan Scheduler::schedule(const CacheUsage& usage, Admitter* admitter) {
   StepPlan plan;
   int64_t budget = options_.max_num_tokens;
   int64_t pages_free = usage.pages_free, slots_free = usage.slots_free;
@@ -44,7 +57,7 @@ StepPlan Scheduler::schedule(const CacheUsage& usage) {
       if (budget == 0) break;
       if (preempted.count(s) || (s->remaining() == 1) != decode_pass) continue;
       KL_CHECK(s->remaining() >= 1, "running sequence " + std::to_string(s->id) + " has no token to run");
-      const int64_t n = std::min(s->remaining(), budget);
+      const int64_t n = chunk(s, s->computed, budget);
       while (extra_pages(s, n) > pages_free) {
         Sequence* v = victim_for(s);
         preempt(v ? v : s);
@@ -62,12 +75,25 @@ StepPlan Scheduler::schedule(const CacheUsage& usage) {
          static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
     Sequence* s = waiting_.front();
     KL_CHECK(s->computed == 0 && !s->slot, "waiting sequence " + std::to_string(s->id) + " holds state");
-    const int64_t n = std::min(s->remaining(), budget);
-    if (extra_pages(s, n) > pages_free) break;
+    // Pages and slots an open from `hit` takes: the pinned cached pages, the pages from the hit's
+    // last full page to the chunk's end, its slot (and the snapshot's, kept while it is copied).
+    auto cost = [&](const PrefixHit& hit, int64_t& n, int64_t& pages, int64_t& slots) {
+      n = chunk(s, hit.tokens, budget);
+      pages = usage.paged() ? hit.pinned_pages + pages_for(hit.tokens + n, ps) - hit.tokens / ps : 0;
+      slots = hit.tokens > 0 ? 2 : 1;
+      return pages <= pages_free && slots <= slots_free;
+    };
+    PrefixHit hit = admitter ? admitter->lookup(*s) : PrefixHit{};
+    int64_t n = 0, pages = 0, slots = 0;
+    if (!cost(hit, n, pages, slots)) {
+      hit = PrefixHit{};
+      if (!cost(hit, n, pages, slots)) break;
+    }
     waiting_.pop_front();
     running_.push_back(s);
+    if (admitter) admitter->open(*s, hit.tokens);
     --slots_free;
-    pages_free -= extra_pages(s, n);
+    pages_free -= pages;
     budget -= n;
     plan.seqs.push_back({s, n, true});
   }

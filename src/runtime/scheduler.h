@@ -9,7 +9,14 @@
 // running sequence is preempted: it gives back its slot and pages and returns to the front of the
 // queue, to be recomputed from its tokens later (prompt and generated so far).
 //
-// The scheduler only decides; the engine opens and closes runner sequences accordingly.
+// Admission goes through an Admitter (the engine): the scheduler asks it for the sequence's cached
+// prefix (StepRunner::lookup), counts the pages that opening from it pins, and has it open the
+// runner sequence at once (so nothing is evicted between lookup and open); the sequence then starts
+// at `computed` = the cached tokens. With prefix snapshots on (snapshot_interval > 0), a prefill
+// chunk that would cross a snapshot grid point or the prompt's end at a position the step cannot
+// snapshot (not a multiple of 64 tokens from the chunk's start) ends there instead.
+//
+// Otherwise the scheduler only decides; the engine closes preempted runner sequences.
 #pragma once
 
 #include <cstdint>
@@ -24,12 +31,14 @@ namespace klinear {
 struct SchedulerOptions {
   int64_t max_num_tokens = 2048;  // tokens per step (decode + prefill), >= 1
   int64_t max_num_seqs = 256;     // running sequences at most, >= 1
+  int64_t snapshot_interval = 0;  // prefix-cache KDA snapshot grid in tokens (a multiple of 64), 0 = none
 };
 
 // The scheduler's view of one sequence (owned by the engine).
 struct Sequence {
   uint64_t id = 0;
   std::vector<int32_t> tokens;         // prompt, then generated ids
+  int64_t prompt = 0;                  // tokens[0, prompt) are the prompt
   int64_t computed = 0;                // tokens[0, computed) are in the runner's state
   std::optional<RunnerSeq> slot;       // open in the runner while running
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
@@ -38,13 +47,23 @@ struct Sequence {
 struct ScheduledSeq {
   Sequence* seq = nullptr;
   int64_t tokens = 0;  // run tokens[computed, computed + tokens)
-  bool admit = false;  // newly admitted: the engine opens a runner sequence first
+  bool admit = false;  // newly admitted (opened through the Admitter, if one was given)
 };
 
 struct StepPlan {
   std::vector<Sequence*> preempted;  // close their runner sequences first (computed reset to 0)
   std::vector<ScheduledSeq> seqs;    // decodes first, then prefill chunks
   bool empty() const { return seqs.empty(); }
+};
+
+// Opens admitted sequences in the runner (the engine implements it).
+class Admitter {
+ public:
+  virtual ~Admitter() = default;
+  virtual PrefixHit lookup(const Sequence& seq) = 0;
+  // Opens seq's runner sequence from its first `cached` tokens (0: from zero state); sets seq.slot
+  // and seq.computed.
+  virtual void open(Sequence& seq, int64_t cached) = 0;
 };
 
 class Scheduler {
@@ -55,13 +74,17 @@ class Scheduler {
   void remove(Sequence* seq);  // finished or cancelled: out of whichever queue holds it
   // Plans the next step against `usage` (the runner's capacity now). Marks preempted sequences
   // (computed = 0, slot cleared after the engine closes them) and moves them to the waiting front.
-  StepPlan schedule(const CacheUsage& usage);
+  // Admitted sequences are opened through `admitter` (without one, the caller opens them, from
+  // zero state).
+  StepPlan schedule(const CacheUsage& usage, Admitter* admitter = nullptr);
 
   size_t num_running() const { return running_.size(); }
   size_t num_waiting() const { return waiting_.size(); }
   int64_t num_preemptions() const { return preemptions_; }
 
  private:
+  int64_t chunk(const Sequence* s, int64_t from, int64_t budget) const;
+
   SchedulerOptions options_;
   std::vector<Sequence*> running_;  // admission order
   std::deque<Sequence*> waiting_;

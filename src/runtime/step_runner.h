@@ -1,12 +1,13 @@
 // StepRunner: what the serving engine needs from a model and its caches, and nothing more: open
 // and close sequences (a state slot each, plus cache pages as they grow) and run one step over
-// many sequences. The scheduler and engine are written against this interface so that unit tests
+// many sequences, and (optionally) reuse a cached prefix. The scheduler and engine are written against this interface so that unit tests
 // drive them with a fake and the model side can change (per-sequence today, the batched forward
 // over pooled caches of issue 6 next) without touching them.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "core/status.h"
 #include "core/tensor.h"
@@ -32,6 +33,15 @@ struct RunnerStep {
   RunnerSeq seq = 0;
   std::span<const int32_t> ids;  // [T] new tokens, T >= 1
   bool want_logits = false;      // return the logits of the last new token
+  int64_t prompt = 0;            // the sequence's first `prompt` tokens are prompt (prefix caching publishes only those)
+};
+
+// What a prefix-cache lookup found for a sequence's tokens: how many of them a sequence opened
+// with open_prefix starts with, and how many pages counted free now (held by the prefix cache
+// alone) the open pins. Opening from a hit also keeps the snapshot's slot busy during the open.
+struct PrefixHit {
+  int64_t tokens = 0;
+  int64_t pinned_pages = 0;
 };
 
 // Thread-safety: none; one engine thread owns a runner.
@@ -46,6 +56,17 @@ class StepRunner {
   // A new sequence from zero state (never what its slot held before). ResourceExhausted when no
   // slot is free.
   virtual Result<RunnerSeq> open() = 0;
+  // The cached prefix a sequence over `tokens` would start from (none without a prefix cache).
+  virtual PrefixHit lookup(std::span<const int32_t> tokens) const {
+    (void)tokens;
+    return {};
+  }
+  // Opens a sequence holding the first `cached` tokens of `tokens` from the prefix cache; `cached`
+  // is what lookup(tokens) returned with nothing changed since.
+  virtual Result<RunnerSeq> open_prefix(std::span<const int32_t> tokens, int64_t cached) {
+    (void)tokens;
+    return Status::NotSupported("this runner has no prefix cache (asked for " + std::to_string(cached) + " cached tokens)");
+  }
   // Frees its slot and pages. The handle is invalid afterwards.
   virtual void close(RunnerSeq seq) = 0;
   // Runs `steps` (each sequence at most once) and advances their states. Returns host F32 logits

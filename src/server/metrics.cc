@@ -45,8 +45,14 @@ std::string prometheus_text(const EngineMetrics& m, const std::map<int, uint64_t
   scalar(o, "num_requests_running", "gauge", "Sequences running.", m.running);
   scalar(o, "num_requests_waiting", "gauge", "Sequences waiting for admission.", m.waiting);
   scalar(o, "num_preemptions_total", "counter", "Sequences preempted for recompute.", m.preemptions);
+  scalar(o, "prefix_cache_queries_total", "counter", "Tokens of admitted sequences looked up in the prefix cache.",
+         m.prefix_query_tokens);
+  scalar(o, "prefix_cache_hits_total", "counter", "Tokens of admitted sequences restored from the prefix cache.",
+         m.prefix_hit_tokens);
+  scalar(o, "prefix_cache_hit_rate", "gauge", "Prefix-cache hits over queries, in tokens.",
+         m.prefix_query_tokens ? static_cast<double>(m.prefix_hit_tokens) / static_cast<double>(m.prefix_query_tokens) : 0.0);
   const CacheUsage& c = m.cache;
-  scalar(o, "kv_cache_usage_perc", "gauge", "Fraction of cache pages in use.",
+  scalar(o, "kv_cache_usage_perc", "gauge", "Fraction of cache pages in use (pages the prefix cache alone holds count as free).",
          c.pages_total ? 1.0 - static_cast<double>(c.pages_free) / static_cast<double>(c.pages_total) : 0.0);
   scalar(o, "state_slot_usage_perc", "gauge", "Fraction of sequence state slots in use.",
          c.slots_total ? 1.0 - static_cast<double>(c.slots_free) / static_cast<double>(c.slots_total) : 0.0);

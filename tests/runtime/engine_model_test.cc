@@ -2,8 +2,11 @@
 // a page boundary, run together under prefill chunk budgets of 1, 7, 64 and 100 tokens (so steps
 // mix decodes with prefill chunks carrying KDA and conv state between them) and under a cache too
 // small for all of them (so sequences wait and are preempted and recomputed), give the greedy
-// tokens and the top-8 log-probabilities of each sequence run alone through Model::forward.
+// tokens and the top-8 log-probabilities of each sequence run alone through Model::forward; so does
+// the engine with prefix caching on (below).
 #include <gtest/gtest.h>
+
+#include <numeric>
 
 #include "backend/backend.h"
 #include "io/presets.h"
@@ -37,6 +40,54 @@ Reference run_alone(Model& model, const std::vector<int32_t>& prompt) {
     if (i + 1 < kNew) logits = model.forward_one(*cache, seq, one, LogitsMode::kLast).value();
   }
   return r;
+}
+
+// Greedy ids and top-8 log-probabilities equal to the sequence run alone.
+void expect_matches(const std::vector<TokenOutput>& got, const Reference& ref, const std::string& what) {
+  ASSERT_EQ(got.size(), static_cast<size_t>(kNew)) << what;
+  for (int t = 0; t < kNew; ++t) {
+    const Sampled& want = ref.steps[static_cast<size_t>(t)];
+    const Sampled& have = got[static_cast<size_t>(t)].logprobs;
+    ASSERT_EQ(got[static_cast<size_t>(t)].id, ref.ids[static_cast<size_t>(t)]) << what << " token " << t;
+    EXPECT_NEAR(have.logprob, want.logprob, 1e-4) << what << " token " << t;
+    for (int k = 0; k < kTop; ++k) {
+      EXPECT_EQ(have.top[static_cast<size_t>(k)].id, want.top[static_cast<size_t>(k)].id) << what << " token " << t;
+      EXPECT_NEAR(have.top[static_cast<size_t>(k)].logprob, want.top[static_cast<size_t>(k)].logprob, 1e-4) << what;
+    }
+  }
+}
+
+// Submits greedy requests for `prompts` (kNew tokens, top-8 log-probabilities) and returns each one's tokens.
+std::vector<std::vector<TokenOutput>> run_greedy(Engine& engine, const std::vector<std::vector<int32_t>>& prompts) {
+  std::vector<std::vector<TokenOutput>> got(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestSpec s;
+    s.prompt = prompts[i];
+    s.stop.max_tokens = kNew;
+    s.stop.ignore_eos = true;
+    s.top_logprobs = kTop;
+    EXPECT_TRUE(engine.submit(s, [&got, i](const EngineEvent& e) {
+      got[i].insert(got[i].end(), e.tokens.begin(), e.tokens.end());
+    }).ok());
+  }
+  engine.run_until_idle();
+  return got;
+}
+
+void poison(ModelRunner& runner, const ModelConfig& config, Backend& backend) {
+  Cache& c = runner.cache();
+  for (int64_t l = 0; l < config.num_layers; ++l)
+    for (const Tensor* pool : {&c.kda_states(l), &c.conv_states(l), &c.mla_pages(l)})
+      if (pool->defined()) backend.fill(*pool, std::numeric_limits<float>::quiet_NaN());
+}
+
+// Every slot and page free, no page referenced.
+void expect_pools_empty(ModelRunner& runner) {
+  runner.clear_prefix_cache();
+  Cache& c = runner.cache();
+  EXPECT_EQ(c.free_slots(), c.sizes().slots);
+  EXPECT_EQ(c.free_pages(), c.sizes().pages);
+  for (int32_t p = 0; p < c.sizes().pages; ++p) ASSERT_EQ(c.page_refs(p), 0) << "page " << p;
 }
 
 class EngineOnModel : public ::testing::TestWithParam<const char*> {};
@@ -75,39 +126,115 @@ TEST_P(EngineOnModel, ChunkedMixedAndPreemptedEqualAlone) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const uint64_t budget = c.slots * sizes.bytes_per_slot + c.pages * sizes.bytes_per_page;
-    auto runner = ModelRunner::create(**model, CacheOptions{c.slots, 64, budget}).value();
+    auto runner = ModelRunner::create(**model, CacheOptions{c.slots, 64, budget}, {PrefixCaching::kOff}).value();
     ASSERT_EQ(runner->usage().pages_total, c.pages);
     Engine engine(*runner, nullptr, EngineOptions{{c.chunk, 8}, 100, {}});
-    std::vector<std::vector<TokenOutput>> got(prompts.size());
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      RequestSpec s;
-      s.prompt = prompts[i];
-      s.stop.max_tokens = kNew;
-      s.stop.ignore_eos = true;
-      s.top_logprobs = kTop;
-      ASSERT_TRUE(engine.submit(s, [&got, i](const EngineEvent& e) {
-        got[i].insert(got[i].end(), e.tokens.begin(), e.tokens.end());
-      }).ok());
-    }
-    engine.run_until_idle();
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      ASSERT_EQ(got[i].size(), static_cast<size_t>(kNew)) << "prompt " << i;
-      for (int t = 0; t < kNew; ++t) {
-        const Sampled& want = ref[i].steps[static_cast<size_t>(t)];
-        const Sampled& have = got[i][static_cast<size_t>(t)].logprobs;
-        ASSERT_EQ(got[i][static_cast<size_t>(t)].id, ref[i].ids[static_cast<size_t>(t)]) << "prompt " << i << " token " << t;
-        EXPECT_NEAR(have.logprob, want.logprob, 1e-4) << "prompt " << i << " token " << t;
-        for (int k = 0; k < kTop; ++k) {
-          EXPECT_EQ(have.top[static_cast<size_t>(k)].id, want.top[static_cast<size_t>(k)].id);
-          EXPECT_NEAR(have.top[static_cast<size_t>(k)].logprob, want.top[static_cast<size_t>(k)].logprob, 1e-4);
-        }
-      }
-    }
+    const auto got = run_greedy(engine, prompts);
+    for (size_t i = 0; i < prompts.size(); ++i) expect_matches(got[i], ref[i], "prompt " + std::to_string(i));
     EXPECT_EQ(engine.metrics().preemptions > 0, c.expect_preemption) << engine.metrics().preemptions;
     const CacheUsage u = runner->usage();
     EXPECT_EQ(u.slots_free, u.slots_total);
     EXPECT_EQ(u.pages_free, u.pages_total);
   }
+}
+
+// Prefix caching is exact: prompts sharing a prefix, of lengths just under, at and over snapshot
+// points (every 64 tokens) and page boundaries (pages of 16), run in waves (the longest alone, so
+// the others restore snapshots taken inside its steps; then all, mixing decodes with prefill
+// chunks; then all again, hitting what the first waves published), under prefill chunks of 1, 7,
+// 64 and 100 tokens and from NaN-poisoned pools, give the tokens and log-probabilities of each
+// prompt run alone; a cache too small for everything evicts instead of refusing; afterwards every
+// slot and page is free.
+TEST_P(EngineOnModel, PrefixCacheEqualsUncached) {
+  const testing::ScratchDir dir;
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::vector<int32_t> base(200), other(200);
+  for (int32_t& id : base) id = static_cast<int32_t>(rng() % 256);
+  for (int32_t& id : other) id = static_cast<int32_t>(rng() % 256);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int len : {15, 16, 17, 63, 64, 65, 66, 127, 128, 129, 150, 193})
+    prompts.emplace_back(base.begin(), base.begin() + len);
+  prompts.push_back(std::vector<int32_t>(base.begin(), base.begin() + 70));
+  prompts.back().insert(prompts.back().end(), other.begin(), other.begin() + 60);  // diverges inside a page
+  testing::write_untied_checkpoint(preset_config(GetParam()).value(), dir.str(), prompts, rng());
+  auto backend = make_backend(BackendOptions{});
+  ASSERT_TRUE(backend.ok());
+  auto model = Model::load(dir.str(), **backend);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  std::vector<Reference> ref;
+  for (const auto& p : prompts) ref.push_back(run_alone(**model, p));
+  std::vector<size_t> all(prompts.size());
+  std::iota(all.begin(), all.end(), size_t{0});
+
+  struct Case {
+    const char* name;
+    int64_t chunk, slots, pages;
+  };
+  const std::vector<Case> cases{
+      {"chunk 1", 1, 40, 200}, {"chunk 7", 7, 40, 200}, {"chunk 64", 64, 40, 200}, {"chunk 100", 100, 40, 200},
+      {"chunk 64, 20 pages: evictions", 64, 10, 20},
+  };
+  const CacheSizes sizes = ModelRunner::create(**model, CacheOptions{1, 16, 64 << 20}).value()->sizes();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const uint64_t budget = c.slots * sizes.bytes_per_slot + c.pages * sizes.bytes_per_page;
+    auto runner = ModelRunner::create(**model, CacheOptions{c.slots, 16, budget}, {PrefixCaching::kOn, 64}).value();
+    poison(*runner, (*model)->config(), **backend);
+    Engine engine(*runner, nullptr, EngineOptions{{c.chunk, 8, 64}, 100, {}});
+    // The longest prompt first (so the others restore snapshots it took inside its steps), then all, twice.
+    const std::vector<std::vector<size_t>> waves{{prompts.size() - 2}, all, all};
+    for (size_t w = 0; w < waves.size(); ++w) {
+      std::vector<std::vector<int32_t>> batch;
+      for (size_t i : waves[w]) batch.push_back(prompts[i]);
+      const auto got = run_greedy(engine, batch);
+      for (size_t k = 0; k < batch.size(); ++k)
+        expect_matches(got[k], ref[waves[w][k]], "wave " + std::to_string(w) + " prompt " + std::to_string(waves[w][k]));
+    }
+    EXPECT_GT(engine.metrics().prefix_hit_tokens, 0u);
+    expect_pools_empty(*runner);
+  }
+}
+
+// Random admissions, extensions (prompts continuing earlier ones), finishes, cancellations and
+// evictions (a small cache) leave the pools exactly as they started.
+TEST_P(EngineOnModel, PrefixCacheRandomOpsLeavePoolsEmpty) {
+  const testing::ScratchDir dir;
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::vector<int32_t> base(300);
+  for (int32_t& id : base) id = static_cast<int32_t>(rng() % 256);
+  testing::write_untied_checkpoint(preset_config(GetParam()).value(), dir.str(), {base}, rng());
+  auto backend = make_backend(BackendOptions{});
+  ASSERT_TRUE(backend.ok());
+  auto model = Model::load(dir.str(), **backend);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  const CacheSizes sizes = ModelRunner::create(**model, CacheOptions{1, 16, 64 << 20}).value()->sizes();
+  auto runner = ModelRunner::create(**model, CacheOptions{8, 16, 8 * sizes.bytes_per_slot + 48 * sizes.bytes_per_page},
+                                    {PrefixCaching::kOn, 64}).value();
+  poison(*runner, (*model)->config(), **backend);
+  Engine engine(*runner, nullptr, EngineOptions{{48, 4, 64}, 100, {}});
+  std::vector<uint64_t> live;
+  int ended = 0, submitted = 0;
+  for (int round = 0; round < 60; ++round) {
+    const int op = static_cast<int>(rng() % 4);
+    if (op <= 1) {  // admit: a prefix of the base, sometimes continued with fresh tokens
+      RequestSpec s;
+      s.prompt.assign(base.begin(), base.begin() + 1 + static_cast<int64_t>(rng() % 200));
+      if (rng() % 2) s.prompt.push_back(static_cast<int32_t>(rng() % 256));
+      s.stop.max_tokens = 1 + static_cast<int64_t>(rng() % 8);
+      s.stop.ignore_eos = true;
+      auto id = engine.submit(s, [&ended](const EngineEvent& e) { ended += e.end != RequestEnd::kRunning; });
+      ASSERT_TRUE(id.ok()) << id.status().to_string();
+      live.push_back(*id);
+      ++submitted;
+    } else if (op == 2 && !live.empty()) {
+      engine.cancel(live[rng() % live.size()]);
+    }
+    for (int k = static_cast<int>(rng() % 4); k > 0; --k) engine.step();
+  }
+  engine.run_until_idle();
+  EXPECT_EQ(ended, submitted);
+  EXPECT_GT(engine.metrics().prefix_hit_tokens, 0u);
+  expect_pools_empty(*runner);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, EngineOnModel, ::testing::Values("kimi-linear-tiny", "k3-tiny"),

@@ -376,5 +376,41 @@ TEST(Scheduler, DecodesFirstThenChunksUnderTheBudget) {
   EXPECT_EQ(s.num_preemptions(), 1);
 }
 
+// With a snapshot grid, a prefill chunk ends where the step could not snapshot: at a grid point or
+// the prompt's end that is not a multiple of 64 tokens from the chunk's start; points at such a
+// multiple (or at the chunk's end) do not shorten it.
+TEST(Scheduler, ChunksEndAtSnapshotPointsTheyCannotSnapshot) {
+  struct Case {
+    int64_t budget, prompt, total, computed, want;
+  };
+  const std::vector<Case> cases{
+      {100, 150, 150, 0, 100},   // grid 64 at offset 64: allowed
+      {100, 150, 150, 100, 28},  // grid 128 at offset 28: cut there
+      {100, 150, 150, 128, 22},  // the prompt's end is the chunk's end
+      {100, 150, 160, 128, 22},  // a recomputed sequence: the prompt's end at offset 22 cuts
+      {7, 150, 150, 126, 2},     // grid 128 inside a small chunk
+      {7, 150, 150, 128, 7},
+      {200, 300, 300, 10, 54},   // grid 64 at offset 54
+      {200, 300, 300, 64, 200},  // 128, 192, 256 all at multiples of 64
+      {200, 40, 300, 0, 40},     // nothing beyond the prompt is on the grid
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("budget " + std::to_string(c.budget) + " computed " + std::to_string(c.computed));
+    Scheduler s(SchedulerOptions{c.budget, 8, 64});
+    Sequence q;
+    q.id = 1;
+    q.tokens.assign(static_cast<size_t>(c.total), 1);
+    q.prompt = c.prompt;
+    s.add(&q);
+    const StepPlan p = s.schedule(CacheUsage{4, 4, 0, 0, 1});
+    ASSERT_EQ(p.seqs.size(), 1u);
+    q.computed = c.computed;  // admitted from zero; now ask for the chunk from `computed`
+    q.slot = 1;
+    const StepPlan next = s.schedule(CacheUsage{4, 3, 0, 0, 1});
+    ASSERT_EQ(next.seqs.size(), 1u);
+    EXPECT_EQ(next.seqs[0].tokens, c.want);
+  }
+}
+
 }  // namespace
 }  // namespace klinear

@@ -61,6 +61,8 @@ struct EngineArgs {
   std::string model_dir, device = "cpu", dtype, tokenizer;
   int64_t max_num_tokens = 2048, max_num_seqs = 16, page_size = 64;
   std::string cache_memory = "0";
+  bool no_prefix_cache = false;
+  int64_t prefix_snapshot_interval = 256;
 };
 
 void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
@@ -74,6 +76,11 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
                                                     "(bytes, or with K/M/G/T; 0: room for every sequence at the full "
                                                     "context, at most a quarter of the free memory)")->capture_default_str();
   sub->add_option("--page-size", a.page_size, "tokens per latent cache page")->capture_default_str();
+  sub->add_flag("--no-prefix-cache", a.no_prefix_cache,
+                "turn prefix caching off (on by default: prompt pages and KDA state snapshots are kept for reuse, with "
+                "as many snapshot slots as sequence slots, evicted least recently used first)");
+  sub->add_option("--prefix-snapshot-interval", a.prefix_snapshot_interval,
+                  "tokens between the prefix cache's KDA state snapshots (a multiple of 64)")->capture_default_str();
 }
 
 struct Serving {
@@ -101,9 +108,11 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   else std::fprintf(stderr, "klinear %s: no tokenizer in %s: token-id prompts only\n", cmd, a.model_dir.c_str());
   const ModelConfig& c = s.model->config();
   s.format = chat_format_for(c);
-  KL_ASSIGN_OR_RETURN(s.runner, ModelRunner::create(*s.model, CacheOptions{a.max_num_seqs, a.page_size, memory}));
+  const PrefixCacheOptions prefix{a.no_prefix_cache ? PrefixCaching::kOff : PrefixCaching::kOn, a.prefix_snapshot_interval};
+  const int64_t slots = a.max_num_seqs * (prefix.mode == PrefixCaching::kOn ? 2 : 1);  // snapshots get their own slots
+  KL_ASSIGN_OR_RETURN(s.runner, ModelRunner::create(*s.model, CacheOptions{slots, a.page_size, memory}, prefix));
   EngineOptions eo;
-  eo.scheduler = {a.max_num_tokens, a.max_num_seqs};
+  eo.scheduler = {a.max_num_tokens, a.max_num_seqs, prefix.mode == PrefixCaching::kOn ? prefix.snapshot_interval : 0};
   eo.max_queue = max_queue;
   for (int64_t id : c.eos_token_ids) eo.eos_ids.push_back(static_cast<int32_t>(id));
   s.engine = std::make_unique<Engine>(*s.runner, s.tokenizer.get(), eo);
@@ -112,7 +121,7 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
                "klinear %s: cache %.1f MiB: %.2f MiB per state slot, %.1f KiB per token; %lld slots, %lld pages of %lld "
                "tokens: at most %lld sequences and %lld tokens at once (%lld per sequence)\n",
                cmd, z.bytes() / 1048576.0, z.bytes_per_slot / 1048576.0, z.bytes_per_page / 1024.0 / std::max<int64_t>(z.page_size, 1),
-               (long long)z.slots, (long long)z.pages, (long long)z.page_size, (long long)z.slots,
+               (long long)z.slots, (long long)z.pages, (long long)z.page_size, (long long)std::min(z.slots, a.max_num_seqs),
                (long long)(z.pages * z.page_size), (long long)s.engine->max_sequence_tokens());
   return s;
 }

@@ -1,0 +1,274 @@
+#include "runtime/prefix_cache.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
+namespace klinear {
+
+struct PrefixCache::Snap {
+  Node* node = nullptr;  // the chain node after t / page_size pages (published snapshots)
+  int64_t tokens = 0;    // t
+  int64_t slot = -1;
+  int32_t tail = -1;     // held page with positions [t - t % page_size, t), when needed and attached
+  SeqId producer = -1;   // the sequence whose page becomes the tail when it closes
+  uint64_t used = 0;
+  bool pinned = false;   // being adopted: not evictable
+};
+
+struct PrefixCache::Node {
+  Node* parent = nullptr;
+  std::vector<int32_t> tokens;  // this page's tokens (key under parent)
+  int32_t page = -1;            // -1 for the root and in a model without MLA pages
+  int64_t depth = 0;            // pages from the root
+  uint64_t used = 0;
+  std::map<std::vector<int32_t>, std::unique_ptr<Node>> children;
+  std::map<std::vector<int32_t>, std::unique_ptr<Snap>> snaps;  // by the t % page_size tokens after this node
+};
+
+struct PrefixCache::Found {
+  int64_t tokens = 0;
+  Snap* snap = nullptr;
+  std::vector<Node*> nodes;    // chain nodes used, root excluded
+  std::vector<int32_t> pages;  // covering [0, tokens)
+};
+
+PrefixCache::PrefixCache(Cache& cache, int64_t interval)
+    : cache_(cache), interval_(interval), page_size_(cache.sizes().page_size), paged_(cache.sizes().pages > 0),
+      root_(std::make_unique<Node>()) {
+  KL_CHECK(interval_ >= 64 && interval_ % 64 == 0, "prefix snapshot interval " + std::to_string(interval_) + " is not a multiple of 64");
+}
+
+PrefixCache::~PrefixCache() { clear(); }
+
+std::vector<PrefixCache::Node*> PrefixCache::chain(std::span<const int32_t> tokens) const {
+  std::vector<Node*> nodes{root_.get()};
+  for (int64_t i = 0; (i + 1) * page_size_ <= static_cast<int64_t>(tokens.size()); ++i) {
+    const auto page = tokens.subspan(static_cast<size_t>(i * page_size_), static_cast<size_t>(page_size_));
+    auto it = nodes.back()->children.find(std::vector<int32_t>(page.begin(), page.end()));
+    if (it == nodes.back()->children.end()) break;
+    nodes.push_back(it->second.get());
+  }
+  return nodes;
+}
+
+PrefixCache::Found PrefixCache::find(std::span<const int32_t> tokens) const {
+  Found f;
+  const int64_t limit = static_cast<int64_t>(tokens.size()) - 1;  // leave a token to run
+  if (limit < 1) return f;
+  const std::vector<Node*> nodes = chain(tokens);
+  const int64_t a = static_cast<int64_t>(nodes.size()) - 1;  // full pages matched
+  for (int64_t j = a; j >= 0 && !f.snap; --j) {
+    for (const auto& [rest, snap] : nodes[j]->snaps) {
+      const int64_t t = snap->tokens;
+      if (t > limit || (snap->tokens <= f.tokens && f.snap)) continue;
+      if (!std::equal(rest.begin(), rest.end(), tokens.begin() + j * page_size_)) continue;
+      if (paged_ && !rest.empty() && j == a && snap->tail < 0) continue;  // its partial page is not held yet
+      f.tokens = t;
+      f.snap = snap.get();
+    }
+    if (!f.snap) continue;
+    const int64_t partial = f.tokens % page_size_;
+    f.nodes.assign(nodes.begin() + 1, nodes.begin() + 1 + j + (partial && j < a ? 1 : 0));
+    if (paged_) {
+      for (Node* n : f.nodes) f.pages.push_back(n->page);
+      if (partial && j == a) f.pages.push_back(f.snap->tail);
+    }
+  }
+  return f;
+}
+
+PrefixHit PrefixCache::lookup(std::span<const int32_t> tokens) const {
+  const Found f = find(tokens);
+  PrefixHit h{f.tokens, 0};
+  std::vector<int32_t> pages = f.pages;
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  for (int32_t p : pages)
+    if (auto it = holds_.find(p); it != holds_.end() && cache_.page_refs(p) == it->second) ++h.pinned_pages;
+  return h;
+}
+
+Result<SeqId> PrefixCache::open(std::span<const int32_t> tokens, int64_t cached) {
+  const Found f = find(tokens);
+  KL_CHECK(f.tokens == cached && f.snap, "prefix lookup changed between lookup and open: " + std::to_string(f.tokens) +
+                                             " tokens, expected " + std::to_string(cached));
+  // Pin what the hit uses so the evictions below leave it alone: the snapshot by flag, its pages
+  // by a reference of their own.
+  f.snap->pinned = true;
+  for (int32_t p : f.pages) cache_.retain_page(p);
+  reclaim(paged_ && cached % page_size_ ? 1 : 0, 1);
+  Result<SeqId> seq = cache_.open();
+  Status adopted = seq.ok() ? cache_.adopt(*seq, cached, f.snap->slot, f.pages) : seq.status();
+  for (int32_t p : f.pages) cache_.release_page(p);
+  f.snap->pinned = false;
+  if (!adopted.ok()) {
+    if (seq.ok()) cache_.close(*seq);
+    return adopted;
+  }
+  f.snap->used = ++clock_;
+  for (Node* n : f.nodes) n->used = clock_;
+  return seq;
+}
+
+std::vector<Snapshot> PrefixCache::plan_snapshots(SeqId seq, std::span<const int32_t> history, int64_t done, int64_t n,
+                                                  int64_t prompt) {
+  std::vector<Snapshot> out;
+  const int64_t end = std::min(done + n, prompt);
+  std::vector<int64_t> points;
+  for (int64_t g = (done / interval_ + 1) * interval_; g <= end; g += interval_) points.push_back(g);
+  if (prompt > done && prompt <= done + n && (points.empty() || points.back() != prompt)) points.push_back(prompt);
+  const std::vector<Node*> nodes = chain(history.first(static_cast<size_t>(end)));
+  for (int64_t g : points) {
+    if ((g - done) % 64 != 0 && g != done + n) continue;  // the scheduler's chunks avoid this
+    const int64_t j = g / page_size_;
+    if (j < static_cast<int64_t>(nodes.size())) {
+      const auto rest = history.subspan(static_cast<size_t>(j * page_size_), static_cast<size_t>(g - j * page_size_));
+      if (nodes[j]->snaps.count(std::vector<int32_t>(rest.begin(), rest.end()))) continue;  // already cached
+    }
+    if (cache_.free_slots() == 0 && !reclaim(0, 1)) break;
+    auto s = std::make_unique<Snap>();
+    s->tokens = g;
+    s->slot = cache_.take_slot().value();
+    s->producer = seq;
+    out.push_back(Snapshot{g - done, s->slot});
+    pending_.push_back(std::move(s));
+  }
+  return out;
+}
+
+void PrefixCache::publish(SeqId seq, std::span<const int32_t> history, int64_t prompt) {
+  const int64_t full = std::min<int64_t>(prompt, cache_.tokens(seq)) / page_size_;
+  std::vector<Node*> nodes{root_.get()};
+  ++clock_;
+  for (int64_t i = 0; i < full; ++i) {
+    const auto page = history.subspan(static_cast<size_t>(i * page_size_), static_cast<size_t>(page_size_));
+    std::unique_ptr<Node>& slot = nodes.back()->children[std::vector<int32_t>(page.begin(), page.end())];
+    if (!slot) {
+      slot = std::make_unique<Node>();
+      slot->parent = nodes.back();
+      slot->tokens.assign(page.begin(), page.end());
+      slot->depth = i + 1;
+      if (paged_) {
+        slot->page = cache_.pages(seq)[static_cast<size_t>(i)];
+        hold_page(slot->page);
+      }
+    }
+    slot->used = clock_;
+    nodes.push_back(slot.get());
+  }
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if ((*it)->producer != seq) {
+      ++it;
+      continue;
+    }
+    std::unique_ptr<Snap> s = std::move(*it);
+    it = pending_.erase(it);
+    const int64_t j = s->tokens / page_size_;
+    KL_CHECK(j < static_cast<int64_t>(nodes.size()), "snapshot after " + std::to_string(s->tokens) + " tokens beyond the published pages");
+    const auto rest = history.subspan(static_cast<size_t>(j * page_size_), static_cast<size_t>(s->tokens - j * page_size_));
+    std::unique_ptr<Snap>& dst = nodes[j]->snaps[std::vector<int32_t>(rest.begin(), rest.end())];
+    if (dst) {  // another sequence of the same step published it first
+      cache_.release_slot(s->slot);
+      continue;
+    }
+    s->node = nodes[j];
+    s->used = clock_;
+    if (!paged_ || rest.empty()) s->producer = -1;
+    else awaiting_.push_back(s.get());
+    dst = std::move(s);
+    ++published_snapshots_;
+  }
+}
+
+void PrefixCache::abandon() {
+  for (auto& s : pending_) cache_.release_slot(s->slot);
+  pending_.clear();
+}
+
+void PrefixCache::on_close(SeqId seq) {
+  for (auto it = awaiting_.begin(); it != awaiting_.end();) {
+    Snap* s = *it;
+    if (s->producer != seq) {
+      ++it;
+      continue;
+    }
+    s->tail = cache_.pages(seq)[static_cast<size_t>(s->tokens / page_size_)];
+    hold_page(s->tail);
+    s->producer = -1;
+    it = awaiting_.erase(it);
+  }
+}
+
+void PrefixCache::hold_page(int32_t page) {
+  cache_.retain_page(page);
+  ++holds_[page];
+}
+
+void PrefixCache::drop_page(int32_t page) {
+  auto it = holds_.find(page);
+  KL_CHECK(it != holds_.end(), "prefix cache drops page " + std::to_string(page) + " it does not hold");
+  if (--it->second == 0) holds_.erase(it);
+  cache_.release_page(page);
+}
+
+int64_t PrefixCache::evictable_pages() const {
+  int64_t n = 0;
+  for (const auto& [page, holds] : holds_) n += cache_.page_refs(page) == holds ? 1 : 0;
+  return n;
+}
+
+void PrefixCache::evict_snap(Snap* s) {
+  cache_.release_slot(s->slot);
+  if (s->tail >= 0) drop_page(s->tail);
+  awaiting_.erase(std::remove(awaiting_.begin(), awaiting_.end(), s), awaiting_.end());
+  --published_snapshots_;
+  Node* node = s->node;
+  for (auto it = node->snaps.begin(); it != node->snaps.end(); ++it)
+    if (it->second.get() == s) {
+      node->snaps.erase(it);
+      return;
+    }
+  KL_CHECK(false, "evicted snapshot not under its node");
+}
+
+void PrefixCache::evict_node(Node* n) {
+  KL_CHECK(n->children.empty() && n->snaps.empty() && n->parent, "evicting a page node that others build on");
+  if (n->page >= 0) drop_page(n->page);
+  n->parent->children.erase(n->tokens);
+}
+
+bool PrefixCache::reclaim(int64_t pages, int64_t slots) {
+  while (cache_.free_pages() < pages || cache_.free_slots() < slots) {
+    const bool need_slot = cache_.free_slots() < slots;
+    Snap* best_snap = nullptr;
+    Node* best_node = nullptr;
+    uint64_t best = UINT64_MAX;
+    std::vector<Node*> stack{root_.get()};
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (auto& [k, s] : n->snaps)
+        if (!s->pinned && s->used < best) best = s->used, best_snap = s.get(), best_node = nullptr;
+      if (!need_slot && n->parent && n->children.empty() && n->snaps.empty() && n->used < best)
+        best = n->used, best_node = n, best_snap = nullptr;
+      for (auto& [k, c] : n->children) stack.push_back(c.get());
+    }
+    if (best_snap) evict_snap(best_snap);
+    else if (best_node) evict_node(best_node);
+    else return false;
+  }
+  return true;
+}
+
+void PrefixCache::clear() {
+  abandon();
+  while (!root_->children.empty() || !root_->snaps.empty()) {
+    Node* n = root_.get();
+    while (!n->children.empty()) n = n->children.begin()->second.get();
+    while (!n->snaps.empty()) evict_snap(n->snaps.begin()->second.get());
+    if (n != root_.get()) evict_node(n);
+  }
+}
+
+}  // namespace klinear

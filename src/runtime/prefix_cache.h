@@ -1,0 +1,86 @@
+// PrefixCache: prefix caching over a Cache (docs/DESIGN.md "Serving").
+//
+// MLA pages: a chain of full pages, each keyed by (its parent page, its page_size tokens), so the
+// key of page i covers every token up to the end of page i and a match is exact (tokens are
+// compared, hashes only pick the bucket). KDA snapshots: the recurrent + conv state after t tokens,
+// in a slot of its own, keyed by (the page node holding position t's page start, the t % page_size
+// tokens after it). A snapshot whose t is not a page multiple also needs the page holding
+// positions [t - t % page_size, t): the chain's page when the chain reaches past t, otherwise the
+// producing sequence's page, retained when that sequence closes (before then it is still written).
+//
+// Only prompt tokens are published, and only after the step that wrote them succeeded (the
+// runner calls publish after the forward). A lookup finds the deepest snapshot at or below what
+// the pages cover; open() adopts it. Everything the cache holds is evictable, least recently used
+// first (snapshots and chain leaves), so pools report held-by-cache-only pages and snapshot slots
+// as free and eviction makes them so on demand.
+//
+// Thread-safety: none; the engine thread owns it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "model/cache.h"
+#include "runtime/step_runner.h"
+
+namespace klinear {
+
+class PrefixCache {
+ public:
+  // `interval`: snapshot grid in tokens (a multiple of 64, >= 64). `cache` must outlive this.
+  PrefixCache(Cache& cache, int64_t interval);
+  ~PrefixCache();
+
+  // The deepest usable prefix of `tokens` that leaves at least one token to run.
+  PrefixHit lookup(std::span<const int32_t> tokens) const;
+  // Opens a sequence starting from lookup(tokens) (which must still find `cached` tokens).
+  Result<SeqId> open(std::span<const int32_t> tokens, int64_t cached);
+
+  // Snapshots a step of `seq` should take: positions in (done, done + n] (done = tokens already in
+  // its state) on the grid or at `prompt`'s end, not above `prompt`, where the step allows
+  // (a multiple of 64 from done, or its end) and not already cached. Takes their slots (evicting
+  // other snapshots; a snapshot with no slot is skipped). `history` = all tokens of seq so far
+  // plus the step's.
+  std::vector<Snapshot> plan_snapshots(SeqId seq, std::span<const int32_t> history, int64_t done, int64_t n, int64_t prompt);
+  // After a successful step: publishes the pending snapshots and the full prompt pages of seq.
+  void publish(SeqId seq, std::span<const int32_t> history, int64_t prompt);
+  // After a failed step: gives back the pending snapshot slots.
+  void abandon();
+  // Before Cache::close(seq): attaches seq's pages to its snapshots that need one.
+  void on_close(SeqId seq);
+
+  // Frees cached items (LRU first) until `pages` pages and `slots` slots are free in the Cache, or
+  // nothing evictable is left. Returns whether the goal was reached.
+  bool reclaim(int64_t pages, int64_t slots);
+  void clear();  // evicts everything
+
+  // Pages / slots held by the cache alone (what eviction can return).
+  int64_t evictable_pages() const;
+  int64_t evictable_slots() const { return published_snapshots_; }
+
+ private:
+  struct Node;
+  struct Snap;
+  struct Found;
+  Found find(std::span<const int32_t> tokens) const;
+  void evict_snap(Snap* s);
+  void evict_node(Node* n);
+  std::vector<Node*> chain(std::span<const int32_t> tokens) const;
+  void hold_page(int32_t page);
+  void drop_page(int32_t page);
+
+  Cache& cache_;
+  int64_t interval_, page_size_;
+  bool paged_;
+  std::unique_ptr<Node> root_;
+  std::unordered_map<int32_t, int64_t> holds_;  // page -> references the prefix cache holds on it
+  std::vector<std::unique_ptr<Snap>> pending_;  // written by the running step
+  std::vector<Snap*> awaiting_;                 // published, waiting for their producer's page
+  int64_t published_snapshots_ = 0;
+  uint64_t clock_ = 0;
+};
+
+}  // namespace klinear
