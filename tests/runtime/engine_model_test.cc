@@ -90,6 +90,22 @@ void expect_pools_empty(ModelRunner& runner) {
   for (int32_t p = 0; p < c.sizes().pages; ++p) ASSERT_EQ(c.page_refs(p), 0) << "page " << p;
 }
 
+// A random checkpoint of `preset` in `dir` routed clear of ties on `prompts`, loaded on the CPU.
+struct Loaded {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+Loaded load_untied(const char* preset, const std::string& dir, const std::vector<std::vector<int32_t>>& prompts,
+                   uint64_t seed) {
+  testing::write_untied_checkpoint(preset_config(preset).value(), dir, prompts, seed);
+  Loaded l;
+  l.backend = make_backend(BackendOptions{}).value();
+  auto model = Model::load(dir, *l.backend);
+  KL_CHECK(model.ok(), model.status().to_string());
+  l.model = std::move(model).value();
+  return l;
+}
+
 class EngineOnModel : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(EngineOnModel, ChunkedMixedAndPreemptedEqualAlone) {
@@ -102,13 +118,10 @@ TEST_P(EngineOnModel, ChunkedMixedAndPreemptedEqualAlone) {
     for (int32_t& id : p) id = static_cast<int32_t>(rng() % 256);
     prompts.push_back(p);
   }
-  testing::write_untied_checkpoint(preset_config(GetParam()).value(), dir.str(), prompts, rng());
-  auto backend = make_backend(BackendOptions{});
-  ASSERT_TRUE(backend.ok());
-  auto model = Model::load(dir.str(), **backend);
-  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  Loaded loaded = load_untied(GetParam(), dir.str(), prompts, rng());
+  Model& m = *loaded.model;
   std::vector<Reference> ref;
-  for (const auto& p : prompts) ref.push_back(run_alone(**model, p));
+  for (const auto& p : prompts) ref.push_back(run_alone(m, p));
 
   struct Case {
     const char* name;
@@ -122,11 +135,11 @@ TEST_P(EngineOnModel, ChunkedMixedAndPreemptedEqualAlone) {
       {"chunk 100", 100, 8, 64, false},
       {"3 pages of 64 for 6 sequences", 64, 6, 3, true},
   };
-  const CacheSizes sizes = ModelRunner::create(**model, CacheOptions{1, 64, 64 << 20}).value()->sizes();
+  const CacheSizes sizes = ModelRunner::create(m, CacheOptions{1, 64, 64 << 20}).value()->sizes();
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const uint64_t budget = c.slots * sizes.bytes_per_slot + c.pages * sizes.bytes_per_page;
-    auto runner = ModelRunner::create(**model, CacheOptions{c.slots, 64, budget}, {PrefixCaching::kOff}).value();
+    auto runner = ModelRunner::create(m, CacheOptions{c.slots, 64, budget}, {PrefixCaching::kOff}).value();
     ASSERT_EQ(runner->usage().pages_total, c.pages);
     Engine engine(*runner, nullptr, EngineOptions{{c.chunk, 8}, 100, {}});
     const auto got = run_greedy(engine, prompts);
@@ -156,13 +169,11 @@ TEST_P(EngineOnModel, PrefixCacheEqualsUncached) {
     prompts.emplace_back(base.begin(), base.begin() + len);
   prompts.push_back(std::vector<int32_t>(base.begin(), base.begin() + 70));
   prompts.back().insert(prompts.back().end(), other.begin(), other.begin() + 60);  // diverges inside a page
-  testing::write_untied_checkpoint(preset_config(GetParam()).value(), dir.str(), prompts, rng());
-  auto backend = make_backend(BackendOptions{});
-  ASSERT_TRUE(backend.ok());
-  auto model = Model::load(dir.str(), **backend);
-  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  Loaded loaded = load_untied(GetParam(), dir.str(), prompts, rng());
+  Model& m = *loaded.model;
+  Backend& be = *loaded.backend;
   std::vector<Reference> ref;
-  for (const auto& p : prompts) ref.push_back(run_alone(**model, p));
+  for (const auto& p : prompts) ref.push_back(run_alone(m, p));
   std::vector<size_t> all(prompts.size());
   std::iota(all.begin(), all.end(), size_t{0});
 
@@ -174,12 +185,12 @@ TEST_P(EngineOnModel, PrefixCacheEqualsUncached) {
       {"chunk 1", 1, 40, 200}, {"chunk 7", 7, 40, 200}, {"chunk 64", 64, 40, 200}, {"chunk 100", 100, 40, 200},
       {"chunk 64, 20 pages: evictions", 64, 10, 20},
   };
-  const CacheSizes sizes = ModelRunner::create(**model, CacheOptions{1, 16, 64 << 20}).value()->sizes();
+  const CacheSizes sizes = ModelRunner::create(m, CacheOptions{1, 16, 64 << 20}).value()->sizes();
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const uint64_t budget = c.slots * sizes.bytes_per_slot + c.pages * sizes.bytes_per_page;
-    auto runner = ModelRunner::create(**model, CacheOptions{c.slots, 16, budget}, {PrefixCaching::kOn, 64}).value();
-    poison(*runner, (*model)->config(), **backend);
+    auto runner = ModelRunner::create(m, CacheOptions{c.slots, 16, budget}, {PrefixCaching::kOn, 64}).value();
+    poison(*runner, m.config(), be);
     Engine engine(*runner, nullptr, EngineOptions{{c.chunk, 8, 64}, 100, {}});
     // The longest prompt first (so the others restore snapshots it took inside its steps), then all, twice.
     const std::vector<std::vector<size_t>> waves{{prompts.size() - 2}, all, all};

@@ -167,40 +167,31 @@ void CudaBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& 
   gather_rows(x, token_t, xp);
   const Tensor h = alloc(x.dtype(), {n * k, f2}), act = alloc(x.dtype(), {n * k, f}), y = alloc(DType::kF32, {n * k, dout});
   const size_t es = dtype_size(x.dtype());
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t rows = offset[e + 1] - offset[e];
-    if (rows == 0) continue;
-    GemmArgs g;
-    g.m = rows;
-    g.n = f2;
-    g.k = din;
-    g.a = static_cast<const char*>(xp.data()) + offset[e] * din * es;
-    g.lda = din;
-    g.b = static_cast<const char*>(w13.data()) + e * f2 * din * es;
-    g.ldb = din;
-    g.c = static_cast<char*>(h.data()) + offset[e] * f2 * es;
-    g.ldc = f2;
-    g.ab_dtype = g.c_dtype = x.dtype();
-    gemm(g, "moe_experts gate_up");
-  }
+  // Each expert's rows of `in` [n·k, width] times its weight [out_w, width] of `w` into `c`.
+  auto per_expert = [&](const Tensor& in, int64_t width, const Tensor& w, int64_t out_w, const Tensor& c,
+                        const char* name) {
+    const size_t cs = dtype_size(c.dtype());
+    for (int64_t e = 0; e < num_experts; ++e) {
+      const int64_t rows = offset[e + 1] - offset[e];
+      if (rows == 0) continue;
+      GemmArgs g;
+      g.m = rows;
+      g.n = out_w;
+      g.k = width;
+      g.a = static_cast<const char*>(in.data()) + offset[e] * width * es;
+      g.lda = width;
+      g.b = static_cast<const char*>(w.data()) + e * out_w * width * es;
+      g.ldb = width;
+      g.c = static_cast<char*>(c.data()) + offset[e] * out_w * cs;
+      g.ldc = out_w;
+      g.ab_dtype = x.dtype();
+      g.c_dtype = c.dtype();
+      gemm(g, name);
+    }
+  };
+  per_expert(xp, din, w13, f2, h, "moe_experts gate_up");
   glu(h, p, act);
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t rows = offset[e + 1] - offset[e];
-    if (rows == 0) continue;
-    GemmArgs g;
-    g.m = rows;
-    g.n = dout;
-    g.k = f;
-    g.a = static_cast<const char*>(act.data()) + offset[e] * f * es;
-    g.lda = f;
-    g.b = static_cast<const char*>(w2.data()) + e * dout * f * es;
-    g.ldb = f;
-    g.c = y.data_as<float>() + offset[e] * dout;
-    g.ldc = dout;
-    g.ab_dtype = x.dtype();
-    g.c_dtype = DType::kF32;
-    gemm(g, "moe_experts down");
-  }
+  per_expert(act, f, w2, dout, y, "moe_experts down");
   combine_kernel<<<blocks_for(n * dout, 256), 256, 0, stream_>>>(y.data_as<const float>(), pos_t.data_as<const int32_t>(),
                                                                   weights.data_as<const float>(), n, static_cast<int>(k),
                                                                   dout, out(o, "moe_experts"));
