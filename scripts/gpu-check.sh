@@ -104,6 +104,8 @@ e2e_48b() {  # the Kimi-Linear-48B-A3B config with dummy weights made on the GPU
   build-gpu/klinear info --model "$dir" --load-format dummy --device cuda || return 1
   build-gpu/klinear generate --model "$dir" --load-format dummy --device cuda --prompt-ids 1,2,3,4,5,6,7 \
     --max-tokens 16 --ignore-eos --json || return 1
+  printf 'Hello!\n/reset\nAgain.\n' | build-gpu/klinear chat --model "$dir" --load-format dummy --device cuda \
+    --tokenizer tokenizers/kimi-k2 --max-tokens 8 || return 1
   build-gpu/model_bench --device cuda --load-format dummy --prefill 8192 --decode 16 --runs 2 --batch 64 \
     --batch 256 --context 4096 "$dir"
 }
