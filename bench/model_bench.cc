@@ -1,12 +1,19 @@
-// Whole-model throughput on the CPU reference backend, for each model directory given: prefill
-// tokens/s (one multi-token step of one sequence) and decode tokens/s with B sequences decoding
-// together in each step (B = 1 and each --batch value), every sequence after its own prefill.
+// Whole-model throughput on any backend, for each model directory given: prefill tokens/s (one
+// multi-token step of one sequence) and decode tokens/s with B sequences decoding together in each
+// step (B = 1 and each --batch value).
 //
-// Decision: the same fixed token ids for every model (ids modulo the vocabulary, a fixed seed) and
-// the best of several runs, so numbers are comparable across commits; a table, not a test.
+// Decisions: the same fixed token ids for every model (ids modulo the vocabulary, a fixed seed) and
+// the best of several runs, so numbers are comparable across commits; a table, not a test. Each
+// decoding sequence starts after its own prefill of the --prefill ids, or, with --context C, after
+// C positions that are reserved in its state and cache but not computed: a decode step costs the
+// same whatever those positions hold, and this keeps 256 sequences x 4k positions of a 48B model
+// out of the benchmark's time. Steps end with a one-row copy of the logits to the host (the step
+// has finished; the full logits copy is the sampler's business).
 //
-// Usage: model_bench [--prefill T] [--decode N] [--batch B]... [--runs R] MODEL_DIR...
+// Usage: model_bench [--device D] [--dtype T] [--load-format F] [--prefill T] [--decode N]
+//                    [--batch B]... [--context C] [--runs R] MODEL_DIR...
 //   e.g. ./build/model_bench --batch 8 tests/fixtures/kimi-linear-tiny/model tests/fixtures/k3-tiny/model
+//        build-gpu/model_bench --device cuda --load-format dummy --prefill 8192 --batch 64 --context 4096 48b/
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,13 +43,32 @@ T value_or_die(Result<T> r) {
   return std::move(r).value();
 }
 
-// Seconds for `decode` steps of `batch` sequences (each prefilled with `ids` first, not timed).
-double time_decode(Model& m, Backend& be, const std::vector<int32_t>& ids, int batch, int decode, std::mt19937& rng) {
-  auto cache = value_or_die(Cache::create(m.config(), be, CacheOptions{batch, 64, 0}));
+// Pools for `batch` sequences of `positions` each (the default budget assumes the full context).
+CacheOptions options_for(Model& m, Backend& be, int batch, int64_t positions) {
+  const CacheSizes unit = value_or_die(Cache::create(m.config(), be, CacheOptions{1, 64, 0}))->sizes();
+  const uint64_t pages = static_cast<uint64_t>((positions + 63) / 64 + 1);
+  return CacheOptions{batch, 64, static_cast<uint64_t>(batch) * (unit.bytes_per_slot + pages * unit.bytes_per_page)};
+}
+
+// Waits for the step that made `logits` (a one-row copy).
+void finish(Backend& be, const Tensor& logits) { be.to_host(logits.rows(0, 1)); }
+
+// Seconds for `decode` steps of `batch` sequences, each prefilled with `ids` first (not timed) or
+// with `context` positions reserved (see the top of the file).
+double time_decode(Model& m, Backend& be, const std::vector<int32_t>& ids, int64_t context, int batch, int decode,
+                   std::mt19937& rng) {
+  const int64_t positions = (context > 0 ? context : static_cast<int64_t>(ids.size())) + decode;
+  auto cache = value_or_die(Cache::create(m.config(), be, options_for(m, be, batch, positions)));
   std::vector<SeqId> seqs;
+  const std::vector<int32_t> reserved(static_cast<size_t>(std::max<int64_t>(context, 0)), 0);
   for (int b = 0; b < batch; ++b) {
     seqs.push_back(value_or_die(cache->open()));
-    value_or_die(m.forward_one(*cache, seqs.back(), ids, LogitsMode::kLast));
+    if (context > 0) {
+      const SeqStep step{seqs.back(), reserved, LogitsMode::kLast};
+      cache->advance(value_or_die(cache->plan(std::span<const SeqStep>(&step, 1))));
+    } else {
+      value_or_die(m.forward_one(*cache, seqs.back(), ids, LogitsMode::kLast));
+    }
   }
   std::vector<int32_t> next(static_cast<size_t>(batch));
   const auto t0 = Clock::now();
@@ -53,7 +79,7 @@ double time_decode(Model& m, Backend& be, const std::vector<int32_t>& ids, int b
       steps.push_back(SeqStep{seqs[b], std::span<const int32_t>(&next[b], 1), LogitsMode::kLast});
     }
     Batch plan = value_or_die(cache->plan(steps));
-    be.to_host(value_or_die(m.forward(plan, *cache)));
+    finish(be, value_or_die(m.forward(plan, *cache)));
   }
   return seconds_since(t0);
 }
@@ -62,44 +88,63 @@ double time_decode(Model& m, Backend& be, const std::vector<int32_t>& ids, int b
 
 int main(int argc, char** argv) {
   int prefill = 150, decode = 32, runs = 3;
+  int64_t context = 0;
+  std::string device = "cpu", dtype, load_format = "safetensors";
   std::vector<int> batches{1};
   std::vector<std::string> dirs;
+  const char* usage =
+      "usage: model_bench [--device cpu|cuda] [--dtype float32|bfloat16] [--load-format safetensors|dummy]\n"
+      "                   [--prefill T] [--decode N] [--batch B]... [--context C] [--runs R] MODEL_DIR...\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--prefill" && i + 1 < argc) prefill = std::atoi(argv[++i]);
-    else if (a == "--decode" && i + 1 < argc) decode = std::atoi(argv[++i]);
-    else if (a == "--batch" && i + 1 < argc) batches.push_back(std::atoi(argv[++i]));
-    else if (a == "--runs" && i + 1 < argc) runs = std::atoi(argv[++i]);
+    const bool has = i + 1 < argc;
+    if (a == "--prefill" && has) prefill = std::atoi(argv[++i]);
+    else if (a == "--decode" && has) decode = std::atoi(argv[++i]);
+    else if (a == "--batch" && has) batches.push_back(std::atoi(argv[++i]));
+    else if (a == "--context" && has) context = std::atoll(argv[++i]);
+    else if (a == "--runs" && has) runs = std::atoi(argv[++i]);
+    else if (a == "--device" && has) device = argv[++i];
+    else if (a == "--dtype" && has) dtype = argv[++i];
+    else if (a == "--load-format" && has) load_format = argv[++i];
     else if (a == "--help" || a == "-h") {
-      std::printf("usage: model_bench [--prefill T] [--decode N] [--batch B]... [--runs R] MODEL_DIR...\n");
+      std::printf("%s", usage);
       return 0;
+    } else if (a.rfind("--", 0) == 0) {
+      std::fprintf(stderr, "model_bench: unknown option or missing value: %s\n%s", a.c_str(), usage);
+      return 2;
     } else dirs.push_back(a);
   }
-  if (dirs.empty() || prefill < 1 || decode < 1 || runs < 1 ||
+  if (dirs.empty() || prefill < 1 || decode < 1 || runs < 1 || context < 0 ||
       std::any_of(batches.begin(), batches.end(), [](int b) { return b < 1 || b > 4096; })) {
     std::fprintf(stderr, "model_bench: give at least one model directory and positive counts (see --help)\n");
     return 2;
   }
-  auto backend = value_or_die(make_backend(BackendOptions{}));
-  std::printf("%-44s %8s %14s %6s %8s %14s\n", "model", "prefill", "prefill tok/s", "batch", "decode", "decode tok/s");
+  BackendOptions options;
+  options.device = value_or_die(parse_device(device));
+  options.dtype = value_or_die(parse_compute_dtype(dtype.empty() ? (options.device == Device::kCpu ? "float32" : "bfloat16") : dtype));
+  const LoadFormat format = value_or_die(parse_load_format(load_format));
+  auto backend = value_or_die(make_backend(options));
+  std::printf("%-44s %8s %14s %6s %8s %8s %14s %12s\n", "model", "prefill", "prefill tok/s", "batch", "context", "decode",
+              "decode tok/s", "ms/step");
   for (const std::string& dir : dirs) {
-    auto model = value_or_die(Model::load(dir, *backend));
+    auto model = value_or_die(Model::load(dir, *backend, format));
     std::mt19937 rng(1);
     std::vector<int32_t> ids(static_cast<size_t>(prefill));
     for (int32_t& id : ids) id = static_cast<int32_t>(rng() % model->config().vocab_size);
     double best_prefill = 1e30;
     for (int r = 0; r < runs; ++r) {
-      auto cache = value_or_die(Cache::create(model->config(), *backend, CacheOptions{}));
+      auto cache = value_or_die(Cache::create(model->config(), *backend, options_for(*model, *backend, 1, prefill)));
       const SeqId s = value_or_die(cache->open());
       const auto t0 = Clock::now();
-      value_or_die(model->forward_one(*cache, s, ids, LogitsMode::kLast));
+      value_or_die(model->forward_one(*cache, s, ids, LogitsMode::kLast));  // copies one row of logits
       best_prefill = std::min(best_prefill, seconds_since(t0));
     }
     for (int batch : batches) {
       double best = 1e30;
-      for (int r = 0; r < runs; ++r) best = std::min(best, time_decode(*model, *backend, ids, batch, decode, rng));
-      std::printf("%-44s %8d %14.1f %6d %8d %14.1f\n", dir.c_str(), prefill, prefill / best_prefill, batch, decode,
-                  double(batch) * decode / best);
+      for (int r = 0; r < runs; ++r) best = std::min(best, time_decode(*model, *backend, ids, context, batch, decode, rng));
+      std::printf("%-44s %8d %14.1f %6d %8lld %8d %14.1f %12.3f\n", dir.c_str(), prefill, prefill / best_prefill, batch,
+                  static_cast<long long>(context > 0 ? context : prefill), decode, double(batch) * decode / best,
+                  1e3 * best / decode);
     }
   }
   return 0;

@@ -7,7 +7,9 @@
 # 3. runs every GPU test: the CUDA rows of the row-parametrised suite (every op against plain
 #    references, every model fixture, batched == alone), failing if any of them skipped;
 # 4. runs `klinear generate --device cuda` on the fixture models: float32 must give the CPU's
-#    greedy ids, bfloat16 must run (its ids are logged beside the CPU's);
+#    greedy ids, bfloat16 must run (its ids are logged beside the CPU's); then the
+#    Kimi-Linear-48B-A3B config with dummy weights: info, generate, and model_bench (prefill 8k,
+#    decode at batch 1, 64 and 256 with 4k positions of context each);
 # 5. runs the benchmarks: bench/cuda/ops_bench (klinear) and bench/cuda/fla_bench.py (FLA) on the
 #    same shapes;
 # 6. runs compute-sanitizer memcheck over the GPU tests (capped: see memcheck below);
@@ -96,6 +98,18 @@ PY
 }
 step generate generate_e2e
 
+e2e_48b() {  # the Kimi-Linear-48B-A3B config with dummy weights made on the GPU, bf16
+  local dir=/tmp/klinear-48b
+  build-gpu/klinear init --preset kimi-linear-48b-a3b --config-only --out "$dir" || return 1
+  build-gpu/klinear info --model "$dir" --load-format dummy --device cuda || return 1
+  build-gpu/klinear generate --model "$dir" --load-format dummy --device cuda --prompt-ids 1,2,3,4,5,6,7 \
+    --max-tokens 16 --ignore-eos --json || return 1
+  printf 'Hello!\n/reset\nAgain.\n' | build-gpu/klinear chat --model "$dir" --load-format dummy --device cuda \
+    --tokenizer tokenizers/kimi-k2 --max-tokens 8 || return 1
+  build-gpu/model_bench --device cuda --load-format dummy --prefill 8192 --decode 16 --runs 2 --batch 64 \
+    --batch 256 --context 4096 "$dir"
+}
+step e2e_48b e2e_48b
 step ops_bench build-gpu/ops_bench all
 step fla_bench env PYTHONUNBUFFERED=1 python3 bench/cuda/fla_bench.py all
 if [ "${KLINEAR_GPU_CHECK_CPU:-0}" = 1 ]; then
@@ -130,6 +144,9 @@ step memcheck_models memcheck '*cuda_f32:*cuda_bf16-Backends/*'
   echo
   echo "## generate --device cuda"
   cat "$out/generate.log" 2>/dev/null
+  echo
+  echo "## Kimi-Linear-48B-A3B dummy (model_bench)"
+  grep -A4 '^model ' "$out/e2e_48b.log" 2>/dev/null || echo "(no table)"
   echo
   echo "## memcheck"
   grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out"/memcheck_*.log | tail -10

@@ -77,14 +77,19 @@ unpack_include nvidia_cutlass-4.2.0.0-py3-none-any.whl cutlass_library/source/in
 unpack_include flashinfer_python-0.7.2.post1-py3-none-any.whl flashinfer/data/include third_party/flashinfer/include
 
 # The GPU machine reaches no registry: carry the FLA wheel and the libraries the build links as debs
-# (scripts/gpu-check.sh unpacks them into a prefix with dpkg -x).
+# (scripts/gpu-check.sh unpacks them into a prefix with dpkg -x). cpp-httplib's pkg-config file
+# names brotli, which the GPU machine lacks.
 debs=(libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libcpp-httplib-dev libcpp-httplib0.11
       nlohmann-json3-dev libcli11-dev libgtest-dev libopenblas-openmp-dev libopenblas0-openmp libopenblas-dev
-      libgfortran5 libquadmath0)
+      libgfortran5 libquadmath0 libbrotli-dev libbrotli1)
 mkdir -p third_party/gpu-carry/debs
 cp third_party/wheels/fla_core-0.6.0-py3-none-any.whl third_party/gpu-carry/
-if [ -z "$(ls third_party/gpu-carry/debs)" ]; then
+missing=()
+for deb in "${debs[@]}"; do
+  compgen -G "third_party/gpu-carry/debs/${deb}_*.deb" >/dev/null || missing+=("$deb")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
   $sudo apt-get update -q
-  (cd third_party/gpu-carry/debs && apt-get download "${debs[@]}")
+  (cd third_party/gpu-carry/debs && apt-get download "${missing[@]}")
 fi
 echo "setup.sh: GPU carry ready: $(du -sh third_party/gpu-carry | cut -f1) in third_party/gpu-carry"

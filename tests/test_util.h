@@ -67,57 +67,75 @@ inline Tensor random_tensor(std::mt19937_64& rng, const Shape& shape, float lo =
   return t;
 }
 
-// max|a − b| / max|b|; NaN or Inf anywhere in `a` or in the reference `b` is a failure before
-// any tolerance. Both are host F32 tensors.
-inline ::testing::AssertionResult close_rel(const Tensor& a, const Tensor& b, double tol) {
-  if (a.numel() != b.numel())
-    return ::testing::AssertionFailure() << "size " << a.numel() << " vs " << b.numel();
-  double max_diff = 0, max_ref = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const float x = a.f32()[i], y = b.f32()[i];
-    if (!std::isfinite(x)) return ::testing::AssertionFailure() << "non-finite value " << x << " at " << i;
-    if (!std::isfinite(y)) return ::testing::AssertionFailure() << "non-finite reference " << y << " at " << i;
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(x) - y));
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(y)));
-  }
-  if (max_ref == 0) return ::testing::AssertionFailure() << "reference is all zeros (test would be vacuous)";
-  const double rel = max_diff / max_ref;
-  if (rel > tol) return ::testing::AssertionFailure() << "max|a-b|/max|b| = " << rel << " > " << tol;
-  return ::testing::AssertionSuccess() << "rel " << rel;
-}
+// How far `a` is from the reference `b` (host F32 tensors of the same size), two ways:
+//   global: max|a − b| / max|b|;
+//   worst row (rows = numel / last dim): max over rows of ‖a_r − b_r‖ / ‖b_r‖, so one bad row is
+//     not hidden by a global maximum elsewhere; rows whose reference norm is below 1e-2 of the
+//     largest row's are measured against that floor instead (their relative error is rounding noise).
+// NaN or Inf anywhere in `a` or in the reference `b` is a failure before any tolerance, and so is
+// an all-zero reference (the comparison would be vacuous): `problem` says which.
+struct ErrorStats {
+  std::string problem;  // empty when the comparison is meaningful
+  double global = 0, worst_row = 0;
+  int64_t row = 0;      // the worst row
+  double worst() const { return problem.empty() ? std::max(global, worst_row) : INFINITY; }
+};
 
-// Per row (rows = numel / last dim): ‖a_r − b_r‖ / ‖b_r‖ ≤ tol, so one bad row is not hidden by
-// a global maximum elsewhere. Rows whose reference norm is below 1e-2 of the largest row's are
-// measured against that floor instead (their relative error is rounding noise). Non-finite
-// values fail as in close_rel.
-inline ::testing::AssertionResult close_rows(const Tensor& a, const Tensor& b, double tol) {
-  if (a.numel() != b.numel() || b.rank() == 0)
-    return ::testing::AssertionFailure() << "size " << a.numel() << " vs " << b.numel();
+inline ErrorStats error_stats(const Tensor& a, const Tensor& b) {
+  ErrorStats s;
+  if (a.numel() != b.numel() || b.rank() == 0) {
+    s.problem = "size " + std::to_string(a.numel()) + " vs " + std::to_string(b.numel());
+    return s;
+  }
   const int64_t width = b.dim(-1), rows = width == 0 ? 0 : b.numel() / width;
   std::vector<double> err(static_cast<size_t>(rows)), ref(static_cast<size_t>(rows));
-  double max_ref = 0;
+  double max_diff = 0, max_ref = 0, max_row_ref = 0;
   for (int64_t r = 0; r < rows; ++r) {
     double e2 = 0, b2 = 0;
     for (int64_t j = 0; j < width; ++j) {
       const float x = a.f32()[r * width + j], y = b.f32()[r * width + j];
-      if (!std::isfinite(x)) return ::testing::AssertionFailure() << "non-finite value " << x << " in row " << r;
-      if (!std::isfinite(y)) return ::testing::AssertionFailure() << "non-finite reference " << y << " in row " << r;
-      e2 += (double(x) - y) * (double(x) - y);
+      if (!std::isfinite(x) || !std::isfinite(y)) {
+        s.problem = std::string(std::isfinite(x) ? "non-finite reference " : "non-finite value ") +
+                    std::to_string(std::isfinite(x) ? y : x) + " in row " + std::to_string(r);
+        return s;
+      }
+      const double d = double(x) - y;
+      max_diff = std::max(max_diff, std::fabs(d));
+      max_ref = std::max(max_ref, std::fabs(double(y)));
+      e2 += d * d;
       b2 += double(y) * y;
     }
     err[r] = std::sqrt(e2);
     ref[r] = std::sqrt(b2);
-    max_ref = std::max(max_ref, ref[r]);
+    max_row_ref = std::max(max_row_ref, ref[r]);
   }
-  if (max_ref == 0) return ::testing::AssertionFailure() << "reference is all zeros (test would be vacuous)";
-  double worst = 0;
-  int64_t worst_row = 0;
+  if (max_ref == 0) {
+    s.problem = "reference is all zeros (test would be vacuous)";
+    return s;
+  }
+  s.global = max_diff / max_ref;
   for (int64_t r = 0; r < rows; ++r) {
-    const double rel = err[r] / std::max(ref[r], 1e-2 * max_ref);
-    if (rel > worst) worst = rel, worst_row = r;
+    const double rel = err[r] / std::max(ref[r], 1e-2 * max_row_ref);
+    if (rel > s.worst_row) s.worst_row = rel, s.row = r;
   }
-  if (worst > tol) return ::testing::AssertionFailure() << "row " << worst_row << ": relative RMS error " << worst << " > " << tol;
-  return ::testing::AssertionSuccess() << "worst row rel " << worst;
+  return s;
+}
+
+// The global check alone.
+inline ::testing::AssertionResult close_rel(const Tensor& a, const Tensor& b, double tol) {
+  const ErrorStats s = error_stats(a, b);
+  if (!s.problem.empty()) return ::testing::AssertionFailure() << s.problem;
+  if (s.global > tol) return ::testing::AssertionFailure() << "max|a-b|/max|b| = " << s.global << " > " << tol;
+  return ::testing::AssertionSuccess() << "rel " << s.global;
+}
+
+// The per-row check alone.
+inline ::testing::AssertionResult close_rows(const Tensor& a, const Tensor& b, double tol) {
+  const ErrorStats s = error_stats(a, b);
+  if (!s.problem.empty()) return ::testing::AssertionFailure() << s.problem;
+  if (s.worst_row > tol)
+    return ::testing::AssertionFailure() << "row " << s.row << ": relative RMS error " << s.worst_row << " > " << tol;
+  return ::testing::AssertionSuccess() << "worst row rel " << s.worst_row;
 }
 
 // Both checks: the global max-abs relative error and the per-row relative RMS error.

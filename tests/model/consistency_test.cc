@@ -3,10 +3,11 @@
 // real tensor names, then one prompt run three ways that must agree: a single prefill (chunked KDA,
 // expanded MLA), a prefill in two pieces, and a short prefill followed by token-by-token decode
 // (recurrent KDA, absorbed MLA over the latent pages, conv state carried). A row other than the
-// CPU also matches the CPU's single prefill.
+// CPU also matches the CPU's single prefill (a reduced-precision row under the CPU's routing).
 #include <gtest/gtest.h>
 
 #include "backend_cases.h"
+#include "bf16_reference.h"
 #include "model/model.h"
 #include "model_cases.h"
 #include "test_util.h"
@@ -50,29 +51,57 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   const auto& [v, row] = GetParam();
   auto be = make_backend(BackendOptions{row.device, row.dtype});
   if (!be.ok()) GTEST_SKIP() << row.name << ": " << be.status().to_string();
-  const double tol = row.dtype == DType::kF32 ? kF32Tol : row.model_tol;
-  const uint64_t seed = testing::fresh_seed();
+  auto cpu = make_backend(BackendOptions{});
+  ASSERT_TRUE(cpu.ok());
   const testing::ScratchDir scratch;
   const Json config = testing::patched_preset(v.preset, v.text_patch);
-  const std::vector<int32_t> ids = testing::random_ids(config, 75, seed);
-  testing::write_untied_checkpoint(config, scratch.str(), {ids}, seed);
-  auto model = Model::load(scratch.str(), **be);
-  ASSERT_TRUE(model.ok()) << model.status().to_string();
-  Model& m = **model;
+  const size_t moe_layers = testing::moe_layers(parse_model_config(config, "the test config").value());
+  std::vector<int32_t> ids;
+  // Logits of the prompt run in `cuts` pieces on `backend` (a fresh model and sequence).
+  auto run = [&](Backend& backend, const std::vector<int64_t>& cuts) {
+    auto model = Model::load(scratch.str(), backend);
+    KL_CHECK(model.ok(), model.status().to_string());
+    return run_pieces(**model, ids, cuts);
+  };
 
-  const Tensor all = run_pieces(m, ids, {});
-  EXPECT_TRUE(testing::all_close(run_pieces(m, ids, {70}).rows(70, 75), all.rows(70, 75), tol)) << "piecewise prefill";
+  // A float32 row decides its own routing and meets kF32Tol. A reduced-precision row runs under the
+  // CPU reference's routing, within twice the error of a bf16 evaluation on the CPU
+  // (tests/model/bf16_reference.h). Some random draws are chaotic in bf16 even so (measured: a
+  // k3_block3_lowrank draw in three gave the emulation 0.6-1.1 against the fp32 reference): the
+  // checkpoint is redrawn until the emulation stays within 0.25, so the bound is not vacuous.
+  testing::RouteTrace::Record routes;
+  Tensor reference;
+  double tol = kF32Tol;
+  for (int draw = 0;; ++draw) {
+    ASSERT_LT(draw, 16) << "no draw whose bf16 emulation stays near the fp32 reference";
+    const uint64_t seed = testing::fresh_seed();
+    ids = testing::random_ids(config, 75, seed);
+    testing::write_untied_checkpoint(config, scratch.str(), {ids}, seed);
+    if (row.device == Device::kCpu) break;
+    testing::RouteTrace record(**cpu, testing::RouteTrace::Mode::kRecord, routes, moe_layers);
+    reference = run(record, {});
+    if (row.dtype == DType::kF32) break;
+    testing::Bf16Storage bf16(**cpu);
+    testing::RouteTrace replay(bf16, testing::RouteTrace::Mode::kReplay, routes, moe_layers);
+    const double em = testing::error_stats(run(replay, {}), reference).worst();
+    tol = std::max(row.model_tol, 2 * em);
+    if (em < 0.25) break;
+  }
+  auto on_row = [&](const std::vector<int64_t>& cuts) {
+    if (row.dtype == DType::kF32) return run(**be, cuts);
+    testing::RouteTrace replay(**be, testing::RouteTrace::Mode::kReplay, routes, moe_layers);
+    return run(replay, cuts);
+  };
+
+  const Tensor all = on_row({});
+  EXPECT_TRUE(testing::all_close(on_row({70}).rows(70, 75), all.rows(70, 75), tol)) << "piecewise prefill";
   std::vector<int64_t> one_by_one;
   for (int64_t i = 3; i < 75; ++i) one_by_one.push_back(i);
-  const Tensor dec = run_pieces(m, ids, one_by_one);
+  const Tensor dec = on_row(one_by_one);
   for (int64_t i = 3; i < 75; ++i)
     ASSERT_TRUE(testing::all_close(dec.rows(i, i + 1), all.rows(i, i + 1), tol)) << "decode position " << i;
-  if (row.device != Device::kCpu) {
-    auto cpu = make_backend(BackendOptions{});
-    auto ref = Model::load(scratch.str(), **cpu);
-    ASSERT_TRUE(ref.ok());
-    EXPECT_TRUE(testing::all_close(all, run_pieces(**ref, ids, {}), row.model_tol)) << "against the CPU";
-  }
+  if (row.device != Device::kCpu)
+    EXPECT_TRUE(testing::all_close(all, reference, row.dtype == DType::kF32 ? row.model_tol : tol)) << "against the CPU";
 }
 
 INSTANTIATE_TEST_SUITE_P(
