@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/backend.h"
+#include "backend/cuda/moe.h"
 
 namespace klinear {
 namespace {
@@ -149,19 +150,25 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
   }
 }
 
+// The MoE layer of Kimi-Linear-48B (E=256, top-8, D=2304, F=1024; bf16 experts). Rows:
+// route + experts at N in {1, 64, 256, 8192} (the path moe_experts picks), the router alone, and the
+// experts alone on each path at N in {256, 512, 1024} (where the grouped path hands over to the
+// per-expert GEMMs). Bytes: the weights of the experts actually picked (3·D·F each), x and out (bf16),
+// logits (fp32); FLOP: 2·3·D·F per (token, pick).
 void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const int64_t E = 256, K = 8, D = 2304, F = 1024;
   const Tensor w13 = be.upload(random_host({E, 2 * F, D}, gen, -0.02f, 0.02f), DType::kBF16);
   const Tensor w2 = be.upload(random_host({E, D, F}, gen, -0.02f, 0.02f), DType::kBF16);
   const Tensor bias = be.upload(random_host({E}, gen, -0.1f, 0.1f), DType::kF32);
-  for (int64_t n : {1, 64, 8192}) {
+  const RouteParams rp{static_cast<int>(K), 1, 1, true, 2.446f};
+  enum class Part { kRouteAndExperts, kRoute, kGrouped, kPerExpertGemm };
+  auto run = [&](int64_t n, Part part) {
     be.begin_step();
     const Tensor x = be.upload(random_host({n, D}, gen), DType::kBF16);
     const Tensor logits = be.upload(random_host({n, E}, gen, -3, 3), DType::kF32);
     const Tensor idx = be.alloc_persistent(DType::kI32, {n, K});
     const Tensor w = be.alloc_persistent(DType::kF32, {n, K});
     const Tensor o = be.alloc_persistent(DType::kBF16, {n, D});
-    const RouteParams rp{static_cast<int>(K), 1, 1, true, 2.446f};
     be.moe_route(logits, bias, rp, idx, w);
     const Tensor ih = be.to_host(idx);
     std::vector<bool> used(E, false);
@@ -169,15 +176,31 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
     const double active = static_cast<double>(std::count(used.begin(), used.end(), true));
     const double ms = time_ms(be, [&] {
       be.begin_step();
-      be.moe_route(logits, bias, rp, idx, w);
-      be.moe_experts(x, idx, w, w13, w2, GluParams{}, o);
+      if (part == Part::kRouteAndExperts || part == Part::kRoute) be.moe_route(logits, bias, rp, idx, w);
+      if (part == Part::kRouteAndExperts) be.moe_experts(x, idx, w, w13, w2, GluParams{}, o);
+      if (part == Part::kGrouped || part == Part::kPerExpertGemm)
+        cuda::moe_experts_on(be, part == Part::kGrouped ? cuda::MoePath::kGrouped : cuda::MoePath::kPerExpertGemm, x,
+                             idx, w, w13, w2, GluParams{}, o);
     });
-    const double bytes = active * 3.0 * D * F * 2 + n * D * 4.0;
-    const double flop = n * K * 2.0 * 3.0 * D * F;
-    char shape[64];
-    std::snprintf(shape, sizeof shape, "N=%lld E=256 top-8 D=2304 F=1024", (long long)n);
-    row("moe route+experts", shape, ms, flop, bytes);
-  }
+    const double route_bytes = n * E * 4.0 + n * K * 8.0;
+    const double expert_bytes = active * 3.0 * D * F * 2 + n * D * 2.0 * 2;
+    const double bytes = part == Part::kRoute ? route_bytes
+                         : part == Part::kRouteAndExperts ? route_bytes + expert_bytes
+                                                          : expert_bytes;
+    const double flop = part == Part::kRoute ? 0.0 : n * K * 2.0 * 3.0 * D * F;
+    const bool grouped = part == Part::kGrouped ||
+                         (part == Part::kRouteAndExperts && cuda::moe_path_for(n, K, E) == cuda::MoePath::kGrouped);
+    const char* op = part == Part::kRoute ? "moe_route" : part == Part::kRouteAndExperts ? "moe route+experts"
+                                                                                          : "moe_experts";
+    char shape[96];
+    std::snprintf(shape, sizeof shape, "N=%lld %s%d experts used", (long long)n,
+                  part == Part::kRoute ? "" : grouped ? "grouped, " : "per-expert GEMM, ", static_cast<int>(active));
+    row(op, shape, ms, flop, bytes);
+  };
+  for (int64_t n : {1, 64, 256, 8192}) run(n, Part::kRouteAndExperts);
+  for (int64_t n : {1, 256}) run(n, Part::kRoute);
+  for (int64_t n : {1, 64, 256, 512, 1024}) run(n, Part::kGrouped);
+  for (int64_t n : {256, 512, 1024}) run(n, Part::kPerExpertGemm);
 }
 
 }  // namespace
