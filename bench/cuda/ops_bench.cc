@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/backend.h"
+#include "backend/cuda/moe.h"
 
 namespace klinear {
 namespace {
@@ -149,35 +150,92 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
   }
 }
 
+// Milliseconds per replay of what `fn` enqueues, captured once as a CUDA graph (relaxed mode) and
+// replayed `reps` times back to back, the median of 5 such rounds; -1 when the capture fails.
+// Launch overheads overlap the work as they do in a captured decode step.
+double graph_ms(cuda::CudaBackend& be, const std::function<void()>& fn, int reps = 20) {
+  fn();  // the arena holds what fn takes before capture (no allocation while capturing)
+  cudaStream_t s = be.stream();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) != cudaSuccess) return -1;
+  fn();
+  const bool ok = cudaStreamEndCapture(s, &graph) == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+  if (!ok) {
+    (void)cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+    return -1;
+  }
+  const double ms = time_ms(be, [&] {
+    for (int i = 0; i < reps; ++i) cudaGraphLaunch(exec, s);
+  }, 1, 5);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return ms / reps;
+}
+
+// The MoE layer of Kimi-Linear-48B (E=256, top-8, D=2304, F=1024; bf16 experts). Rows:
+// route + experts at N in {1, 64, 256, 8192} (the path moe_experts picks), the router alone, and the
+// experts alone on each path at N in {256, 512, 1024} (where the grouped path hands over to the
+// per-expert GEMMs), each timed eagerly (one call between two events: host launch time included);
+// then route + experts at N in {1, 64, 256} replayed from a CUDA graph (the decode step's view).
+// Bytes count the experts the draw actually uses: their weights (3·D·F each), x and out (bf16),
+// logits (fp32).
+// FLOP: 2·3·D·F per (token, pick).
 void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const int64_t E = 256, K = 8, D = 2304, F = 1024;
   const Tensor w13 = be.upload(random_host({E, 2 * F, D}, gen, -0.02f, 0.02f), DType::kBF16);
   const Tensor w2 = be.upload(random_host({E, D, F}, gen, -0.02f, 0.02f), DType::kBF16);
-  const Tensor bias = be.upload(random_host({E}, gen, -0.1f, 0.1f), DType::kF32);
-  for (int64_t n : {1, 64, 8192}) {
+  // A small bias: near the top scores the sigmoid's spread is ~0.01, so a ±0.1 bias would pick the
+  // same few experts for every token (the 2026-12-01 run used 90 experts at N=64); a trained router
+  // spreads 64 tokens over ~87 % of the experts (issue 9).
+  const Tensor bias = be.upload(random_host({E}, gen, -1e-3f, 1e-3f), DType::kF32);
+  const RouteParams rp{static_cast<int>(K), 1, 1, true, 2.446f};
+  enum class Part { kRouteAndExperts, kRoute, kGrouped, kPerExpertGemm, kGraphed };
+  auto run = [&](int64_t n, Part part) {
     be.begin_step();
     const Tensor x = be.upload(random_host({n, D}, gen), DType::kBF16);
     const Tensor logits = be.upload(random_host({n, E}, gen, -3, 3), DType::kF32);
     const Tensor idx = be.alloc_persistent(DType::kI32, {n, K});
     const Tensor w = be.alloc_persistent(DType::kF32, {n, K});
     const Tensor o = be.alloc_persistent(DType::kBF16, {n, D});
-    const RouteParams rp{static_cast<int>(K), 1, 1, true, 2.446f};
     be.moe_route(logits, bias, rp, idx, w);
     const Tensor ih = be.to_host(idx);
     std::vector<bool> used(E, false);
     for (int64_t i = 0; i < n * K; ++i) used[ih.data_as<int32_t>()[i]] = true;
     const double active = static_cast<double>(std::count(used.begin(), used.end(), true));
-    const double ms = time_ms(be, [&] {
+    const auto step = [&] {
       be.begin_step();
-      be.moe_route(logits, bias, rp, idx, w);
-      be.moe_experts(x, idx, w, w13, w2, GluParams{}, o);
-    });
-    const double bytes = active * 3.0 * D * F * 2 + n * D * 4.0;
-    const double flop = n * K * 2.0 * 3.0 * D * F;
-    char shape[64];
-    std::snprintf(shape, sizeof shape, "N=%lld E=256 top-8 D=2304 F=1024", (long long)n);
-    row("moe route+experts", shape, ms, flop, bytes);
-  }
+      if (part == Part::kRouteAndExperts || part == Part::kRoute || part == Part::kGraphed)
+        be.moe_route(logits, bias, rp, idx, w);
+      if (part == Part::kRouteAndExperts || part == Part::kGraphed) be.moe_experts(x, idx, w, w13, w2, GluParams{}, o);
+      if (part == Part::kGrouped || part == Part::kPerExpertGemm)
+        cuda::moe_experts_on(be, part == Part::kGrouped ? cuda::MoePath::kGrouped : cuda::MoePath::kPerExpertGemm, x,
+                             idx, w, w13, w2, GluParams{}, o);
+    };
+    const double ms = part == Part::kGraphed ? graph_ms(be, step) : time_ms(be, step);
+    const double route_bytes = n * E * 4.0 + n * K * 8.0;
+    const double expert_bytes = active * 3.0 * D * F * 2 + n * D * 2.0 * 2;
+    const double bytes = part == Part::kRoute ? route_bytes
+                         : part == Part::kRouteAndExperts ? route_bytes + expert_bytes
+                                                          : expert_bytes;
+    const double flop = part == Part::kRoute ? 0.0 : n * K * 2.0 * 3.0 * D * F;
+    const bool grouped = part == Part::kGrouped || ((part == Part::kRouteAndExperts || part == Part::kGraphed) &&
+                                                    cuda::moe_path_for(n, K, E) == cuda::MoePath::kGrouped);
+    const char* op = part == Part::kRoute              ? "moe_route"
+                     : part == Part::kRouteAndExperts ? "moe route+experts"
+                     : part == Part::kGraphed         ? (ms < 0 ? "route+experts NO GRAPH" : "route+experts graph")
+                                                      : "moe_experts";
+    char shape[96];
+    std::snprintf(shape, sizeof shape, "N=%lld %s%d experts used", (long long)n,
+                  part == Part::kRoute ? "" : grouped ? "grouped, " : "per-expert GEMM, ", static_cast<int>(active));
+    row(op, shape, ms, flop, bytes);
+  };
+  for (int64_t n : {1, 64, 256, 8192}) run(n, Part::kRouteAndExperts);
+  for (int64_t n : {1, 256}) run(n, Part::kRoute);
+  for (int64_t n : {1, 64, 256, 512, 1024}) run(n, Part::kGrouped);
+  for (int64_t n : {256, 512, 1024}) run(n, Part::kPerExpertGemm);
+  for (int64_t n : {1, 64, 256}) run(n, Part::kGraphed);  // last: a failed capture leaves the rows above
 }
 
 }  // namespace

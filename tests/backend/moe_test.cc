@@ -1,7 +1,12 @@
 // Routed experts (SPEC 3.4) on every backend row against a plain per-token loop: out[t] = Σ_k w[t,k] ·
-// down_e(glu(gate_up_e(x[t]))) with e = idx[t,k], for both activations and an expert used by
-// several tokens, by one, and by none.
+// down_e(glu(gate_up_e(x[t]))) with e = idx[t,k]. The table covers 1 to 300 tokens (CUDA: both its
+// grouped path, up to kMoeGroupedMaxTokens = 256, and the per-expert GEMMs above), widths that are
+// and are not multiples of 8 and of the 16-row tiles, experts with no tokens, an expert picked by
+// every token (more than one 32-token pass), and both activations. Outputs are poisoned first, and
+// a second run must give the same bits.
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 #include "backend/cpu/backend.h"
 #include "backend_cases.h"
@@ -10,44 +15,93 @@
 namespace klinear {
 namespace {
 
+enum class Picks {
+  kSpread,  // k distinct experts per token drawn from all but the last two (which stay unused)
+  kHot,     // expert 0 first in every token, the rest drawn from [1, E − 2)
+};
+
+struct MoeCase {
+  const char* name;
+  int64_t n;     // tokens
+  int64_t din;   // x width
+  int64_t f;     // expert intermediate width
+  int64_t dout;  // output width
+  int64_t num_experts;
+  int64_t k;     // experts per token
+  Picks picks;
+  GluParams glu;
+};
+
+const GluParams kSilu{Activation::kSilu, 1.0f, std::nullopt};
+const GluParams kSitu{Activation::kSitu, 4.0f, std::nullopt};
+const GluParams kSituLinear{Activation::kSitu, 4.0f, 25.0f};
+
+const MoeCase kCases[] = {
+    {"one_token", 1, 64, 32, 48, 16, 4, Picks::kSpread, kSilu},
+    {"three_tokens_odd_widths", 3, 20, 12, 18, 6, 3, Picks::kHot, kSituLinear},
+    {"64_tokens_situ", 64, 40, 24, 40, 32, 4, Picks::kSpread, kSitu},
+    {"64_tokens_hot", 64, 96, 40, 72, 24, 6, Picks::kHot, kSituLinear},
+    {"256_tokens_hot", 256, 48, 16, 33, 40, 8, Picks::kHot, kSilu},
+    {"256_tokens_spread", 256, 64, 24, 64, 64, 8, Picks::kSpread, kSituLinear},
+    {"300_tokens", 300, 32, 16, 40, 20, 4, Picks::kHot, kSitu},
+};
+
 class MoeExperts : public testing::BackendTest {};
 
 TEST_P(MoeExperts, MatchPerTokenLoop) {
   std::mt19937_64 rng(testing::fresh_seed());
-  const int64_t n = 9, din = 20, f = 12, dout = 16, num_experts = 6, k = 3;
-  Tensor x = testing::random_tensor(rng, {n, din});
-  Tensor w13 = testing::random_tensor(rng, {num_experts, 2 * f, din}, -0.5f, 0.5f);
-  Tensor w2 = testing::random_tensor(rng, {num_experts, dout, f}, -0.5f, 0.5f);
-  Tensor idx = Tensor::empty(DType::kI32, {n, k});
-  Tensor weights = testing::random_tensor(rng, {n, k}, 0.1f, 1.0f);
-  // Expert 5 is never used; expert 0 by every token.
-  for (int64_t t = 0; t < n; ++t) {
-    std::vector<int32_t> pool{1, 2, 3, 4};
-    std::shuffle(pool.begin(), pool.end(), rng);
-    const int32_t row[3] = {0, pool[0], pool[1]};
-    for (int64_t i = 0; i < k; ++i) idx.data_as<int32_t>()[t * k + i] = row[i];
-  }
-  const Tensor dw13 = persistent(w13, act()), dw2 = persistent(w2, act());
-  for (GluParams p : {GluParams{Activation::kSilu, 1.0f, std::nullopt}, GluParams{Activation::kSitu, 4.0f, 25.0f}}) {
-    Tensor out = poisoned({n, dout}), expect = Tensor::zeros(DType::kF32, {n, dout});
-    be().moe_experts(dev(x), dev(idx, DType::kI32), dev(weights, DType::kF32), dw13, dw2, p, out);
+  for (const MoeCase& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const int64_t n = c.n, din = c.din, f = c.f, dout = c.dout, k = c.k;
+    Tensor x = testing::random_tensor(rng, {n, din});
+    Tensor w13 = testing::random_tensor(rng, {c.num_experts, 2 * f, din}, -0.5f, 0.5f);
+    Tensor w2 = testing::random_tensor(rng, {c.num_experts, dout, f}, -0.5f, 0.5f);
+    Tensor weights = testing::random_tensor(rng, {n, k}, 0.1f, 1.0f);
+    Tensor idx = Tensor::empty(DType::kI32, {n, k});
+    std::vector<int32_t> used(c.num_experts, 0);
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t first = c.picks == Picks::kHot ? 1 : 0;
+      std::vector<int32_t> pool(c.num_experts - 2 - first);
+      std::iota(pool.begin(), pool.end(), first);
+      std::shuffle(pool.begin(), pool.end(), rng);
+      if (c.picks == Picks::kHot) pool.insert(pool.begin(), 0);
+      for (int64_t i = 0; i < k; ++i) {
+        idx.data_as<int32_t>()[t * k + i] = pool[i];
+        ++used[pool[i]];
+      }
+    }
+    ASSERT_EQ(used[c.num_experts - 1] + used[c.num_experts - 2], 0);
+    if (c.picks == Picks::kHot) ASSERT_EQ(used[0], n);
+
+    Tensor expect = Tensor::zeros(DType::kF32, {n, dout});
     for (int64_t t = 0; t < n; ++t)
       for (int64_t i = 0; i < k; ++i) {
         const int32_t e = idx.data_as<int32_t>()[t * k + i];
         std::vector<float> h(2 * f), a(f);
         for (int64_t r = 0; r < 2 * f; ++r) {
           double acc = 0;
-          for (int64_t c = 0; c < din; ++c) acc += double(w13.f32()[(e * 2 * f + r) * din + c]) * x.f32()[t * din + c];
+          for (int64_t j = 0; j < din; ++j) acc += double(w13.f32()[(e * 2 * f + r) * din + j]) * x.f32()[t * din + j];
           h[r] = float(acc);
         }
-        cpu::glu_rows(h.data(), 1, f, p, a.data());
+        cpu::glu_rows(h.data(), 1, f, c.glu, a.data());
         for (int64_t r = 0; r < dout; ++r) {
           double acc = 0;
-          for (int64_t c = 0; c < f; ++c) acc += double(w2.f32()[(e * dout + r) * f + c]) * a[c];
+          for (int64_t j = 0; j < f; ++j) acc += double(w2.f32()[(e * dout + r) * f + j]) * a[j];
           expect.f32()[t * dout + r] += float(weights.f32()[t * k + i] * acc);
         }
       }
-    EXPECT_TRUE(testing::all_close(host(out), expect, tol()));
+
+    const Tensor dw13 = persistent(w13, act()), dw2 = persistent(w2, act());
+    const Tensor dx = dev(x), didx = dev(idx, DType::kI32), dweights = dev(weights, DType::kF32);
+    Tensor runs[2];
+    for (Tensor& got : runs) {
+      const Tensor out = poisoned({n, dout});
+      be().moe_experts(dx, didx, dweights, dw13, dw2, c.glu, out);
+      got = host(out);
+    }
+    EXPECT_TRUE(testing::all_close(runs[0], expect, tol()));
+    ASSERT_EQ(runs[0].nbytes(), runs[1].nbytes());
+    EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].nbytes()), 0) << "two runs differ";
   }
 }
 

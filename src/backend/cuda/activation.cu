@@ -28,13 +28,6 @@ __global__ void sigmoid_kernel(In x, Out y, int64_t n) {
   KL_GRID_STRIDE(i, n) y.set(i, sigmoid_f(x[i]));
 }
 
-// The GLU of one gate/up pair (SPEC 3.2).
-__device__ float glu_value(float g, float u, Activation kind, float beta, bool has_linear_beta, float linear_beta) {
-  if (kind == Activation::kSilu) return g * sigmoid_f(g) * u;
-  const float ag = beta * tanhf(g / beta) * sigmoid_f(g);
-  return ag * (has_linear_beta ? linear_beta * tanhf(u / linear_beta) : u);
-}
-
 __global__ void glu_kernel(In gate_up, int64_t rows, int64_t f, Activation kind, float beta, bool has_lb, float lb,
                            Out o) {
   KL_GRID_STRIDE(i, rows * f) {

@@ -60,6 +60,14 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// The GLU of one gate/up pair (SPEC 3.2): the glu op and the MoE experts' epilogue.
+__device__ __forceinline__ float glu_value(float g, float u, Activation kind, float beta, bool has_linear_beta,
+                                           float linear_beta) {
+  if (kind == Activation::kSilu) return g * sigmoid_f(g) * u;
+  const float ag = beta * tanhf(g / beta) * sigmoid_f(g);
+  return ag * (has_linear_beta ? linear_beta * tanhf(u / linear_beta) : u);
+}
+
 // Index of the sequence owning row `row` of a step: the b with cu[b] ≤ row < cu[b+1].
 __device__ __forceinline__ int seq_of_row(const int32_t* cu, int num_seqs, int64_t row) {
   int lo = 0, hi = num_seqs - 1;

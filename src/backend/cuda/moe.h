@@ -1,0 +1,35 @@
+// The two ways the CUDA backend runs the routed experts (SPEC 3.4). moe_experts picks one by the
+// token count (moe_path_for); the benchmark times both to place the threshold.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/backend.h"
+
+namespace klinear::cuda {
+
+enum class MoePath {
+  // The routing stays on the device: one launch for gate/up with the GLU in its epilogue, one for
+  // down with the weighted combine. No host synchronisation; the grids depend only on N and the
+  // weight shapes, so a decode step that runs it can be captured in a CUDA graph.
+  kGrouped,
+  // The routing is read back to the host (a synchronisation) to plan one cuBLASLt GEMM per active
+  // expert and projection: the prefill path, where the GEMMs are compute-bound.
+  kPerExpertGemm,
+};
+
+// The largest token count the grouped path serves: the largest decode batch. Measured on the H200
+// (ops_bench moe, 48B shape, 2026-12-01, a routing draw using ~100-117 of the 256 experts), experts
+// alone, grouped vs per-expert GEMMs: N=256 1.08 vs 1.78 ms, N=512 1.90 vs 1.93 ms, N=1024 4.70 vs
+// 2.02 ms.
+inline constexpr int64_t kMoeGroupedMaxTokens = 256;
+
+// The path moe_experts takes for n tokens routed to k experts each out of num_experts.
+MoePath moe_path_for(int64_t n, int64_t k, int64_t num_experts);
+
+// moe_experts (Backend interface, same arguments) on the given path; kGrouped aborts naming the
+// shape when n·k is beyond what it can hold.
+void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
+                    const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& out);
+
+}  // namespace klinear::cuda
