@@ -222,7 +222,7 @@ int run_run(const RunArgs& a) {
     if (merged.contains("prompt_ids")) merged["prompt"] = merged["prompt_ids"];
     const ApiKind kind = merged.contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
     std::string param;
-    auto req = parse_api_request(kind, merged, &param);
+    auto req = parse_api_request(kind, s->format, merged, &param);
     if (!req.ok()) {
       skip(req.status());
       continue;
