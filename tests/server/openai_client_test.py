@@ -327,9 +327,9 @@ def test_malformed(s):
 
 
 def test_soak(s, seconds):
-    """64 concurrent workers for `seconds`: normal streams, disconnects, malformed requests."""
+    """64 concurrent workers for `seconds`: normal streams, disconnects (streaming and not), malformed requests."""
     stop_at = time.time() + seconds
-    errors, counts = [], {"ok": 0, "cancelled": 0, "malformed": 0}
+    errors, counts = [], {"ok": 0, "cancelled": 0, "hung_up": 0, "malformed": 0}
     lock = threading.Lock()
     rss = []
 
@@ -342,13 +342,23 @@ def test_soak(s, seconds):
                     got, _ = s.raw("POST", "/v1/completions", rng.choice(["{", '{"prompt": 5}', '{"prompt":"x","n":-1}']))
                     check(got == 400, f"malformed: HTTP {got}")
                     key = "malformed"
-                elif kind < 0.25:
+                elif kind < 0.2:
                     conn, r = open_stream(s.port, {"model": MODEL, "prompt": "soak " * rng.randint(1, 30),
                                                    "max_tokens": 5000, "ignore_eos": True})
                     read_events(r, rng.randint(1, 5))
                     conn.sock.shutdown(2)
                     conn.close()
                     key = "cancelled"
+                elif kind < 0.25:  # a non-streaming client that gives up waiting
+                    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+                    conn.request("POST", "/v1/completions",
+                                 body=json.dumps({"model": MODEL, "prompt": "wait " * rng.randint(1, 30),
+                                                  "max_tokens": 5000, "ignore_eos": True}),
+                                 headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+                    time.sleep(rng.uniform(0.05, 0.5))
+                    conn.sock.shutdown(2)
+                    conn.close()
+                    key = "hung_up"
                 else:
                     n = rng.randint(1, 24)
                     parts = list(s.client().completions.create(
@@ -377,7 +387,7 @@ def test_soak(s, seconds):
     third = max(1, len(rss) // 3)
     warm, end = max(rss[:third]), max(rss[-third:])
     print(f"  soak {seconds} s: {counts}, RSS warm {warm} KiB, end {end} KiB")
-    check(counts["ok"] > 10 and counts["cancelled"] > 2 and counts["malformed"] > 2, counts)
+    check(counts["ok"] > 10 and counts["cancelled"] > 2 and counts["hung_up"] > 2 and counts["malformed"] > 2, counts)
     check(end <= warm * 1.25 + 32768, f"memory grew: {warm} KiB -> {end} KiB")
 
 
