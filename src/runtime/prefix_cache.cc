@@ -11,7 +11,8 @@ struct PrefixCache::Snap {
   int64_t tokens = 0;    // t
   int64_t slot = -1;
   int32_t tail = -1;     // held page with positions [t - t % page_size, t), when needed and attached
-  SeqId producer = -1;   // the sequence whose page becomes the tail when it closes
+  SeqId producer = -1;   // the open sequence whose page holds those positions, until it closes
+  std::vector<int32_t> key;  // the t % page_size tokens after `node` (its key there)
   uint64_t used = 0;
   bool pinned = false;   // being adopted: not evictable
 };
@@ -63,7 +64,7 @@ PrefixCache::Found PrefixCache::find(std::span<const int32_t> tokens) const {
       const int64_t t = snap->tokens;
       if (t > limit || (snap->tokens <= f.tokens && f.snap)) continue;
       if (!std::equal(rest.begin(), rest.end(), tokens.begin() + j * page_size_)) continue;
-      if (paged_ && !rest.empty() && j == a && snap->tail < 0) continue;  // its partial page is not held yet
+      if (paged_ && !rest.empty() && j == a && tail_page(*snap) < 0) continue;  // no page holds its partial page
       f.tokens = t;
       f.snap = snap.get();
     }
@@ -72,7 +73,7 @@ PrefixCache::Found PrefixCache::find(std::span<const int32_t> tokens) const {
     f.nodes.assign(nodes.begin() + 1, nodes.begin() + 1 + j + (partial && j < a ? 1 : 0));
     if (paged_) {
       for (Node* n : f.nodes) f.pages.push_back(n->page);
-      if (partial && j == a) f.pages.push_back(f.snap->tail);
+      if (partial && j == a) f.pages.push_back(tail_page(*f.snap));
     }
   }
   return f;
@@ -96,18 +97,20 @@ Result<SeqId> PrefixCache::open(std::span<const int32_t> tokens, int64_t cached)
   // Pin what the hit uses so the evictions below leave it alone: the snapshot by flag, its pages
   // by a reference of their own.
   f.snap->pinned = true;
+  snap_lru_.erase({f.snap->used, f.snap});
   for (int32_t p : f.pages) cache_.retain_page(p);
   reclaim(paged_ && cached % page_size_ ? 1 : 0, 1);
   Result<SeqId> seq = cache_.open();
   Status adopted = seq.ok() ? cache_.adopt(*seq, cached, f.snap->slot, f.pages) : seq.status();
   for (int32_t p : f.pages) cache_.release_page(p);
   f.snap->pinned = false;
+  snap_lru_.insert({f.snap->used, f.snap});
   if (!adopted.ok()) {
     if (seq.ok()) cache_.close(*seq);
     return adopted;
   }
-  f.snap->used = ++clock_;
-  for (Node* n : f.nodes) n->used = clock_;
+  touch(f.snap, ++clock_);
+  for (Node* n : f.nodes) touch(n, clock_);
   return seq;
 }
 
@@ -149,12 +152,15 @@ void PrefixCache::publish(SeqId seq, std::span<const int32_t> history, int64_t p
       slot->parent = nodes.back();
       slot->tokens.assign(page.begin(), page.end());
       slot->depth = i + 1;
+      slot->used = clock_;
       if (paged_) {
         slot->page = cache_.pages(seq)[static_cast<size_t>(i)];
         hold_page(slot->page);
       }
+      update_leaf(slot->parent);
+      update_leaf(slot.get());
     }
-    slot->used = clock_;
+    touch(slot.get(), clock_);
     nodes.push_back(slot.get());
   }
   for (auto it = pending_.begin(); it != pending_.end();) {
@@ -173,10 +179,13 @@ void PrefixCache::publish(SeqId seq, std::span<const int32_t> history, int64_t p
       continue;
     }
     s->node = nodes[j];
+    s->key.assign(rest.begin(), rest.end());
     s->used = clock_;
     if (!paged_ || rest.empty()) s->producer = -1;
     else awaiting_.push_back(s.get());
+    snap_lru_.insert({s->used, s.get()});
     dst = std::move(s);
+    update_leaf(nodes[j]);
     ++published_snapshots_;
   }
 }
@@ -218,44 +227,58 @@ int64_t PrefixCache::evictable_pages() const {
   return n;
 }
 
+int32_t PrefixCache::tail_page(const Snap& s) const {
+  if (s.tail >= 0) return s.tail;
+  if (s.producer < 0) return -1;
+  return cache_.pages(s.producer)[static_cast<size_t>(s.tokens / page_size_)];
+}
+
+void PrefixCache::update_leaf(Node* n) {
+  if (n->parent && n->children.empty() && n->snaps.empty()) leaf_lru_.insert({n->used, n});
+  else leaf_lru_.erase({n->used, n});
+}
+
+void PrefixCache::touch(Node* n, uint64_t used) {
+  const bool leaf = leaf_lru_.erase({n->used, n}) > 0;
+  n->used = used;
+  if (leaf) leaf_lru_.insert({used, n});
+}
+
+void PrefixCache::touch(Snap* s, uint64_t used) {
+  const bool listed = snap_lru_.erase({s->used, s}) > 0;
+  s->used = used;
+  if (listed) snap_lru_.insert({used, s});
+}
+
 void PrefixCache::evict_snap(Snap* s) {
   cache_.release_slot(s->slot);
   if (s->tail >= 0) drop_page(s->tail);
-  awaiting_.erase(std::remove(awaiting_.begin(), awaiting_.end(), s), awaiting_.end());
+  if (s->producer >= 0) awaiting_.erase(std::remove(awaiting_.begin(), awaiting_.end(), s), awaiting_.end());
+  snap_lru_.erase({s->used, s});
   --published_snapshots_;
   Node* node = s->node;
-  for (auto it = node->snaps.begin(); it != node->snaps.end(); ++it)
-    if (it->second.get() == s) {
-      node->snaps.erase(it);
-      return;
-    }
-  KL_CHECK(false, "evicted snapshot not under its node");
+  const size_t erased = node->snaps.erase(s->key);  // destroys s
+  KL_CHECK(erased == 1, "evicted snapshot not under its node");
+  update_leaf(node);
 }
 
 void PrefixCache::evict_node(Node* n) {
   KL_CHECK(n->children.empty() && n->snaps.empty() && n->parent, "evicting a page node that others build on");
   if (n->page >= 0) drop_page(n->page);
-  n->parent->children.erase(n->tokens);
+  leaf_lru_.erase({n->used, n});
+  Node* parent = n->parent;
+  parent->children.erase(n->tokens);  // destroys n
+  update_leaf(parent);
 }
 
+// Least recently used first; a slot can only come from a snapshot. On a tie the snapshot goes.
 bool PrefixCache::reclaim(int64_t pages, int64_t slots) {
   while (cache_.free_pages() < pages || cache_.free_slots() < slots) {
     const bool need_slot = cache_.free_slots() < slots;
-    Snap* best_snap = nullptr;
-    Node* best_node = nullptr;
-    uint64_t best = UINT64_MAX;
-    std::vector<Node*> stack{root_.get()};
-    while (!stack.empty()) {
-      Node* n = stack.back();
-      stack.pop_back();
-      for (auto& [k, s] : n->snaps)
-        if (!s->pinned && s->used < best) best = s->used, best_snap = s.get(), best_node = nullptr;
-      if (!need_slot && n->parent && n->children.empty() && n->snaps.empty() && n->used < best)
-        best = n->used, best_node = n, best_snap = nullptr;
-      for (auto& [k, c] : n->children) stack.push_back(c.get());
-    }
-    if (best_snap) evict_snap(best_snap);
-    else if (best_node) evict_node(best_node);
+    const auto snap = snap_lru_.begin();
+    const auto leaf = leaf_lru_.begin();
+    if (snap != snap_lru_.end() && (need_slot || leaf == leaf_lru_.end() || snap->first <= leaf->first)) evict_snap(snap->second);
+    else if (!need_slot && leaf != leaf_lru_.end()) evict_node(leaf->second);
     else return false;
   }
   return true;

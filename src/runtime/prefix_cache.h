@@ -6,19 +6,24 @@
 // in a slot of its own, keyed by (the page node holding position t's page start, the t % page_size
 // tokens after it). A snapshot whose t is not a page multiple also needs the page holding
 // positions [t - t % page_size, t): the chain's page when the chain reaches past t, otherwise the
-// producing sequence's page, retained when that sequence closes (before then it is still written).
+// producing sequence's page. While the producer runs it keeps writing that page at positions
+// >= t only, so positions below t are final once the step that wrote them finished: a hit reads
+// them from the producer's live page (Cache::adopt copies a partial last page, it never shares
+// it), and when the producer closes the cache retains the page.
 //
 // Only prompt tokens are published, and only after the step that wrote them succeeded (the
 // runner calls publish after the forward). A lookup finds the deepest snapshot at or below what
 // the pages cover; open() adopts it. Everything the cache holds is evictable, least recently used
 // first (snapshots and chain leaves), so pools report held-by-cache-only pages and snapshot slots
-// as free and eviction makes them so on demand.
+// as free and eviction makes them so on demand. Eviction candidates are kept ordered by last use
+// (one set of snapshots, one of leaf pages), so evicting an entry costs O(log n), not a walk.
 //
 // Thread-safety: none; the engine thread owns it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -68,6 +73,11 @@ class PrefixCache {
   Found find(std::span<const int32_t> tokens) const;
   void evict_snap(Snap* s);
   void evict_node(Node* n);
+  int32_t tail_page(const Snap& s) const;  // the page holding a partial snapshot's last positions, or -1
+  // Keep the LRU sets in step with a node's leaf status / an entry's last use.
+  void update_leaf(Node* n);
+  void touch(Node* n, uint64_t used);
+  void touch(Snap* s, uint64_t used);
   std::vector<Node*> chain(std::span<const int32_t> tokens) const;
   void hold_page(int32_t page);
   void drop_page(int32_t page);
@@ -78,7 +88,9 @@ class PrefixCache {
   std::unique_ptr<Node> root_;
   std::unordered_map<int32_t, int64_t> holds_;  // page -> references the prefix cache holds on it
   std::vector<std::unique_ptr<Snap>> pending_;  // written by the running step
-  std::vector<Snap*> awaiting_;                 // published, waiting for their producer's page
+  std::vector<Snap*> awaiting_;                 // published, their tail still the producer's live page
+  std::set<std::pair<uint64_t, Snap*>> snap_lru_;  // published, unpinned snapshots by last use
+  std::set<std::pair<uint64_t, Node*>> leaf_lru_;  // page nodes nothing builds on, by last use
   int64_t published_snapshots_ = 0;
   uint64_t clock_ = 0;
 };

@@ -1,8 +1,13 @@
 #include "server/http_server.h"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <random>
@@ -47,6 +52,49 @@ void send_json(httplib::Response& res, int status, const Json& j) {
 void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, error_json(e)); }
 
 std::string sse(const Json& j) { return "data: " + dump(j) + "\n\n"; }
+
+// A socket address as cpp-httplib writes it into a Request (numeric host, port).
+bool address_of(int fd, bool peer, std::string& host, int& port) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  const int rc = peer ? getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) : getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  if (rc != 0 || (a.ss_family != AF_INET && a.ss_family != AF_INET6)) return false;
+  char h[NI_MAXHOST], p[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&a), len, h, sizeof(h), p, sizeof(p), NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return false;
+  host = h;
+  port = std::atoi(p);
+  return true;
+}
+
+// The socket `req` arrived on, or -1. cpp-httplib 0.11 gives a handler neither its socket nor
+// is_connection_closed(), so this finds the process's socket whose local and peer addresses are
+// the request's (a TCP connection's four addresses are unique); it stays open until the handler
+// returns.
+int connection_socket(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (const dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+    const int fd = std::atoi(entry->d_name);
+    std::string local_host, peer_host;
+    int local_port = 0, peer_port = 0;
+    if (address_of(fd, false, local_host, local_port) && local_port == req.local_port && address_of(fd, true, peer_host, peer_port) &&
+        peer_port == req.remote_port && peer_host == req.remote_addr && local_host == req.local_addr) {
+      found = fd;
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// Whether the client closed (or reset) its end of the connection.
+bool peer_closed(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
 
 }  // namespace
 
@@ -130,7 +178,7 @@ void HttpServer::routes() {
     ApiRequest r;
     r.kind = body->contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
     if (r.kind == ApiKind::kChat) {
-      auto parsed = parse_api_request(ApiKind::kChat, *body, &param);
+      auto parsed = parse_api_request(ApiKind::kChat, format_, *body, &param);
       if (!parsed.ok()) return send_error(res, api_error(parsed.status(), param));
       r = std::move(parsed).value();
     } else {
@@ -161,7 +209,7 @@ void HttpServer::routes() {
       auto body = parse_json(req.body, "request body");
       if (!body.ok()) return send_error(res, api_error(body.status()));
       std::string param;
-      auto parsed = parse_api_request(kind, *body, &param);
+      auto parsed = parse_api_request(kind, format_, *body, &param);
       if (!parsed.ok()) return send_error(res, api_error(parsed.status(), param));
       ApiRequest r = std::move(parsed).value();
       if (!r.model.empty() && r.model != options_.model_name)
@@ -185,19 +233,27 @@ void HttpServer::routes() {
       auto id = engine_.submit(std::move(spec), [channel](const EngineEvent& e) { channel->push(e); });
       if (!id.ok()) return send_error(res, api_error(id.status()));
       const std::string prefix = kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-";
-      auto builder = std::make_shared<ResponseBuilder>(r, prefix + std::to_string(next_response_id_++), options_.model_name, tokenizer_);
+      auto builder = std::make_shared<ResponseBuilder>(r, format_, prefix + std::to_string(next_response_id_++), options_.model_name, tokenizer_);
       ++in_flight_;
       if (!r.stream) {
+        // While waiting, a client that hangs up has its request cancelled (its end event follows).
+        const int sock = connection_socket(req);
         RequestStats stats;
         Status failure;
-        for (bool ended = false; !ended;)
-          for (const EngineEvent& e : channel->take(std::chrono::milliseconds(100))) {
+        bool cancelled = false;
+        for (bool ended = false; !ended;) {
+          for (const EngineEvent& e : channel->take(std::chrono::milliseconds(50))) {
             builder->chunks(e);
             if (e.end == RequestEnd::kRunning) continue;
             ended = true;
             stats = e.stats;
             if (e.end == RequestEnd::kFailed) failure = e.error;
           }
+          if (!ended && !cancelled && sock >= 0 && peer_closed(sock)) {
+            engine_.cancel(*id);
+            cancelled = true;
+          }
+        }
         --in_flight_;
         if (!failure.ok()) return send_error(res, ApiError{500, failure.to_string(), "server_error", "", ""});
         return send_json(res, 200, builder->response(stats));

@@ -3,8 +3,9 @@
 //
 // HTTP threads only parse, enqueue and stream: each request is validated (openai.h), submitted
 // to the engine with a sink that feeds a per-request channel, and its handler (or its SSE content
-// provider) drains the channel. A streaming client that disconnects has its request cancelled, so
-// its slot and pages return. Routes: POST /v1/chat/completions, /v1/completions, /tokenize,
+// provider) drains the channel. A client that disconnects has its request cancelled, so its slot
+// and pages return: a streaming one when a write fails, a waiting non-streaming one when its
+// socket reports the hang-up. Routes: POST /v1/chat/completions, /v1/completions, /tokenize,
 // /detokenize; GET /v1/models, /health, /metrics. With an API key, /v1/* and the tokenizer routes
 // need "Authorization: Bearer KEY" (401 otherwise); unknown paths are 404, bodies over the limit
 // 413, a full queue or a draining server 503, all as OpenAI error objects.

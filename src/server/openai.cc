@@ -113,29 +113,107 @@ Status parse_prompt(Fields& f, ApiRequest& r) {
   return Status();
 }
 
-Status parse_tools(Fields& f, ApiRequest& r) {
-  const Json& b = f.body;
-  bool tools = false;
-  if (b.contains("tools") && !b["tools"].is_null()) {
-    if (!b["tools"].is_array()) return f.out_of_range("tools", "a list of tools", b["tools"]);
-    tools = !b["tools"].empty();
-    if (tools) r.tools_json = b["tools"].dump();
+// A chat-template option given as a top-level field or in chat_template_kwargs (vLLM's way); null
+// when neither holds it. Both given and different is an error naming the field.
+Result<const Json*> template_option(Fields& f, const std::string& key) {
+  const Json* top = f.body.contains(key) && !f.body[key].is_null() ? &f.body[key] : nullptr;
+  const Json* kwarg = nullptr;
+  if (f.body.contains("chat_template_kwargs") && !f.body["chat_template_kwargs"].is_null()) {
+    const Json& k = f.body["chat_template_kwargs"];
+    if (!k.is_object()) return f.out_of_range("chat_template_kwargs", "an object", k);
+    if (k.contains(key) && !k[key].is_null()) kwarg = &k[key];
   }
-  std::string choice = "auto";
+  if (top && kwarg && *top != *kwarg)
+    return f.fail(key, Status::InvalidArgument("field '" + key + "' is " + top->dump() + " but chat_template_kwargs." + key +
+                                               " is " + kwarg->dump() + "; give one or make them equal"));
+  return top ? top : kwarg;
+}
+
+Status not_in_k2(Fields& f, const std::string& key, const std::string& what) {
+  return f.fail(key, Status::InvalidArgument("field '" + key + "': " + what + " is not supported for this model: its chat "
+                                             "format (Kimi K2) does not render it, and klinear has no constrained decoding"));
+}
+
+Status parse_thinking(Fields& f, ChatFormat format, ApiRequest& r) {
+  const bool k3 = format == ChatFormat::kK3;
+  r.chat.thinking = k3;  // K3 thinks unless told not to; K2 has no thinking
+  KL_ASSIGN_OR_RETURN(const Json* thinking, template_option(f, "thinking"));
+  if (thinking) {
+    if (!thinking->is_boolean()) return f.out_of_range("thinking", "true or false", *thinking);
+    if (!k3 && thinking->get<bool>()) return not_in_k2(f, "thinking", "thinking");
+    r.chat.thinking = thinking->get<bool>();
+  }
+  KL_ASSIGN_OR_RETURN(const Json* effort, template_option(f, "thinking_effort"));
+  if (effort) {
+    if (!effort->is_string()) return f.out_of_range("thinking_effort", "one of \"low\", \"high\", \"max\"", *effort);
+    if (!k3) return not_in_k2(f, "thinking_effort", "a thinking effort");
+    auto e = parse_thinking_effort(effort->get<std::string>());
+    if (!e.ok()) return f.fail("thinking_effort", Status::InvalidArgument("field 'thinking_effort': " + e.status().message()));
+    r.chat.thinking_effort = *e;
+  }
+  return Status();
+}
+
+Status parse_tools(Fields& f, ChatFormat format, ApiRequest& r) {
+  const Json& b = f.body;
+  Json tools = Json::array();
+  if (b.contains("tools") && !b["tools"].is_null()) {
+    tools = b["tools"];
+    const std::string expected = "a list of {\"type\": \"function\", \"function\": {\"name\": ...}}";
+    if (!tools.is_array()) return f.out_of_range("tools", expected, tools);
+    for (const Json& t : tools)
+      if (!t.is_object() || !t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
+          !t["function"]["name"].is_string())
+        return f.out_of_range("tools", expected, t);
+  }
+  ToolChoice choice = ToolChoice::kAuto;
   if (b.contains("tool_choice") && !b["tool_choice"].is_null()) {
     const Json& c = b["tool_choice"];
-    if (!c.is_string() || (c != "none" && c != "auto"))
-      return f.fail("tool_choice", Status::InvalidArgument("field 'tool_choice' must be \"none\" or \"auto\" (forcing a "
-                                                           "tool is not supported), got " + c.dump()));
-    choice = c.get<std::string>();
+    if (c.is_string()) {
+      auto parsed = parse_tool_choice(c.get<std::string>());
+      if (!parsed.ok()) return f.fail("tool_choice", Status::InvalidArgument("field 'tool_choice': " + parsed.status().message()));
+      choice = *parsed;
+    } else if (c.is_object() && c.value("type", Json()) == "function" && c.contains("function") &&
+               c["function"].is_object() && c["function"].contains("name") && c["function"]["name"].is_string()) {
+      choice = ToolChoice::kRequired;
+      r.forced_tool = c["function"]["name"].get<std::string>();
+    } else {
+      return f.out_of_range("tool_choice", "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}", c);
+    }
+    if (choice == ToolChoice::kRequired && tools.empty())
+      return f.fail("tool_choice", Status::InvalidArgument("field 'tool_choice' asks for a tool call, but the request has no tools"));
+    if (choice == ToolChoice::kRequired && format == ChatFormat::kKimiK2)
+      return not_in_k2(f, "tool_choice", "forcing a tool call (" + c.dump() + ")");
   }
-  r.parse_tool_calls = tools && choice == "auto";
+  if (!r.forced_tool.empty()) {  // K3 has no per-function choice: declare only that function, and require a call
+    Json kept = Json::array();
+    for (const Json& t : tools)
+      if (t["function"]["name"] == r.forced_tool) kept.push_back(t);
+    if (kept.empty())
+      return f.fail("tool_choice", Status::InvalidArgument("field 'tool_choice' names the function '" + r.forced_tool +
+                                                           "', which is not one of the request's tools"));
+    tools = std::move(kept);
+  }
+  if (!tools.empty()) r.chat.tools_json = tools.dump();
+  r.chat.tool_choice = format == ChatFormat::kK3 ? choice : ToolChoice::kAuto;
+  r.parse_tool_calls = format == ChatFormat::kKimiK2 && !tools.empty() && choice == ToolChoice::kAuto;
+  return Status();
+}
+
+Status parse_response_format_field(Fields& f, ChatFormat format, ApiRequest& r) {
+  if (!f.body.contains("response_format") || f.body["response_format"].is_null()) return Status();
+  auto ordered = parse_ordered_json(f.body["response_format"].dump(), "response_format");
+  auto rf = ordered.ok() ? parse_response_format(*ordered) : Result<ResponseFormat>(ordered.status());
+  if (!rf.ok()) return f.fail("response_format", rf.status());
+  if (format == ChatFormat::kKimiK2 && rf->kind != ResponseFormat::Kind::kText)
+    return not_in_k2(f, "response_format", "a JSON response format");
+  r.chat.response_format = std::move(rf).value();
   return Status();
 }
 
 }  // namespace
 
-Result<ApiRequest> parse_api_request(ApiKind kind, const Json& body, std::string* param) {
+Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json& body, std::string* param) {
   Fields f{body, param};
   if (!body.is_object()) return f.fail("", Status::InvalidArgument("the request body must be a JSON object"));
   ApiRequest r;
@@ -148,7 +226,9 @@ Result<ApiRequest> parse_api_request(ApiKind kind, const Json& body, std::string
     auto messages = parse_chat_messages(body["messages"]);
     if (!messages.ok()) return f.fail("messages", messages.status());
     r.messages = std::move(messages).value();
-    KL_RETURN_IF_ERROR(parse_tools(f, r));
+    KL_RETURN_IF_ERROR(parse_thinking(f, format, r));
+    KL_RETURN_IF_ERROR(parse_tools(f, format, r));
+    KL_RETURN_IF_ERROR(parse_response_format_field(f, format, r));
   } else {
     KL_RETURN_IF_ERROR(parse_prompt(f, r));
     for (const char* unsupported : {"suffix", "echo", "best_of"}) {
@@ -208,9 +288,7 @@ Result<std::vector<int32_t>> request_prompt_ids(const ApiRequest& r, const Token
   if (r.kind == ApiKind::kCompletion && !r.prompt_text) return r.prompt_ids;
   if (!tokenizer) return Status::NotSupported("this model has no tokenizer: send token ids as the prompt");
   if (r.kind == ApiKind::kCompletion) return tokenizer->encode(*r.prompt_text);
-  ChatOptions options;
-  options.tools_json = r.tools_json;
-  KL_ASSIGN_OR_RETURN(auto segments, render_chat_segments(format, r.messages, options));
+  KL_ASSIGN_OR_RETURN(auto segments, render_chat_segments(format, r.messages, r.chat));
   return encode_chat(*tokenizer, segments);
 }
 
@@ -220,7 +298,8 @@ Json usage_json(const RequestStats& s) {
               {"total_tokens", s.prompt_tokens + s.completion_tokens}};
 }
 
-ResponseBuilder::ResponseBuilder(const ApiRequest& request, std::string id, std::string model, const Tokenizer* tokenizer)
+ResponseBuilder::ResponseBuilder(const ApiRequest& request, ChatFormat format, std::string id, std::string model,
+                                 const Tokenizer* tokenizer)
     : kind_(request.kind),
       logprobs_(request.logprobs),
       parse_tool_calls_(request.parse_tool_calls),
@@ -229,7 +308,11 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& request, std::string id, std:
       model_(std::move(model)),
       created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()),
       tokenizer_(tokenizer),
-      choices_(static_cast<size_t>(request.spec.n)) {}
+      choices_(static_cast<size_t>(request.spec.n)) {
+  if (kind_ != ApiKind::kChat || format != ChatFormat::kK3) return;
+  KL_CHECK(tokenizer_, "a K3 chat response needs the tokenizer");
+  for (ChoiceState& c : choices_) c.k3.emplace(*tokenizer_, request.chat.thinking ? K3TurnStart::kThink : K3TurnStart::kResponse);
+}
 
 Json ResponseBuilder::chunk_base() const {
   Json j{{"id", id_},
@@ -244,7 +327,7 @@ Json ResponseBuilder::chunk_base() const {
 std::string ResponseBuilder::finish_reason(const ChoiceState& c) const {
   if (!c.finish) return "";
   if (*c.finish == FinishReason::kLength) return "length";
-  const bool calls = parse_tool_calls_ && !parse_kimi_tool_calls(c.text).calls.empty();
+  const bool calls = c.k3 ? !c.k3->calls().empty() : parse_tool_calls_ && !parse_kimi_tool_calls(c.text).calls.empty();
   return calls ? "tool_calls" : "stop";
 }
 
@@ -303,24 +386,21 @@ std::vector<Json> ResponseBuilder::chunks(const EngineEvent& e) {
   if (logprobs_ && !e.tokens.empty()) choice["logprobs"] = logprobs_json(e.tokens, offset);
   if (kind_ == ApiKind::kCompletion) {
     choice["text"] = e.text;
-  } else if (parse_tool_calls_) {
-    std::string content;
-    std::vector<ToolCallDelta> deltas;
-    c.tool_stream.update(c.text, content, deltas);
+  } else {
+    const ChatDelta d = chat_delta(c, e);
     Json delta = Json::object();
-    if (!content.empty()) delta["content"] = content;
-    for (const ToolCallDelta& d : deltas) {
-      Json call{{"index", d.index}, {"function", {{"arguments", d.arguments}}}};
-      if (!d.id.empty()) {
-        call["id"] = d.id;
+    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+    if (!d.content.empty()) delta["content"] = d.content;
+    for (const ToolCallDelta& t : d.calls) {
+      Json call{{"index", t.index}, {"function", {{"arguments", t.arguments}}}};
+      if (!t.id.empty()) {
+        call["id"] = t.id;
         call["type"] = "function";
-        call["function"]["name"] = d.name;
+        call["function"]["name"] = t.name;
       }
       delta["tool_calls"].push_back(call);
     }
     choice["delta"] = delta;
-  } else {
-    choice["delta"] = e.text.empty() ? Json::object() : Json{{"content", e.text}};
   }
   if (c.finish) choice["finish_reason"] = finish_reason(c);
   const bool empty_delta = kind_ == ApiKind::kChat && choice["delta"].empty() && !c.finish && choice["logprobs"].is_null();
@@ -330,6 +410,17 @@ std::vector<Json> ResponseBuilder::chunks(const EngineEvent& e) {
   j["choices"].push_back(std::move(choice));
   out.push_back(std::move(j));
   return out;
+}
+
+ChatDelta ResponseBuilder::chat_delta(ChoiceState& c, const EngineEvent& e) {
+  ChatDelta d;
+  if (c.k3) {
+    for (const TokenOutput& t : e.tokens) c.ids.push_back(t.id);
+    return c.k3->update(c.ids, c.finish.has_value());
+  }
+  if (parse_tool_calls_) c.tool_stream.update(c.text, d.content, d.calls);
+  else d.content = e.text;
+  return d;
 }
 
 Json ResponseBuilder::usage_chunk(const RequestStats& stats) const {
@@ -353,15 +444,20 @@ Json ResponseBuilder::response(const RequestStats& stats) const {
       choice["text"] = c.text;
     } else {
       Json message{{"role", "assistant"}, {"content", c.text}};
-      if (parse_tool_calls_) {
-        const ParsedToolCalls p = parse_kimi_tool_calls(c.text);
-        if (!p.calls.empty()) {
-          message["content"] = p.content.empty() ? Json(nullptr) : Json(p.content);
-          for (const ToolCall& call : p.calls)
-            message["tool_calls"].push_back(
-                {{"id", call.id}, {"type", "function"}, {"function", {{"name", call.name}, {"arguments", call.arguments_json}}}});
-        }
+      std::vector<ToolCall> calls;
+      if (c.k3) {
+        message["content"] = c.k3->content();
+        message["reasoning_content"] = c.k3->reasoning().empty() ? Json(nullptr) : Json(c.k3->reasoning());
+        calls = c.k3->calls();
+      } else if (parse_tool_calls_) {
+        ParsedToolCalls p = parse_kimi_tool_calls(c.text);
+        if (!p.calls.empty()) message["content"] = std::move(p.content);
+        calls = std::move(p.calls);
       }
+      if (!calls.empty() && message["content"] == "") message["content"] = nullptr;
+      for (const ToolCall& call : calls)
+        message["tool_calls"].push_back(
+            {{"id", call.id}, {"type", "function"}, {"function", {{"name", call.name}, {"arguments", call.arguments_json}}}});
       choice["message"] = message;
     }
     j["choices"].push_back(std::move(choice));

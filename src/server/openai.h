@@ -36,8 +36,9 @@ struct ApiRequest {
   ApiKind kind = ApiKind::kChat;
   std::string model;                 // empty: the served model
   std::vector<ChatMessage> messages;  // chat
-  std::string tools_json;            // chat: the tools array as JSON text; empty when none
-  bool parse_tool_calls = false;     // chat: tools given and tool_choice is not "none"
+  ChatOptions chat;                  // chat: tools (declared ones only), thinking, tool choice, format
+  std::string forced_tool;           // chat: the function a named tool_choice asks for; else empty
+  bool parse_tool_calls = false;     // chat, K2: tools given and tool_choice is not "none"
   std::optional<std::string> prompt_text;  // completions: a text prompt ...
   std::vector<int32_t> prompt_ids;         // ... or token ids
   std::optional<int64_t> max_tokens;       // absent: up to the context
@@ -47,11 +48,12 @@ struct ApiRequest {
   bool logprobs = false;
 };
 
-// Parses and checks a request body. Unknown fields are ignored; a known field of the wrong type
-// or out of range is InvalidArgument naming it (also stored in `*param`).
-Result<ApiRequest> parse_api_request(ApiKind kind, const Json& body, std::string* param);
+// Parses and checks a request body for a model whose chat format is `format`. Unknown fields are
+// ignored; a known field of the wrong type or out of range, or a chat option `format` cannot
+// render, is InvalidArgument naming it (also stored in `*param`).
+Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json& body, std::string* param);
 
-// The prompt ids of a request: chat messages rendered in `format` (tools included) and encoded;
+// The prompt ids of a request: chat messages rendered in `format` (with r.chat) and encoded;
 // completion text encoded; completion ids as given. NotSupported without a tokenizer for text.
 Result<std::vector<int32_t>> request_prompt_ids(const ApiRequest& r, const Tokenizer* tokenizer, ChatFormat format);
 
@@ -59,7 +61,9 @@ Result<std::vector<int32_t>> request_prompt_ids(const ApiRequest& r, const Token
 // at the end otherwise. Not thread-safe.
 class ResponseBuilder {
  public:
-  ResponseBuilder(const ApiRequest& request, std::string id, std::string model, const Tokenizer* tokenizer);
+  // K3 chat output is parsed from ids, so a K3 chat request needs `tokenizer`.
+  ResponseBuilder(const ApiRequest& request, ChatFormat format, std::string id, std::string model,
+                  const Tokenizer* tokenizer);
 
   // The chunks an event produces (streaming); also accumulates for response().
   std::vector<Json> chunks(const EngineEvent& e);
@@ -75,10 +79,13 @@ class ResponseBuilder {
     std::string text;
     std::vector<TokenOutput> tokens;
     std::optional<FinishReason> finish;
-    ToolCallStream tool_stream;
+    ToolCallStream tool_stream;       // K2 chat with tools
+    std::optional<K3TurnStream> k3;   // K3 chat
+    std::vector<int32_t> ids;         // K3 chat: every generated id
   };
   Json chunk_base() const;
   Json logprobs_json(const std::vector<TokenOutput>& tokens, size_t text_offset) const;
+  ChatDelta chat_delta(ChoiceState& c, const EngineEvent& e);
   std::string finish_reason(const ChoiceState& c) const;
 
   ApiKind kind_;

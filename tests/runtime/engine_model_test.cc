@@ -57,19 +57,20 @@ void expect_matches(const std::vector<TokenOutput>& got, const Reference& ref, c
   }
 }
 
-// Submits greedy requests for `prompts` (kNew tokens, top-8 log-probabilities) and returns each one's tokens.
+// Submits a greedy request for `prompt` (kNew tokens, top-8 log-probabilities) whose tokens go to `got`.
+void submit_greedy(Engine& engine, const std::vector<int32_t>& prompt, std::vector<TokenOutput>& got) {
+  RequestSpec s;
+  s.prompt = prompt;
+  s.stop.max_tokens = kNew;
+  s.stop.ignore_eos = true;
+  s.top_logprobs = kTop;
+  EXPECT_TRUE(engine.submit(s, [&got](const EngineEvent& e) { got.insert(got.end(), e.tokens.begin(), e.tokens.end()); }).ok());
+}
+
+// Runs greedy requests for `prompts` together and returns each one's tokens.
 std::vector<std::vector<TokenOutput>> run_greedy(Engine& engine, const std::vector<std::vector<int32_t>>& prompts) {
   std::vector<std::vector<TokenOutput>> got(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestSpec s;
-    s.prompt = prompts[i];
-    s.stop.max_tokens = kNew;
-    s.stop.ignore_eos = true;
-    s.top_logprobs = kTop;
-    EXPECT_TRUE(engine.submit(s, [&got, i](const EngineEvent& e) {
-      got[i].insert(got[i].end(), e.tokens.begin(), e.tokens.end());
-    }).ok());
-  }
+  for (size_t i = 0; i < prompts.size(); ++i) submit_greedy(engine, prompts[i], got[i]);
   engine.run_until_idle();
   return got;
 }
@@ -202,6 +203,37 @@ TEST_P(EngineOnModel, PrefixCacheEqualsUncached) {
         expect_matches(got[k], ref[waves[w][k]], "wave " + std::to_string(w) + " prompt " + std::to_string(waves[w][k]));
     }
     EXPECT_GT(engine.metrics().prefix_hit_tokens, 0u);
+    expect_pools_empty(*runner);
+  }
+}
+
+// A prompt-end snapshot off a page boundary is usable as soon as the step that wrote it finished:
+// a prompt continuing a running sequence's prompt (70 tokens: 4 pages of 16 and 6 positions)
+// hits all 70 tokens while that sequence still decodes (the partial page is read from the
+// producer's live page, which it keeps writing past position 70), and both stay exact.
+TEST_P(EngineOnModel, PrefixHitOnARunningSequencesPromptEnd) {
+  const testing::ScratchDir dir;
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::vector<int32_t> base(100);
+  for (int32_t& id : base) id = static_cast<int32_t>(rng() % 256);
+  const std::vector<int32_t> producer(base.begin(), base.begin() + 70), consumer = base;
+  Loaded loaded = load_untied(GetParam(), dir.str(), {producer, consumer}, rng());
+  const Reference ref_producer = run_alone(*loaded.model, producer), ref_consumer = run_alone(*loaded.model, consumer);
+  for (int64_t chunk : {7, 64}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    auto runner = ModelRunner::create(*loaded.model, CacheOptions{8, 16, 64 << 20}, {PrefixCaching::kOn, 64}).value();
+    poison(*runner, loaded.model->config(), *loaded.backend);
+    Engine engine(*runner, nullptr, EngineOptions{{chunk, 8, 64}, 100, {}});
+    std::vector<TokenOutput> got_producer, got_consumer;
+    submit_greedy(engine, producer, got_producer);
+    while (got_producer.empty()) ASSERT_TRUE(engine.step());
+    submit_greedy(engine, consumer, got_consumer);
+    engine.step();  // admits the consumer from the cache while the producer decodes
+    EXPECT_EQ(engine.metrics().prefix_hit_tokens, 70u);
+    EXPECT_LT(got_producer.size(), static_cast<size_t>(kNew));
+    engine.run_until_idle();
+    expect_matches(got_producer, ref_producer, "producer");
+    expect_matches(got_consumer, ref_consumer, "consumer");
     expect_pools_empty(*runner);
   }
 }

@@ -5,11 +5,14 @@ Starts `klinear serve` on a random-weight test checkpoint that carries the real 
 (CPU backend) and checks what clients rely on: chat and text completions, streaming and not,
 usage, stop strings that span tokens, max_tokens, log-probabilities that concatenate to the
 content, n = 2, 20 concurrent greedy requests equal to the same requests run one by one, a client
-that disconnects mid-stream (its slot and pages return, the others finish), every malformed
-request (the right 4xx, the server keeps serving), a bounded soak (64 streams with random
-disconnects and malformed requests: everything else completes, memory stays flat) and a drain on
-SIGTERM. A scripted-model server (tests/server/scripted_server.cc) gives the exact output needed
-for a tool-call round trip: content before the section, two calls, streamed arguments.
+that disconnects mid-stream and one that disconnects while waiting for a non-streamed answer
+(their slots and pages return, the others finish), every malformed request (the right 4xx, the
+server keeps serving), a bounded soak (64 streams with random disconnects and malformed requests:
+everything else completes, memory stays flat) and a drain on SIGTERM. Scripted-model servers
+(tests/server/scripted_server.cc) give the exact output needed for tool-call round trips: K2
+(content before the section, two calls, streamed arguments) and K3 (reasoning_content, content,
+two calls with typed arguments; thinking, thinking_effort, tool_choice and response_format
+accepted or refused with the field named).
 
 usage: openai_client_test.py --klinear BIN --scripted-server BIN --source REPO [--soak-seconds N]
 """
@@ -268,6 +271,24 @@ def test_disconnect_frees(s):
     wait_idle(s, cancelled_at_least=before + 1)
 
 
+def test_disconnect_nonstream_frees(s):
+    """A non-streaming client that hangs up while its request runs: the request is cancelled."""
+    before = s.metrics()['klinear:request_success_total{finished_reason="cancelled"}']
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+    conn.request("POST", "/v1/completions", body=json.dumps({"model": MODEL, "prompt": "Talk forever",
+                                                             "max_tokens": 100000, "ignore_eos": True}),
+                 headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+    deadline = time.time() + 30
+    while s.metrics()["klinear:num_requests_running"] < 1:
+        check(time.time() < deadline, "the request never ran")
+        time.sleep(0.02)
+    conn.sock.shutdown(2)
+    conn.close()
+    wait_idle(s, cancelled_at_least=before + 1)
+    r = s.client().completions.create(model=MODEL, prompt="After", max_tokens=3, extra_body={"ignore_eos": True})
+    check(r.usage.completion_tokens == 3, r)
+
+
 def test_malformed(s):
     c = s.client()
     raw_cases = [
@@ -292,6 +313,11 @@ def test_malformed(s):
     expect_status(lambda: c.chat.completions.create(model=MODEL, messages=msg, top_logprobs=3), 400)
     expect_status(lambda: c.completions.create(model=MODEL, prompt=[10 ** 6], max_tokens=2), 400)
     expect_status(lambda: c.chat.completions.create(model="gpt-4o", messages=msg), 404)
+    # Kimi Linear's chat format (K2) renders no tool choice, response format or thinking options.
+    expect_status(lambda: c.chat.completions.create(model=MODEL, messages=msg, tools=TOOLS, tool_choice="required"), 400)
+    expect_status(lambda: c.chat.completions.create(model=MODEL, messages=msg, response_format={"type": "json_object"}), 400)
+    expect_status(lambda: c.chat.completions.create(model=MODEL, messages=msg,
+                                                    extra_body={"chat_template_kwargs": {"thinking_effort": "max"}}), 400)
     expect_status(lambda: s.client(api_key="wrong").chat.completions.create(model=MODEL, messages=msg), 401)
     got, _ = s.raw("GET", "/v1/models", headers={"Authorization": ""})
     check(got == 401, f"no key: HTTP {got}")
@@ -301,9 +327,9 @@ def test_malformed(s):
 
 
 def test_soak(s, seconds):
-    """64 concurrent workers for `seconds`: normal streams, disconnects, malformed requests."""
+    """64 concurrent workers for `seconds`: normal streams, disconnects (streaming and not), malformed requests."""
     stop_at = time.time() + seconds
-    errors, counts = [], {"ok": 0, "cancelled": 0, "malformed": 0}
+    errors, counts = [], {"ok": 0, "cancelled": 0, "hung_up": 0, "malformed": 0}
     lock = threading.Lock()
     rss = []
 
@@ -316,13 +342,23 @@ def test_soak(s, seconds):
                     got, _ = s.raw("POST", "/v1/completions", rng.choice(["{", '{"prompt": 5}', '{"prompt":"x","n":-1}']))
                     check(got == 400, f"malformed: HTTP {got}")
                     key = "malformed"
-                elif kind < 0.25:
+                elif kind < 0.2:
                     conn, r = open_stream(s.port, {"model": MODEL, "prompt": "soak " * rng.randint(1, 30),
                                                    "max_tokens": 5000, "ignore_eos": True})
                     read_events(r, rng.randint(1, 5))
                     conn.sock.shutdown(2)
                     conn.close()
                     key = "cancelled"
+                elif kind < 0.25:  # a non-streaming client that gives up waiting
+                    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+                    conn.request("POST", "/v1/completions",
+                                 body=json.dumps({"model": MODEL, "prompt": "wait " * rng.randint(1, 30),
+                                                  "max_tokens": 5000, "ignore_eos": True}),
+                                 headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+                    time.sleep(rng.uniform(0.05, 0.5))
+                    conn.sock.shutdown(2)
+                    conn.close()
+                    key = "hung_up"
                 else:
                     n = rng.randint(1, 24)
                     parts = list(s.client().completions.create(
@@ -351,7 +387,7 @@ def test_soak(s, seconds):
     third = max(1, len(rss) // 3)
     warm, end = max(rss[:third]), max(rss[-third:])
     print(f"  soak {seconds} s: {counts}, RSS warm {warm} KiB, end {end} KiB")
-    check(counts["ok"] > 10 and counts["cancelled"] > 2 and counts["malformed"] > 2, counts)
+    check(counts["ok"] > 10 and counts["cancelled"] > 2 and counts["hung_up"] > 2 and counts["malformed"] > 2, counts)
     check(end <= warm * 1.25 + 32768, f"memory grew: {warm} KiB -> {end} KiB")
 
 
@@ -437,6 +473,71 @@ def test_tool_round_trip(sc):
     check(not r2.choices[0].message.tool_calls, r2)
 
 
+# ---- the scripted K3 server: reasoning, typed tool-call arguments, the K3 chat options
+
+K3_SCRIPTS = ['Both are needed.<|close|>think<|sep|><|open|>response<|sep|>Checking both.<|close|>response<|sep|>'
+              '<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
+              '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>'
+              '<|open|>argument key="days" type="number"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|>'
+              '<|open|>call tool="get_time" index="2"<|sep|>'
+              '<|open|>argument key="tz" type="string"<|sep|>Europe/Paris<|close|>argument<|sep|><|close|>call<|sep|>'
+              '<|close|>tools<|sep|><|close|>message<|sep|>',
+              '<|close|>think<|sep|><|open|>response<|sep|>It is 21 degrees in Paris at noon.'
+              '<|close|>response<|sep|><|close|>message<|sep|>']
+K3_CALLS = [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {"tz": "Europe/Paris"})]
+
+
+def test_k3_round_trip(k3):
+    c = k3.client()
+    msgs = [{"role": "user", "content": "Weather and time in Paris?"}]
+    r = c.chat.completions.create(model="scripted", messages=msgs, tools=TOOLS)
+    m = r.choices[0].message
+    check(r.choices[0].finish_reason == "tool_calls", r.choices[0].finish_reason)
+    check(m.content == "Checking both." and m.model_extra.get("reasoning_content") == "Both are needed.", m)
+    check([(t.function.name, json.loads(t.function.arguments)) for t in m.tool_calls] == K3_CALLS, m.tool_calls)
+    # Streamed: the same reasoning, content and calls.
+    reasoning, content, calls, finish = "", "", {}, None
+    for k in c.chat.completions.create(model="scripted", messages=msgs, tools=TOOLS, stream=True):
+        d = k.choices[0].delta
+        reasoning += (d.model_extra or {}).get("reasoning_content") or ""
+        content += d.content or ""
+        for t in d.tool_calls or []:
+            name, args = calls.get(t.index, ("", ""))
+            calls[t.index] = (name + (t.function.name or ""), args + (t.function.arguments or ""))
+        finish = k.choices[0].finish_reason or finish
+    check(reasoning == "Both are needed." and content == "Checking both." and finish == "tool_calls",
+          (reasoning, content, finish))
+    check([(calls[i][0], json.loads(calls[i][1])) for i in sorted(calls)] == K3_CALLS, calls)
+    # The results go back (with the reasoning, which K3 renders); the model answers.
+    msgs.append({"role": "assistant", "content": m.content, "reasoning_content": "Both are needed.",
+                 "tool_calls": [t.model_dump() for t in m.tool_calls]})
+    for t, result in zip(m.tool_calls, ['{"temp": 21}', '{"time": "12:00"}']):
+        msgs.append({"role": "tool", "tool_call_id": t.id, "content": result})
+    r2 = c.chat.completions.create(model="scripted", messages=msgs, tools=TOOLS)
+    m2 = r2.choices[0].message
+    check(m2.content == "It is 21 degrees in Paris at noon." and r2.choices[0].finish_reason == "stop", r2)
+    check(not m2.tool_calls and m2.model_extra.get("reasoning_content") is None, m2)
+    # The K3 options are accepted, at the top level or in chat_template_kwargs ...
+    for extra in ({"thinking_effort": "high"}, {"chat_template_kwargs": {"thinking_effort": "low"}},
+                  {"response_format": {"type": "json_object"}}):
+        r = c.chat.completions.create(model="scripted", messages=msgs[:1], tools=TOOLS, extra_body=extra)
+        check(r.choices[0].finish_reason == "tool_calls", (extra, r))
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        r = c.chat.completions.create(model="scripted", messages=msgs[:1], tools=TOOLS, tool_choice=choice)
+        check(r.choices[0].finish_reason == "tool_calls", (choice, r))
+    # ... thinking off opens the response element: this script's think text is then no K3 turn,
+    # and its text comes back as content rather than an error ...
+    r = c.chat.completions.create(model="scripted", messages=msgs[:1], extra_body={"chat_template_kwargs": {"thinking": False}})
+    check("Both are needed." in r.choices[0].message.content, r)
+    # ... and bad values are 400 naming the field.
+    for extra, param in (({"thinking_effort": "medium"}, "thinking_effort"), ({"thinking": "yes"}, "thinking"),
+                         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+                         ({"response_format": {"type": "yaml"}}, "response_format")):
+        body = dict({"model": "scripted", "messages": msgs[:1], "tools": TOOLS}, **extra)
+        got, data = k3.raw("POST", "/v1/chat/completions", json.dumps(body))
+        check(got == 400 and json.loads(data)["error"]["param"] == param, (extra, got, data))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--klinear", required=True)
@@ -458,13 +559,17 @@ def main():
                                 "--max-body-bytes", "100000", "--api-key", KEY], r"on http://[^:]+:(\d+)")
         scripted = Server([a.scripted_server, "--tokenizer", os.path.join(a.source, "tokenizers/kimi-k2")] +
                           sum([["--script", s] for s in SCRIPTS], []), r"listening on (\d+)", stream="stdout")
-        servers = [main_server, small, scripted]
+        scripted_k3 = Server([a.scripted_server, "--format", "k3", "--tokenizer", os.path.join(a.source, "tokenizers/kimi-k3")] +
+                             sum([["--script", s] for s in K3_SCRIPTS], []), r"listening on (\d+)", stream="stdout")
+        servers = [main_server, small, scripted, scripted_k3]
         tests = [(f.__name__, f, main_server) for f in (test_models, test_chat_and_usage, test_completions,
                                                           test_logprobs_concatenate, test_stop_strings_span_tokens,
                                                           test_n2_and_seed, test_concurrent_equals_serial,
-                                                          test_disconnect_frees, test_malformed)]
+                                                          test_disconnect_frees, test_disconnect_nonstream_frees,
+                                                          test_malformed)]
         tests.append(("test_limits", test_limits, small))
         tests.append(("test_tool_round_trip", test_tool_round_trip, scripted))
+        tests.append(("test_k3_round_trip", test_k3_round_trip, scripted_k3))
         if a.soak_seconds > 0:
             tests.append(("test_soak", lambda s: test_soak(s, a.soak_seconds), main_server))
         tests.append(("test_drain_on_sigterm", test_drain_on_sigterm, main_server))

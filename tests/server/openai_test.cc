@@ -5,6 +5,7 @@
 
 #include "server/openai.h"
 #include "server/tool_calls.h"
+#include "test_util.h"
 
 namespace klinear {
 namespace {
@@ -49,7 +50,7 @@ TEST(OpenAIRequest, BadFieldsAreNamed) {
   };
   for (const Case& c : cases) {
     std::string param;
-    auto r = parse_api_request(c.kind, c.body, &param);
+    auto r = parse_api_request(c.kind, ChatFormat::kKimiK2, c.body, &param);
     EXPECT_EQ(r.ok(), c.param.empty()) << c.name << ": " << r.status().to_string();
     EXPECT_EQ(param, c.param) << c.name;
     if (!r.ok()) {
@@ -60,7 +61,7 @@ TEST(OpenAIRequest, BadFieldsAreNamed) {
 
 TEST(OpenAIRequest, FieldsReachTheSpec) {
   std::string param;
-  auto r = parse_api_request(ApiKind::kChat,
+  auto r = parse_api_request(ApiKind::kChat, ChatFormat::kKimiK2,
                              chat_body({{"temperature", 0.5}, {"top_p", 0.9}, {"top_k", 40}, {"min_p", 0.1},
                                         {"seed", 7}, {"n", 2}, {"max_completion_tokens", 9}, {"stop", "END"},
                                         {"stop_token_ids", {5}}, {"ignore_eos", true}, {"logprobs", true},
@@ -84,11 +85,97 @@ TEST(OpenAIRequest, FieldsReachTheSpec) {
   EXPECT_EQ(s.top_logprobs, 3);
   EXPECT_TRUE(r->stream && r->include_usage);
   // Defaults: OpenAI's temperature 1, no log-probabilities.
-  auto d = parse_api_request(ApiKind::kCompletion, Json{{"prompt", "x"}}, &param);
+  auto d = parse_api_request(ApiKind::kCompletion, ChatFormat::kKimiK2, Json{{"prompt", "x"}}, &param);
   ASSERT_TRUE(d.ok());
   EXPECT_FLOAT_EQ(d->spec.sampling.temperature, 1.0f);
   EXPECT_EQ(d->spec.top_logprobs, -1);
   EXPECT_FALSE(d->max_tokens.has_value());
+}
+
+const Json kTools = {{{"type", "function"}, {"function", {{"name", "f"}}}},
+                     {{"type", "function"}, {"function", {{"name", "g"}}}}};
+const Json kNamedG = {{"type", "function"}, {"function", {{"name", "g"}}}};
+
+TEST(OpenAIRequest, ChatOptionsPerFormat) {
+  constexpr ChatFormat K2 = ChatFormat::kKimiK2, K3 = ChatFormat::kK3;
+  struct Case {
+    const char* name;
+    ChatFormat format;
+    Json extra;
+    std::string param;  // empty: accepted
+  };
+  const std::vector<Case> cases{
+      {"K3 defaults", K3, Json::object(), ""},
+      {"K3 thinking off", K3, {{"thinking", false}}, ""},
+      {"K3 thinking in kwargs, other kwargs ignored", K3, {{"chat_template_kwargs", {{"thinking", false}, {"x", 1}}}}, ""},
+      {"K3 thinking top-level and kwargs agree", K3, {{"thinking", false}, {"chat_template_kwargs", {{"thinking", false}}}}, ""},
+      {"K3 thinking top-level and kwargs differ", K3, {{"thinking", true}, {"chat_template_kwargs", {{"thinking", false}}}}, "thinking"},
+      {"K3 thinking not a bool", K3, {{"thinking", "no"}}, "thinking"},
+      {"kwargs not an object", K3, {{"chat_template_kwargs", 3}}, "chat_template_kwargs"},
+      {"K3 effort high", K3, {{"thinking_effort", "high"}}, ""},
+      {"K3 effort in kwargs", K3, {{"chat_template_kwargs", {{"thinking_effort", "low"}}}}, ""},
+      {"K3 effort medium", K3, {{"thinking_effort", "medium"}}, "thinking_effort"},
+      {"K3 effort a number", K3, {{"thinking_effort", 2}}, "thinking_effort"},
+      {"K3 required", K3, {{"tools", kTools}, {"tool_choice", "required"}}, ""},
+      {"K3 named", K3, {{"tools", kTools}, {"tool_choice", kNamedG}}, ""},
+      {"K3 named, not a tool", K3, {{"tools", kTools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "h"}}}}}}, "tool_choice"},
+      {"K3 required without tools", K3, {{"tool_choice", "required"}}, "tool_choice"},
+      {"K3 none without tools", K3, {{"tool_choice", "none"}}, ""},
+      {"tool_choice unknown word", K3, {{"tools", kTools}, {"tool_choice", "always"}}, "tool_choice"},
+      {"tool_choice object without a name", K3, {{"tools", kTools}, {"tool_choice", {{"type", "function"}}}}, "tool_choice"},
+      {"a tool without a name", K3, {{"tools", {{{"type", "function"}, {"function", Json::object()}}}}}, "tools"},
+      {"K3 json_object", K3, {{"response_format", {{"type", "json_object"}}}}, ""},
+      {"K3 json_schema", K3, {{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}}}}, ""},
+      {"response_format unknown type", K3, {{"response_format", {{"type", "yaml"}}}}, "response_format"},
+      {"response_format a number", K3, {{"response_format", 1}}, "response_format"},
+      {"K2 thinking off", K2, {{"thinking", false}}, ""},
+      {"K2 thinking on", K2, {{"thinking", true}}, "thinking"},
+      {"K2 effort", K2, {{"chat_template_kwargs", {{"thinking_effort", "max"}}}}, "thinking_effort"},
+      {"K2 auto", K2, {{"tools", kTools}, {"tool_choice", "auto"}}, ""},
+      {"K2 none", K2, {{"tools", kTools}, {"tool_choice", "none"}}, ""},
+      {"K2 required", K2, {{"tools", kTools}, {"tool_choice", "required"}}, "tool_choice"},
+      {"K2 named", K2, {{"tools", kTools}, {"tool_choice", kNamedG}}, "tool_choice"},
+      {"K2 text format", K2, {{"response_format", {{"type", "text"}}}}, ""},
+      {"K2 json format", K2, {{"response_format", {{"type", "json_object"}}}}, "response_format"},
+  };
+  for (const Case& c : cases) {
+    std::string param;
+    auto r = parse_api_request(ApiKind::kChat, c.format, chat_body(c.extra), &param);
+    EXPECT_EQ(r.ok(), c.param.empty()) << c.name << ": " << r.status().to_string();
+    EXPECT_EQ(param, c.param) << c.name;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find(c.param), std::string::npos) << c.name << ": " << r.status().to_string();
+    }
+  }
+}
+
+const Tokenizer& k3_tokenizer() {
+  static const Tokenizer t = Tokenizer::load(testing::source_path("tokenizers/kimi-k3")).value();
+  return t;
+}
+
+// The options reach the renderer: the K3 prompt carries their system messages.
+TEST(OpenAIRequest, K3OptionsAreRendered) {
+  std::string param;
+  ApiRequest r = parse_api_request(ApiKind::kChat, ChatFormat::kK3,
+                                   chat_body({{"tools", kTools}, {"tool_choice", kNamedG},
+                                              {"chat_template_kwargs", {{"thinking_effort", "high"}}},
+                                              {"response_format", {{"type", "json_object"}}}}),
+                                   &param)
+                     .value();
+  EXPECT_EQ(r.forced_tool, "g");
+  EXPECT_EQ(r.chat.tool_choice, ToolChoice::kRequired);
+  EXPECT_EQ(r.chat.tools_json, Json({kTools[1]}).dump());  // only the named function is declared
+  EXPECT_FALSE(r.parse_tool_calls);                        // K3 output is parsed from ids, not K2 text
+  const std::string prompt = k3_tokenizer().decode(request_prompt_ids(r, &k3_tokenizer(), ChatFormat::kK3).value());
+  for (const char* want : {"`tool_choice=required`", "`thinking_effort=high`", "`response_format=json_object`",
+                           "\"name\":\"g\"", "<|open|>think<|sep|>"})
+    EXPECT_NE(prompt.find(want), std::string::npos) << want << " not in " << prompt;
+  EXPECT_EQ(prompt.find("\"name\":\"f\""), std::string::npos);
+  ApiRequest off = parse_api_request(ApiKind::kChat, ChatFormat::kK3, chat_body({{"thinking", false}}), &param).value();
+  const std::string off_prompt = k3_tokenizer().decode(request_prompt_ids(off, &k3_tokenizer(), ChatFormat::kK3).value());
+  EXPECT_EQ(off_prompt.find("thinking_effort"), std::string::npos);
+  EXPECT_EQ(off_prompt.substr(off_prompt.size() - 23), "<|open|>response<|sep|>");
 }
 
 TEST(OpenAIError, StatusesAndShape) {
@@ -190,8 +277,8 @@ TEST(ToolCalls, StreamingEqualsOneShotForAnyDeltaBoundaries) {
 TEST(OpenAIResponse, ChatToolCallsUsageAndLogprobs) {
   std::string param;
   Json body = chat_body({{"tools", {{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}, {"logprobs", true}});
-  ApiRequest req = parse_api_request(ApiKind::kChat, body, &param).value();
-  ResponseBuilder b(req, "chatcmpl-1", "m", nullptr);
+  ApiRequest req = parse_api_request(ApiKind::kChat, ChatFormat::kKimiK2, body, &param).value();
+  ResponseBuilder b(req, ChatFormat::kKimiK2, "chatcmpl-1", "m", nullptr);
   std::string all;
   for (const std::string& p : kToolPieces) all += p;
   EngineEvent e;
@@ -215,12 +302,12 @@ TEST(OpenAIResponse, ChatToolCallsUsageAndLogprobs) {
 
 TEST(OpenAIResponse, CompletionChunksAndUsage) {
   std::string param;
-  ApiRequest req = parse_api_request(ApiKind::kCompletion,
+  ApiRequest req = parse_api_request(ApiKind::kCompletion, ChatFormat::kKimiK2,
                                      Json{{"prompt", "x"}, {"logprobs", 1}, {"stream", true},
                                           {"stream_options", {{"include_usage", true}}}},
                                      &param)
                        .value();
-  ResponseBuilder b(req, "cmpl-1", "m", nullptr);
+  ResponseBuilder b(req, ChatFormat::kKimiK2, "cmpl-1", "m", nullptr);
   EXPECT_TRUE(b.opening_chunks().empty());
   EngineEvent e1, e2;
   e1.text = "ab";
@@ -242,6 +329,107 @@ TEST(OpenAIResponse, CompletionChunksAndUsage) {
   EXPECT_EQ(r["choices"][0]["text"], "abc");
   EXPECT_EQ(r["choices"][0]["logprobs"]["tokens"], Json({"a", "b", "c"}));
   EXPECT_EQ(r["choices"][0]["logprobs"]["text_offset"], Json({0, 1, 2}));
+}
+
+// A K3 assistant turn as the model writes it after the generation prompt (thinking on).
+std::vector<int32_t> k3_turn_ids(const std::string& reasoning, const std::string& content, const std::vector<ToolCall>& calls) {
+  const Tokenizer& tok = k3_tokenizer();
+  ChatOptions options;
+  options.thinking_effort = ThinkingEffort::kUnset;
+  const std::vector<int32_t> prompt = render_chat_ids(tok, ChatFormat::kK3, {}, options).value().ids;
+  options.add_generation_prompt = false;
+  ChatMessage m{"assistant", content, calls, "", ""};
+  m.reasoning = reasoning;
+  std::vector<int32_t> turn = render_chat_ids(tok, ChatFormat::kK3, {m}, options).value().ids;
+  KL_CHECK(std::equal(prompt.begin(), prompt.end(), turn.begin()));
+  turn.erase(turn.begin(), turn.begin() + static_cast<std::ptrdiff_t>(prompt.size()));
+  turn.pop_back();  // <|end_of_msg|>: the engine stops on it without emitting it
+  return turn;
+}
+
+struct Streamed {
+  std::string reasoning, content, finish;
+  std::map<int, std::string> names, ids, args;
+  Json response;
+};
+
+// Feeds `ids` to a K3 chat ResponseBuilder in events of `group` tokens and collects the deltas.
+Streamed stream_k3(const std::vector<int32_t>& ids, size_t group, const Json& extra) {
+  std::string param;
+  ApiRequest req = parse_api_request(ApiKind::kChat, ChatFormat::kK3, chat_body(extra), &param).value();
+  ResponseBuilder b(req, ChatFormat::kK3, "chatcmpl-1", "m", &k3_tokenizer());
+  StreamDecoder dec(k3_tokenizer());
+  Streamed out;
+  for (size_t i = 0; i < ids.size(); i += group) {
+    EngineEvent e;
+    for (size_t k = i; k < std::min(ids.size(), i + group); ++k) {
+      const std::string text = dec.push(ids[k]);
+      e.text += text;
+      e.tokens.push_back(TokenOutput{ids[k], text, Sampled{ids[k], 0, {}}});
+    }
+    if (i + group >= ids.size()) e.finish = FinishReason::kStop;
+    for (const Json& chunk : b.chunks(e)) {
+      const Json& ch = chunk["choices"][0];
+      const Json& d = ch["delta"];
+      out.reasoning += d.value("reasoning_content", "");
+      out.content += d.value("content", "");
+      for (const Json& t : d.value("tool_calls", Json::array())) {
+        const int index = t["index"];
+        if (t.contains("id")) {
+          EXPECT_FALSE(out.names.count(index)) << "call " << index << " announced twice";
+          out.names[index] = t["function"]["name"];
+          out.ids[index] = t["id"];
+        }
+        out.args[index] += t["function"]["arguments"].get<std::string>();
+      }
+      if (!ch["finish_reason"].is_null()) out.finish = ch["finish_reason"];
+    }
+  }
+  out.response = b.response(RequestStats{});
+  return out;
+}
+
+TEST(OpenAIResponse, K3TurnStreamsReasoningContentAndToolCalls) {
+  const std::vector<ToolCall> calls{{"", "get_weather", R"({"city": "Paris", "days": 3})"}, {"", "get_time", R"({"tz": "CET"})"}};
+  const std::vector<int32_t> ids = k3_turn_ids("I should call both. Ça va?", "Checking both — 天气.", calls);
+  for (size_t group : {size_t{1}, size_t{2}, size_t{5}, ids.size()}) {
+    const Streamed s = stream_k3(ids, group, {{"tools", kTools}});
+    EXPECT_EQ(s.reasoning, "I should call both. Ça va?") << group;
+    EXPECT_EQ(s.content, "Checking both — 天气.") << group;
+    EXPECT_EQ(s.finish, "tool_calls") << group;
+    EXPECT_EQ(s.names, (std::map<int, std::string>{{0, "get_weather"}, {1, "get_time"}})) << group;
+    EXPECT_EQ(s.ids, (std::map<int, std::string>{{0, "functions.get_weather:0"}, {1, "functions.get_time:1"}})) << group;
+    EXPECT_EQ(s.args, (std::map<int, std::string>{{0, R"({"city":"Paris","days":3})"}, {1, R"({"tz":"CET"})"}})) << group;
+    const Json& m = s.response["choices"][0]["message"];
+    EXPECT_EQ(m["reasoning_content"], s.reasoning);
+    EXPECT_EQ(m["content"], s.content);
+    ASSERT_EQ(m["tool_calls"].size(), 2u);
+    EXPECT_EQ(m["tool_calls"][1]["function"]["arguments"], R"({"tz":"CET"})");
+    EXPECT_EQ(s.response["choices"][0]["finish_reason"], "tool_calls");
+  }
+}
+
+TEST(OpenAIResponse, K3ForcedToolWithoutCallAndBrokenOutput) {
+  // tool_choice asked for a call; the model answered in text: a plain answer, finish_reason stop.
+  const Streamed plain = stream_k3(k3_turn_ids("", "No tool needed.", {}), 3, {{"tools", kTools}, {"tool_choice", "required"}});
+  EXPECT_EQ(plain.content, "No tool needed.");
+  EXPECT_EQ(plain.finish, "stop");
+  EXPECT_TRUE(plain.names.empty());
+  EXPECT_FALSE(plain.response["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_TRUE(plain.response["choices"][0]["message"]["reasoning_content"].is_null());
+  // Output that breaks the grammar after the response element: nothing is lost, the rest passes through.
+  std::vector<int32_t> ids = k3_turn_ids("", "Start.", {});
+  const int32_t close = *k3_tokenizer().special_id("<|close|>");
+  ids.erase(std::find(ids.rbegin(), ids.rend(), close).base() - 1, ids.end());  // drop <|close|>message<|sep|>
+  const std::vector<int32_t> bad = k3_tokenizer().encode("<|open|>bogus<|sep|>tail", Tokenizer::Specials::kParse);
+  ids.insert(ids.end(), bad.begin(), bad.end());
+  for (size_t group : {size_t{1}, ids.size()}) {
+    const Streamed s = stream_k3(ids, group, Json::object());
+    EXPECT_NE(s.content.find("Start."), std::string::npos) << group << ": " << s.content;
+    EXPECT_NE(s.content.find("bogus"), std::string::npos) << group << ": " << s.content;
+    EXPECT_NE(s.content.find("tail"), std::string::npos) << group << ": " << s.content;
+    EXPECT_EQ(s.response["choices"][0]["message"]["content"], s.content) << group;
+  }
 }
 
 }  // namespace

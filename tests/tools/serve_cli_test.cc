@@ -75,5 +75,25 @@ TEST(CliRun, ThousandLinesInOrderWithMalformedOnesSkipped) {
   }
 }
 
+// The cache budget by memory fraction (on the CPU only when asked for): sized, reported, served;
+// with --cache-memory too it is refused, naming both flags.
+TEST(CliRun, CacheBudgetByMemoryFraction) {
+  const testing::ScratchDir dir;
+  const std::string model = testing::fixture_path("kimi-linear-tiny/model");
+  std::ofstream(dir.file("in.jsonl")) << R"({"prompt_ids": [1, 2, 3]})" << "\n" << R"({"prompt_ids": [4]})" << "\n";
+  const std::string io = " --input " + dir.file("in.jsonl") + " --output " + dir.file("out.jsonl") + " --max-tokens 2 --ignore-eos";
+  const testing::CliRun ok = testing::run_cli("run --model " + model + io + " --max-num-tokens 64 --gpu-memory-utilization 0.5");
+  EXPECT_EQ(ok.exit_code, 0) << ok.all();
+  EXPECT_NE(ok.err.find("cache budget"), std::string::npos) << ok.err;
+  EXPECT_NE(ok.err.find("0.50 of the"), std::string::npos) << ok.err;
+  EXPECT_NE(ok.err.find("2 requests"), std::string::npos) << ok.err;
+  const testing::CliRun both = testing::run_cli("run --model " + model + io + " --cache-memory 8M --gpu-memory-utilization 0.5");
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.err.find("--cache-memory or --gpu-memory-utilization"), std::string::npos) << both.err;
+  const testing::CliRun range = testing::run_cli("run --model " + model + io + " --gpu-memory-utilization 1.5");
+  EXPECT_NE(range.exit_code, 0);
+  EXPECT_NE(range.err.find("--gpu-memory-utilization"), std::string::npos) << range.err;
+}
+
 }  // namespace
 }  // namespace klinear

@@ -20,6 +20,7 @@
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "model/model.h"
+#include "runtime/cache_budget.h"
 #include "runtime/chat_session.h"
 #include "runtime/engine.h"
 #include "runtime/model_runner.h"
@@ -60,7 +61,8 @@ Result<uint64_t> parse_bytes(const std::string& text, const std::string& flag) {
 struct EngineArgs {
   std::string model_dir, device = "cpu", dtype, tokenizer;
   int64_t max_num_tokens = 2048, max_num_seqs = 16, page_size = 64;
-  std::string cache_memory = "0";
+  std::string cache_memory;                        // empty: by memory fraction on CUDA, else the Cache's default
+  std::optional<double> gpu_memory_utilization;    // the fraction (0.9 on CUDA when not given)
   bool no_prefix_cache = false;
   int64_t prefix_snapshot_interval = 256;
 };
@@ -74,7 +76,13 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
   sub->add_option(max_seqs_flag, a.max_num_seqs, "sequences running at once (state slots)")->capture_default_str();
   sub->add_option("--cache-memory", a.cache_memory, "memory for the caches: state slots first, the rest latent pages "
                                                     "(bytes, or with K/M/G/T; 0: room for every sequence at the full "
-                                                    "context, at most a quarter of the free memory)")->capture_default_str();
+                                                    "context, at most a quarter of the free memory; not given: "
+                                                    "--gpu-memory-utilization on CUDA, 0 on the CPU)");
+  sub->add_option("--gpu-memory-utilization", a.gpu_memory_utilization,
+                  "without --cache-memory: the fraction of the device memory free at start-up that weights, the step "
+                  "arena (profiled with a step of --max-num-tokens) and the caches may use; the caches get what is "
+                  "left (default 0.9 on CUDA; on the CPU only when given)")
+      ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--page-size", a.page_size, "tokens per latent cache page")->capture_default_str();
   sub->add_flag("--no-prefix-cache", a.no_prefix_cache,
                 "turn prefix caching off (on by default: prompt pages and KDA state snapshots are kept for reuse, with "
@@ -93,14 +101,31 @@ struct Serving {
 };
 
 Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char* cmd) {
-  KL_ASSIGN_OR_RETURN(uint64_t memory, parse_bytes(a.cache_memory, "--cache-memory"));
+  uint64_t memory = 0;
+  if (!a.cache_memory.empty()) {
+    KL_ASSIGN_OR_RETURN(memory, parse_bytes(a.cache_memory, "--cache-memory"));
+  }
   if (a.max_num_tokens < 1) return Status::InvalidArgument("--max-num-tokens must be >= 1");
   BackendOptions bo;
   KL_ASSIGN_OR_RETURN(bo.device, parse_device(a.device));
   KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(!a.dtype.empty() ? a.dtype : bo.device == Device::kCuda ? "bfloat16" : "float32"));
+  if (!a.cache_memory.empty() && a.gpu_memory_utilization)
+    return Status::InvalidArgument("give --cache-memory or --gpu-memory-utilization, not both");
+  const bool by_fraction = a.cache_memory.empty() && (bo.device == Device::kCuda || a.gpu_memory_utilization);
   Serving s;
   KL_ASSIGN_OR_RETURN(s.backend, make_backend(bo));
+  const uint64_t free_at_start = s.backend->available_bytes();
   KL_ASSIGN_OR_RETURN(s.model, Model::load(a.model_dir, *s.backend));
+  if (by_fraction) {
+    KL_RETURN_IF_ERROR(profile_step(*s.model, a.max_num_tokens, a.max_num_seqs, a.page_size));
+    const MemoryFraction f{a.gpu_memory_utilization.value_or(0.9), free_at_start, s.backend->available_bytes()};
+    auto budget = cache_budget(f);
+    if (!budget.ok()) return budget.status().with_context("--gpu-memory-utilization");
+    memory = *budget;
+    std::fprintf(stderr, "klinear %s: cache budget %.1f MiB: %.2f of the %.1f MiB free at start-up, less %.1f MiB of weights "
+                 "and step arena\n", cmd, memory / 1048576.0, f.fraction, f.free_at_start / 1048576.0,
+                 (f.free_at_start - std::min(f.free_at_start, f.free_after_load)) / 1048576.0);
+  }
   const std::string tok_dir = a.tokenizer.empty() ? a.model_dir : a.tokenizer;
   auto tok = Tokenizer::load(tok_dir);
   if (tok.ok()) s.tokenizer = std::make_unique<Tokenizer>(std::move(tok).value());
@@ -222,7 +247,7 @@ int run_run(const RunArgs& a) {
     if (merged.contains("prompt_ids")) merged["prompt"] = merged["prompt_ids"];
     const ApiKind kind = merged.contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
     std::string param;
-    auto req = parse_api_request(kind, merged, &param);
+    auto req = parse_api_request(kind, s->format, merged, &param);
     if (!req.ok()) {
       skip(req.status());
       continue;
