@@ -9,7 +9,8 @@
 # 4. runs `klinear generate --device cuda` on the fixture models: float32 must give the CPU's
 #    greedy ids, bfloat16 must run (its ids are logged beside the CPU's); then the
 #    Kimi-Linear-48B-A3B config with dummy weights: info, generate, and model_bench (prefill 8k,
-#    decode at batch 1, 64 and 256 with 4k positions of context each);
+#    decode at batch 1, 64 and 256 with 4k positions of context each), and `klinear run` over
+#    1,000 lines plus `klinear bench-serve` against `klinear serve` on it (serve_48b);
 # 5. runs the benchmarks: bench/cuda/ops_bench (klinear) and bench/cuda/fla_bench.py (FLA) on the
 #    same shapes;
 # 6. runs compute-sanitizer memcheck over the GPU tests (capped: see memcheck below);
@@ -110,6 +111,38 @@ e2e_48b() {  # the Kimi-Linear-48B-A3B config with dummy weights made on the GPU
     --batch 256 --context 4096 "$dir"
 }
 step e2e_48b e2e_48b
+
+serve_48b() {  # issue 8 on the 48B dummy: `klinear run` over 1,000 lines, then bench-serve against `klinear serve`
+  local dir=/tmp/klinear-48b port=18080 rc=0
+  [ -f "$dir/config.json" ] || build-gpu/klinear init --preset kimi-linear-48b-a3b --config-only --out "$dir" || return 1
+  python3 -c "
+import json, random
+r = random.Random(7)
+with open('/tmp/klinear-run.jsonl', 'w') as f:
+    for i in range(1000):
+        f.write(json.dumps({'id': f'l{i}', 'prompt_ids': [r.randrange(1, 160000) for _ in range(r.randrange(16, 256))]}) + '\n')
+"
+  build-gpu/klinear run --model "$dir" --load-format dummy --device cuda --input /tmp/klinear-run.jsonl \
+    --output /tmp/klinear-run.out.jsonl --max-batch 256 --max-num-tokens 8192 --max-tokens 32 --ignore-eos || rc=1
+  echo "run: $(wc -l </tmp/klinear-run.out.jsonl) result lines"
+  build-gpu/klinear serve --model "$dir" --load-format dummy --device cuda --port $port --max-num-seqs 256 \
+    --max-num-tokens 8192 --max-queue 4096 >"$out/serve_48b_server.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 300); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break; sleep 1; done
+  # KLINEAR_SERVE_MATRIX: "streams:input:output:prefix ..." (the issue's matrix is 1/16/64/256 streams x
+  # 8k/1k and 1k/1k x prefix 0/4k; the default is what fits one call)
+  local cfg
+  for cfg in ${KLINEAR_SERVE_MATRIX:-1:1024:128:0 64:1024:1024:0 256:8192:1024:0 256:8192:1024:4096}; do
+    IFS=: read -r c l k p <<<"$cfg"
+    echo "== bench-serve concurrency $c input $l output $k prefix $p"
+    timeout 240 build-gpu/klinear bench-serve --url "http://127.0.0.1:$port" --concurrency "$c" --requests "$c" \
+      --input-len "$l" --output-len "$k" --prefix-len "$p" || rc=1
+  done
+  kill -INT $pid
+  wait $pid || rc=1
+  return $rc
+}
+step serve_48b serve_48b
 step ops_bench build-gpu/ops_bench all
 step fla_bench env PYTHONUNBUFFERED=1 python3 bench/cuda/fla_bench.py all
 if [ "${KLINEAR_GPU_CHECK_CPU:-0}" = 1 ]; then
@@ -147,6 +180,9 @@ step memcheck_models memcheck '*cuda_f32:*cuda_bf16-Backends/*'
   echo
   echo "## Kimi-Linear-48B-A3B dummy (model_bench)"
   grep -A4 '^model ' "$out/e2e_48b.log" 2>/dev/null || echo "(no table)"
+  echo
+  echo "## klinear run + bench-serve on the 48B dummy"
+  cat "$out/serve_48b.log" 2>/dev/null | grep -v '^\s*$' | tail -60
   echo
   echo "## memcheck"
   grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out"/memcheck_*.log | tail -10

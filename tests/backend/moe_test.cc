@@ -71,7 +71,9 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
       }
     }
     ASSERT_EQ(used[c.num_experts - 1] + used[c.num_experts - 2], 0);
-    if (c.picks == Picks::kHot) ASSERT_EQ(used[0], n);
+    if (c.picks == Picks::kHot) {
+      ASSERT_EQ(used[0], n);
+    }
 
     Tensor expect = Tensor::zeros(DType::kF32, {n, dout});
     for (int64_t t = 0; t < n; ++t)

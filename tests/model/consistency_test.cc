@@ -100,8 +100,9 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   const Tensor dec = on_row(one_by_one);
   for (int64_t i = 3; i < 75; ++i)
     ASSERT_TRUE(testing::all_close(dec.rows(i, i + 1), all.rows(i, i + 1), tol)) << "decode position " << i;
-  if (row.device != Device::kCpu)
+  if (row.device != Device::kCpu) {
     EXPECT_TRUE(testing::all_close(all, reference, row.dtype == DType::kF32 ? row.model_tol : tol)) << "against the CPU";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

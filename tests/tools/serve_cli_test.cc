@@ -95,5 +95,26 @@ TEST(CliRun, CacheBudgetByMemoryFraction) {
   EXPECT_NE(range.err.find("--gpu-memory-utilization"), std::string::npos) << range.err;
 }
 
+// --load-format dummy: config.json alone (`init --config-only`), weights made on the device.
+TEST(CliRun, DummyWeightsFromConfigAlone) {
+  const testing::ScratchDir dir;
+  const testing::CliRun init = testing::run_cli("init --preset kimi-linear-tiny --config-only --out " + dir.file("m"));
+  ASSERT_EQ(init.exit_code, 0) << init.all();
+  std::ofstream(dir.file("in.jsonl")) << R"({"prompt_ids": [1, 2, 3]})" << "\n";
+  const std::string io = " --input " + dir.file("in.jsonl") + " --output " + dir.file("out.jsonl") + " --max-tokens 3 --ignore-eos";
+  const testing::CliRun missing = testing::run_cli("run --model " + dir.file("m") + io);
+  EXPECT_NE(missing.exit_code, 0) << "no safetensors: the default load format must fail";
+  const testing::CliRun ok = testing::run_cli("run --model " + dir.file("m") + io + " --load-format dummy");
+  ASSERT_EQ(ok.exit_code, 0) << ok.all();
+  std::ifstream out(dir.file("out.jsonl"));
+  std::string line;
+  ASSERT_TRUE(std::getline(out, line));
+  const Json j = parse_json(line, "output").value();
+  EXPECT_EQ(j["ids"].size(), 3u) << line;
+  const testing::CliRun bad = testing::run_cli("run --model " + dir.file("m") + io + " --load-format pickle");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("pickle"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace klinear

@@ -59,7 +59,7 @@ Result<uint64_t> parse_bytes(const std::string& text, const std::string& flag) {
 
 // ---- shared engine set-up
 struct EngineArgs {
-  std::string model_dir, device = "cpu", dtype, tokenizer;
+  std::string model_dir, device = "cpu", dtype, tokenizer, load_format = "safetensors";
   int64_t max_num_tokens = 2048, max_num_seqs = 16, page_size = 64;
   std::string cache_memory;                        // empty: by memory fraction on CUDA, else the Cache's default
   std::optional<double> gpu_memory_utilization;    // the fraction (0.9 on CUDA when not given)
@@ -72,6 +72,9 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
   sub->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   sub->add_option("--dtype", a.dtype, "float32 or bfloat16 (default: float32 on the CPU, bfloat16 on CUDA)");
   sub->add_option("--tokenizer", a.tokenizer, "tokenizer directory (default: the model directory, if it has one)");
+  sub->add_option("--load-format", a.load_format,
+                  "safetensors, or dummy: seeded random weights made on the device from config.json alone")
+      ->capture_default_str();
   sub->add_option("--max-num-tokens", a.max_num_tokens, "tokens per engine step (decodes + prefill chunks)")->capture_default_str();
   sub->add_option(max_seqs_flag, a.max_num_seqs, "sequences running at once (state slots)")->capture_default_str();
   sub->add_option("--cache-memory", a.cache_memory, "memory for the caches: state slots first, the rest latent pages "
@@ -115,7 +118,8 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   Serving s;
   KL_ASSIGN_OR_RETURN(s.backend, make_backend(bo));
   const uint64_t free_at_start = s.backend->available_bytes();
-  KL_ASSIGN_OR_RETURN(s.model, Model::load(a.model_dir, *s.backend));
+  KL_ASSIGN_OR_RETURN(const LoadFormat format, parse_load_format(a.load_format));
+  KL_ASSIGN_OR_RETURN(s.model, Model::load(a.model_dir, *s.backend, format));
   if (by_fraction) {
     KL_RETURN_IF_ERROR(profile_step(*s.model, a.max_num_tokens, a.max_num_seqs, a.page_size));
     const MemoryFraction f{a.gpu_memory_utilization.value_or(0.9), free_at_start, s.backend->available_bytes()};
