@@ -123,30 +123,90 @@ void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
   }
 }
 
+// The layout's device arrays as persistent tensors, so a timed MLA call (and a graph that captures
+// it) reads them without a per-step upload.
+void persistent_layout(cuda::CudaBackend& be, SeqLayout& l) {
+  auto put = [&](const std::vector<int32_t>& v) {
+    const Tensor t = be.alloc_persistent(DType::kI32, {static_cast<int64_t>(v.size())});
+    cudaMemcpy(t.data(), v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+    return t;
+  };
+  l.dev.cu_seqlens = put(l.cu_seqlens);
+  l.dev.cached = put(l.cached);
+  l.dev.slots = put(l.slots);
+  l.dev.page_table = put(l.page_table).view({l.num_seqs(), l.max_pages});
+}
+
+// Median milliseconds of one replay of `fn` captured as a CUDA graph (what the decode step will
+// run), or a negative value with the error printed when capture fails.
+double graph_ms(cuda::CudaBackend& be, const std::function<void()>& fn) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t err = cudaStreamBeginCapture(be.stream(), cudaStreamCaptureModeThreadLocal);
+  if (err == cudaSuccess) {
+    fn();
+    err = cudaStreamEndCapture(be.stream(), &graph);
+  }
+  if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+  if (err != cudaSuccess) {
+    std::printf("| graph capture failed: %s |\n", cudaGetErrorString(err));
+    return -1.0;
+  }
+  const double ms = time_ms(be, [&] { cudaGraphLaunch(exec, be.stream()); });
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return ms;
+}
+
+// MLA at the Kimi-Linear shape (32 heads, q/k 128 + 64, v 128, latent 512 + 64, pages of 64).
+// Decode: batch × context, bytes = the latent cache read once + kv_b, FLOP = the absorbed products
+// (q'·k over 576, p·v over 512); eager (step rewind + the op) and replayed as a CUDA graph.
+// Prefill: 8k new tokens, FLOP = the causal attention products of the expanded form (q·k over 192,
+// p·v over 128, half the square); the time also holds the page gather and the kv_b expansion GEMM.
 void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const int64_t H = 32, n = 128, r = 64, c = 512, vd = 128, ps = 64;
+  const Tensor kvb = be.upload(random_host({H * (n + vd), c}, gen, -0.05f, 0.05f), DType::kBF16);
+  const float scale = 1.0f / std::sqrt(192.0f);
   for (int64_t batch : {1, 64}) {
     for (int ctx : {4096, 32768}) {
       SeqLayout layout = layout_for(std::vector<int>(batch, 1), std::vector<int>(batch, ctx - 1), ps);
-      be.begin_step();
-      be.upload_layout(layout);
+      persistent_layout(be, layout);
       const int64_t pages_n = batch * layout.max_pages;
       const Tensor pages = be.upload(random_host({pages_n, ps, c + r}, gen), DType::kBF16);
       const Tensor q = be.upload(random_host({batch, H, n + r}, gen), DType::kBF16);
-      const Tensor kvb = be.upload(random_host({H * (n + vd), c}, gen, -0.05f, 0.05f), DType::kBF16);
       const Tensor o = be.alloc_persistent(DType::kBF16, {batch, H, vd});
-      const MlaArgs args{q, pages, kvb, 1.0f / std::sqrt(192.0f), o};
-      const double ms = time_ms(be, [&] {
+      const MlaArgs args{q, pages, kvb, scale, o};
+      auto step = [&] {
         be.begin_step();
-        be.upload_layout(layout);
         be.mla_decode(args, layout);
-      });
+      };
       const double bytes = double(batch) * ctx * (c + r) * 2 + H * (n + vd) * c * 2.0;
       const double flop = double(batch) * H * ctx * (2.0 * (c + r) + 2.0 * c);
       char shape[64];
       std::snprintf(shape, sizeof shape, "batch=%lld ctx=%d H=32 page=64", (long long)batch, ctx);
-      row("mla_decode (absorbed)", shape, ms, flop, bytes);
+      row("mla_decode eager", shape, time_ms(be, step), flop, bytes);
+      const double g = graph_ms(be, step);
+      if (g > 0) row("mla_decode graph", shape, g, flop, bytes);
     }
+  }
+  {
+    const int t = 8192;
+    SeqLayout layout = layout_for({t}, {0}, ps);
+    persistent_layout(be, layout);
+    const Tensor pages = be.upload(random_host({layout.max_pages, ps, c + r}, gen), DType::kBF16);
+    const Tensor q = be.upload(random_host({t, H, n + r}, gen), DType::kBF16);
+    const Tensor o = be.alloc_persistent(DType::kBF16, {t, H, vd});
+    const MlaArgs args{q, pages, kvb, scale, o};
+    const double ms = time_ms(
+        be,
+        [&] {
+          be.begin_step();
+          be.mla_prefill(args, layout);
+        },
+        1, 5);
+    const double flop = double(H) * t * (t + 1) / 2.0 * 2.0 * ((n + r) + vd);
+    const double bytes = double(t) * (c + r) * 2 + double(t) * H * (n + r + vd) * 2 + H * (n + vd) * c * 2.0;
+    row("mla_prefill (causal)", "T=8192 H=32 qk=192 v=128", ms, flop, bytes);
   }
 }
 

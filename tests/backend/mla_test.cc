@@ -2,7 +2,8 @@
 // mla_cache_write, then the expanded (prefill) and absorbed (decode) forms against a plain
 // per-head, per-position reference, over a case table of steps (decode rows, multi-token rows with
 // cached positions, several sequences with scattered pages, q-head widths with and without a rope
-// part, page sizes that do and do not divide the lengths).
+// part, page sizes that do and do not divide the lengths, and the model's latent shape 512 + 64,
+// which the CUDA bf16 decode runs on tensor cores). Outputs are poisoned before each op.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -68,10 +69,26 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
       {{1, 13, 1, 64}, {100, 0, 3, 64}, 2, 16, 8, 16, 32, 7},
       // Long cached contexts (a GPU decode splits them over blocks) beside a short one.
       {{1, 1, 2}, {1000, 70, 0}, 2, 16, 8, 16, 32, 16},
+      // The latent shape 512 + 64: one key; a head count past one 32-head tile and not a multiple
+      // of it beside keys in one page and in exactly 65; several query rows of one sequence, 127 and
+      // 1004 keys (not multiples of the 64-key tile) over scattered pages of 16; a long context split
+      // over many blocks.
+      {{1}, {0}, 3, 16, 64, 16, 512, 64},
+      {{1, 1, 1}, {1200, 0, 64}, 36, 8, 64, 8, 512, 64},
+      {{1, 4, 2}, {126, 1000, 0}, 4, 16, 64, 16, 512, 16},
+      {{1}, {4999}, 2, 8, 64, 8, 512, 64},
+      // The head shape q/k 128 + 64, v 128, which the CUDA bf16 prefill runs on tensor cores: query
+      // tiles of 64 rows with a partial last one, prefill rows after cached positions, one row
+      // alone; with the latent 512 + 64 both forms take their tensor-core kernels.
+      {{130, 1, 64}, {0, 1000, 7}, 3, 128, 64, 128, 64, 16},
+      {{1}, {0}, 1, 128, 64, 128, 32, 64},
+      {{1, 70}, {63, 1000}, 2, 128, 64, 128, 512, 64},
   };
   std::mt19937_64 rng(testing::fresh_seed());
   for (const MlaCase& c : cases) {
-    const int64_t width = c.latent + c.rope, pages = 80;
+    const int64_t width = c.latent + c.rope;
+    int64_t pages = 3;  // a few more than the sequences use
+    for (size_t b = 0; b < c.lens.size(); ++b) pages += (c.cached[b] + c.lens[b] + c.page_size - 1) / c.page_size;
     SeqLayout layout = testing::make_layout(c.lens, c.cached, std::vector<int32_t>(c.lens.size(), 0), c.page_size, pages, rng);
     be().upload_layout(layout);
     const int64_t n = layout.num_rows(), B = layout.num_seqs();
