@@ -65,6 +65,7 @@ struct Shared {
 __device__ void select(const RowArgs& a, float mx, float inv_t, bool by_weight, uint64_t target, Shared& s) {
   const int tid = threadIdx.x, lane = tid % 32;
   const float* l = a.logits + blockIdx.x * a.v;
+  __syncthreads();  // every thread has read the previous s.cut
   if (tid == 0) s.cut = Cut{0, target, 0, 0, 0};
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = tid; b < 256; b += kThreads) s.hist_n[b] = 0, s.hist_w[b] = 0;
@@ -152,15 +153,20 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(RowArgs a) {
     cut = s.cut;
   }
   if (p < 1.0f) {
-    // Σ_K w: the ids above the top-k key, plus the tied ids it keeps.
-    unsigned long long mine = 0;
-    for (int64_t i = tid; i < v; i += kThreads)
-      if (sample_key(l[i]) > cut.key) mine += sample_weight(l[i], mx, inv_t);
-    const unsigned long long above = cub::BlockReduce<unsigned long long, kThreads>(s.cub.sum).Sum(mine);
-    if (tid == 0) s.cut.above_w = above;
-    __syncthreads();
-    const uint64_t z = s.cut.above_w + cut.need * sample_weight(sample_key_value(cut.key), mx, inv_t);
-    __syncthreads();
+    // Σ_K w: the ids above the top-k key plus the tied ids it keeps (the selection summed those),
+    // or every id.
+    uint64_t z = 0;
+    if (cut.key != 0) {
+      z = cut.above_w + cut.need * sample_weight(sample_key_value(cut.key), mx, inv_t);
+    } else {
+      unsigned long long mine = 0;
+      for (int64_t i = tid; i < v; i += kThreads) mine += sample_weight(l[i], mx, inv_t);
+      const unsigned long long all = cub::BlockReduce<unsigned long long, kThreads>(s.cub.sum).Sum(mine);
+      if (tid == 0) s.cut.above_w = all;
+      __syncthreads();
+      z = s.cut.above_w;
+      __syncthreads();
+    }
     select(a, mx, inv_t, true, top_p_target(p, z), s);
     const Cut pc = s.cut;
     // The top-p prefix lies inside K, so its key is at least the top-k one.
