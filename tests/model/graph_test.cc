@@ -3,10 +3,13 @@
 // over many decode steps whose batch sizes move between buckets (exact ones and padded ones), so
 // each bucket's graph is captured once and replayed while every context grows across page
 // boundaries (8-position pages). On the fixtures' models and a random config; the CPU rows run
-// the same padded steps eagerly (both sides), the CUDA rows compare replay with eager.
+// the same padded steps eagerly (both sides), the CUDA rows compare replay with eager. And
+// Backend::run_graph itself: a replay reads what write() put in the fixed buffers since, and a
+// body that reads the host fails its capture with a Status naming the op.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 
 #include "backend_cases.h"
 #include "io/presets.h"
@@ -114,6 +117,43 @@ TEST_P(GraphReplay, EqualsEagerAcrossBucketsAndPages) {
     EXPECT_EQ(s->cache->free_pages(), s->cache->sizes().pages);
   }
 }
+
+class RunGraph : public testing::BackendTest {};
+
+TEST_P(RunGraph, ReplaysReadTheFixedBuffersAndHostReadsFailCapture) {
+  const int64_t n = 1000;
+  const Tensor in = be().alloc_persistent(DType::kF32, {n}), out = be().alloc_persistent(DType::kF32, {n});
+  for (int call = 0; call < 4; ++call) {  // eager, capture, replay, replay
+    be().begin_step();
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(call * n + i);
+    be().write(Tensor::wrap(DType::kF32, {n}, v.data(), nullptr, Device::kCpu), in);
+    be().fill(out, std::numeric_limits<float>::quiet_NaN());
+    ASSERT_TRUE(be().run_graph(7, [&] {
+                  const Tensor tmp = be().alloc(DType::kF32, {n});
+                  be().copy(in, tmp);
+                  be().add(tmp, tmp);
+                  be().copy(tmp, out);
+                }).ok());
+    const Tensor h = host(out);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h.f32()[i], 2.0f * v[i]) << "call " << call << " element " << i;
+  }
+  // A body reading the host: the CPU runs it; CUDA runs it eagerly once, then its capture fails.
+  bool failed = false;
+  for (int call = 0; call < 2 && !failed; ++call) {
+    be().begin_step();
+    const Status s = be().run_graph(8, [&] { (void)host(in); });
+    failed = !s.ok();
+    if (failed) {
+      EXPECT_EQ(call, 1) << "the first call runs eagerly";
+      EXPECT_NE(s.message().find("to_host"), std::string::npos) << s.to_string();
+    }
+  }
+  EXPECT_EQ(failed, GetParam().device == Device::kCuda);
+  be().clear_graphs();
+}
+
+KL_BACKEND_SUITE(RunGraph);
 
 INSTANTIATE_TEST_SUITE_P(
     Models, GraphReplay,
