@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -112,6 +113,41 @@ struct MlaArgs {
   MlaArgs rows(int64_t r0, int64_t r1) const { return {q.rows(r0, r1), pages, kv_b, scale, out.rows(r0, r1)}; }
 };
 
+// Sampling of one token per row (docs/DESIGN.md "Sampling on the device"). For a row with a
+// non-finite logit the id is −1. temperature ≤ 0 is greedy: the lowest id among the largest
+// logits. Otherwise, with m the row's largest logit:
+//   weight w_i = floor(exp((l_i − m) · (1/t)) · 2^40), an integer (sample_weight in
+//     backend/sampling.h), so every sum below is exact whatever the order it is added in;
+//   ids ordered by logit, largest first, ties lowest id first; K = the first top_k of them (all
+//     when top_k is 0 or ≥ V);
+//   P = the shortest prefix of K whose weight reaches max(1, floor(top_p · Σ_K w)) (K when top_p ≥ 1);
+//   x = floor(u · Σ_P w / 2^64) for the 64 random bits u = sample_bits(seed, counter);
+//   the pick is the id i of P, walking P by ascending id, with Σ_{j∈P, j<i} w_j ≤ x < Σ_{j∈P, j≤i} w_j.
+// So a row's pick depends on its logits, parameters, seed and counter only: the same on every
+// backend and whatever else shares the step.
+struct SampleArgs {
+  Tensor logits;       // [R, V] F32
+  Tensor temperature;  // [R] F32; ≤ 0: greedy
+  Tensor top_k;        // [R] I32; 0: no limit
+  Tensor top_p;        // [R] F32 in (0, 1]; 1: no limit
+  Tensor seed;         // [R, 2] I32: low and high 32 bits of the row's 64-bit seed
+  Tensor counter;      // [R] I32 ≥ 0: which draw of the seed's stream (the token's index in its output)
+  Tensor ids;          // [R] I32 out
+};
+
+// One row of SampleArgs as the host holds it (what a request asks for).
+struct SampleRow {
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  int32_t counter = 0;
+};
+
+// Whether decode steps run as captured CUDA graphs (--cuda-graphs); the CPU always runs eagerly.
+enum class CudaGraphs { kOff, kOn };
+Result<CudaGraphs> parse_cuda_graphs(const std::string& name);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -157,6 +193,27 @@ class Backend {
   virtual void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width) = 0;
   // out [R, C] ← src [N, C] rows `rows` [R] (I32, each in [0, N)).
   virtual void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& out) = 0;
+  // dst ← host, an existing tensor of this backend with the same numel and dtype (F32 or I32):
+  // fills the fixed input buffers of a captured step before it is replayed.
+  virtual void write(const Tensor& host, const Tensor& dst) = 0;
+
+  // ---- step graphs (docs/DESIGN.md "The decode step as a CUDA graph")
+  // Runs `body` (calls of this backend's ops) as graph `key`. On the CPU, and on CUDA with
+  // CudaGraphs::kOff, that is body() every time. On CUDA with kOn: the first call of a key runs
+  // body() eagerly (the arena grows, GEMM plans are made), the second captures what body() issues
+  // and replays it, later calls replay without calling body(). A body must therefore be
+  // capturable: the same arena allocations and launches whatever the data (device inputs in fixed
+  // buffers, written with write() before the call), no host reads or syncs, no host→device
+  // copies, no arena growth. A capture that breaks one of these fails with a Status naming the
+  // op, and nothing is kept for the key. Tensors a body allocated stay valid (their memory is not
+  // handed out again) until clear_graphs(); after a replay the step allocates nothing more.
+  virtual Status run_graph(int64_t key, const std::function<void()>& body) {
+    (void)key;
+    body();
+    return Status();
+  }
+  // Forgets every graph (a new cache: the captured pools and buffers are gone).
+  virtual void clear_graphs() {}
 
   // ---- elementwise and small ops
   // out [N, C] ← table [V, C] rows ids [N] (I32, validated by the caller).
@@ -218,6 +275,9 @@ class Backend {
   // out [N, D] ← Σ_i softmax_i(ρ_i · (v_i · e)) · v_i over candidates v_i [N, D], with
   // ρ_i = rsqrt(mean(v_i²) + eps) and the effective query e [D] (F32).
   virtual void attn_res_read(std::span<const Tensor> candidates, const Tensor& e, float eps, const Tensor& out) = 0;
+
+  // ---- sampling (see SampleArgs)
+  virtual void sample(const SampleArgs& a) = 0;
 };
 
 // What make_backend builds: the device and the dtype of weights and activations (F32 or BF16;
@@ -225,6 +285,7 @@ class Backend {
 struct BackendOptions {
   Device device = Device::kCpu;
   DType dtype = DType::kF32;
+  CudaGraphs graphs = CudaGraphs::kOn;  // CUDA only
 };
 
 // The only place a device is chosen. kCpu always works; kCuda needs a CUDA build and a GPU.

@@ -19,6 +19,12 @@ Result<DType> parse_compute_dtype(const std::string& name) {
   return Status::InvalidArgument("dtype '" + name + "' is not one of: float32, bfloat16");
 }
 
+Result<CudaGraphs> parse_cuda_graphs(const std::string& name) {
+  if (name == "on") return CudaGraphs::kOn;
+  if (name == "off") return CudaGraphs::kOff;
+  return Status::InvalidArgument("--cuda-graphs '" + name + "' is not one of: on, off");
+}
+
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& o) {
   switch (o.device) {
     case Device::kCpu:
@@ -27,7 +33,7 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& o) {
       return std::unique_ptr<Backend>(std::make_unique<cpu::CpuBackend>());
     case Device::kCuda: {
 #ifdef KLINEAR_WITH_CUDA
-      auto be = cuda::CudaBackend::create(o.dtype);
+      auto be = cuda::CudaBackend::create(o.dtype, o.graphs);
       if (!be.ok()) return be.status();
       return std::unique_ptr<Backend>(std::move(be).value());
 #else

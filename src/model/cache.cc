@@ -1,6 +1,7 @@
 #include "model/cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 namespace klinear {
@@ -24,6 +25,11 @@ SeqLayout SeqLayout::part(int64_t b0, int64_t b1) const {
     p.snap_slot.push_back(snap_slot[k]);
   }
   return p;
+}
+
+Cache::Cache(const ModelConfig& config, Backend& backend) : config_(config), backend_(backend) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id++;
 }
 
 Result<std::unique_ptr<Cache>> Cache::create(const ModelConfig& c, Backend& be, const CacheOptions& o) {
@@ -59,12 +65,13 @@ Result<std::unique_ptr<Cache>> Cache::create(const ModelConfig& c, Backend& be, 
   cache->kda_states_.resize(c.num_layers);
   cache->conv_states_.resize(c.num_layers);
   cache->mla_pages_.resize(c.num_layers);
+  // One scratch slot and page past the counted ones (the padding of fixed-size decode steps).
   for (int64_t l = 0; l < c.num_layers; ++l) {
     if (c.mixer(l) == Mixer::kKda) {
-      cache->kda_states_[l] = be.alloc_persistent(DType::kF32, {s.slots, c.kda_heads, c.kda_head_dim, c.kda_head_dim});
-      cache->conv_states_[l] = be.alloc_persistent(be.activation_dtype(), {s.slots, c.conv_kernel - 1, 3 * P});
+      cache->kda_states_[l] = be.alloc_persistent(DType::kF32, {s.slots + 1, c.kda_heads, c.kda_head_dim, c.kda_head_dim});
+      cache->conv_states_[l] = be.alloc_persistent(be.activation_dtype(), {s.slots + 1, c.conv_kernel - 1, 3 * P});
     } else if (s.pages > 0) {
-      cache->mla_pages_[l] = be.alloc_persistent(be.activation_dtype(), {s.pages, o.page_size, latent});
+      cache->mla_pages_[l] = be.alloc_persistent(be.activation_dtype(), {s.pages + 1, o.page_size, latent});
     }
   }
   for (int64_t i = s.slots - 1; i >= 0; --i) cache->free_slots_.push_back(i);
@@ -270,6 +277,36 @@ Result<Batch> Cache::plan(std::span<const SeqStep> steps) {
   b.decode = L.part(0, num_decode);
   b.prefill = L.part(num_decode, L.num_seqs());
   return b;
+}
+
+int64_t Cache::max_pages_per_seq() const {
+  if (sizes_.pages == 0) return 0;
+  const int64_t context = config_.max_position_embeddings;
+  return context > 0 ? std::min<int64_t>(sizes_.pages, (context + sizes_.page_size - 1) / sizes_.page_size) : sizes_.pages;
+}
+
+void Cache::pad(Batch& b, int64_t seqs) const {
+  SeqLayout& L = b.layout;
+  const int64_t n = L.num_seqs(), cols = max_pages_per_seq();
+  KL_CHECK(b.num_decode == n && L.snap_seq.empty() && seqs >= n && L.max_pages <= cols &&
+               static_cast<int64_t>(b.logit_rows.size()) == n,
+           "pad: not a decode-only batch of at most " + std::to_string(seqs) + " sequences");
+  std::vector<int32_t> table(static_cast<size_t>(seqs * cols), -1);
+  for (int64_t s = 0; s < n; ++s)
+    std::copy_n(L.page_table.begin() + s * L.max_pages, L.max_pages, table.begin() + s * cols);
+  for (int64_t s = n; s < seqs; ++s) {
+    if (cols > 0) table[static_cast<size_t>(s * cols)] = static_cast<int32_t>(sizes_.pages);  // the scratch page
+    b.ids.push_back(0);
+    b.logit_rows.push_back(L.cu_seqlens.back());
+    L.cu_seqlens.push_back(L.cu_seqlens.back() + 1);
+    L.cached.push_back(0);
+    L.slots.push_back(static_cast<int32_t>(scratch_slot()));
+  }
+  L.page_table = std::move(table);
+  L.max_pages = cols;
+  b.num_decode = seqs;
+  b.decode = L.part(0, seqs);
+  b.prefill = L.part(seqs, seqs);
 }
 
 void Cache::advance(const Batch& batch) {

@@ -120,6 +120,19 @@ class Cache {
   // writes a shared page. `pages` must cover [0, tokens).
   Status adopt(SeqId seq, int64_t tokens, int64_t snapshot_slot, std::span<const int32_t> pages);
 
+  // Fixed-size decode steps (docs/DESIGN.md "The decode step as a CUDA graph"). The pools hold
+  // one state slot and one page more than sizes() counts, never handed out: the rows that pad a
+  // step run in them, so they touch no sequence's state.
+  int64_t scratch_slot() const { return sizes_.slots; }
+  // Columns of a padded step's page table: the most pages one sequence can hold (0 without MLA).
+  int64_t max_pages_per_seq() const;
+  // Pads a decode-only batch from plan() (no snapshots) to `seqs` sequences: each added one
+  // decodes token 0 at position 0 of the scratch slot and page, its logits row after the batch's;
+  // the page table gets max_pages_per_seq() columns. advance() leaves the added ones out.
+  void pad(Batch& batch, int64_t seqs) const;
+  // Unique to this cache among all caches of the process (what captured steps are keyed by).
+  uint64_t id() const { return id_; }
+
   // Validates a step (open sequences, each at most once, at least one id each, ids inside the
   // vocabulary, positions inside the context, snapshots at allowed positions into taken slots),
   // reserves the pages its new tokens need (all or none: ResourceExhausted when they do not fit)
@@ -135,12 +148,13 @@ class Cache {
     int64_t tokens = 0;
     std::vector<int32_t> pages;
   };
-  Cache(const ModelConfig& config, Backend& backend) : config_(config), backend_(backend) {}
+  Cache(const ModelConfig& config, Backend& backend);
   Sequence& get(SeqId seq);
   const Sequence& get(SeqId seq) const;
 
   ModelConfig config_;
   Backend& backend_;
+  uint64_t id_ = 0;
   CacheSizes sizes_;
   std::vector<Tensor> kda_states_, conv_states_, mla_pages_;  // by layer
   std::vector<Sequence> seqs_;                                // by SeqId

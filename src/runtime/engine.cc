@@ -199,10 +199,14 @@ void Engine::emit(Choice& c, Released out) {
   if (r.unfinished == 0) end_request(r, RequestEnd::kFinished, Status());
 }
 
-void Engine::post_process(Choice& c, std::span<const float> logits) {
+void Engine::post_process(Choice& c, std::span<const float> logits, std::optional<int32_t> drawn) {
   Request& r = *c.request;
   const Clock::time_point now = Clock::now();
-  const Sampled s = c.sampler.next(logits, r.spec.top_logprobs);
+  if (drawn && *drawn < 0) {
+    end_request(r, RequestEnd::kFailed, Status::Corruption("the logits of the step are not finite"));
+    return;
+  }
+  const Sampled s = drawn ? Sampled{*drawn, 0, {}} : c.sampler.next(logits, r.spec.top_logprobs);
   c.seq.tokens.push_back(s.id);
   ++r.completion_tokens;
   {
@@ -255,14 +259,26 @@ bool Engine::step() {
     Sequence& seq = *s.seq;
     const auto begin = seq.tokens.begin() + seq.computed;
     steps.push_back({*seq.slot, std::span<const int32_t>(&*begin, static_cast<size_t>(s.tokens)),
-                     seq.computed + s.tokens == static_cast<int64_t>(seq.tokens.size()), seq.prompt});
+                     seq.computed + s.tokens == static_cast<int64_t>(seq.tokens.size()), seq.prompt, {}});
+    // Requests the device sampler serves draw there; their logits stay on the device.
+    const Choice& c = *choice_of_.at(&seq);
+    if (runner_.samples_on_device() && steps.back().want_logits &&
+        device_samplable(c.sampler.params(), c.request->spec.top_logprobs))
+      steps.back().draw = sample_row(c.sampler.params(), static_cast<int64_t>(seq.tokens.size()) - seq.prompt);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     metrics_.preemptions += plan.preempted.size();
   }
   if (!steps.empty()) {
-    Result<Tensor> logits = runner_.run(steps);
+    Result<SampledStep> logits = SampledStep{};
+    if (runner_.samples_on_device()) {
+      logits = runner_.run_sampled(steps);
+    } else if (Result<Tensor> l = runner_.run(steps); l.ok()) {
+      logits->logits = *l;
+    } else {
+      logits = l.status();
+    }
     if (!logits.ok()) {
       std::vector<uint64_t> failed;
       for (const ScheduledSeq& s : plan.seqs) failed.push_back(choice_of_.at(s.seq)->request->id);
@@ -271,22 +287,28 @@ bool Engine::step() {
           end_request(*it->second, RequestEnd::kFailed, logits.status());
     } else {
       const int64_t vocab = runner_.vocab_size();
-      int64_t row = 0;
-      // (request id, choice, row): a request may end, and be destroyed, while its rows are handled.
-      std::vector<std::tuple<uint64_t, int, int64_t>> sampled;
+      int64_t row = 0, drawn = 0;
+      // (request id, choice, row, drawn): a request may end, and be destroyed, while its rows are
+      // handled. A row is a logits row of the host, or (drawn) an id the runner drew.
+      std::vector<std::tuple<uint64_t, int, int64_t, bool>> sampled;
       for (size_t i = 0; i < plan.seqs.size(); ++i) {
         plan.seqs[i].seq->computed += plan.seqs[i].tokens;
         if (!steps[i].want_logits) continue;
         const Choice& c = *choice_of_.at(plan.seqs[i].seq);
-        sampled.emplace_back(c.request->id, c.index, row++);
+        const bool on_device = steps[i].draw.has_value();
+        sampled.emplace_back(c.request->id, c.index, on_device ? drawn++ : row++, on_device);
       }
-      KL_CHECK(logits->dim(0) == row, "runner returned " + std::to_string(logits->dim(0)) + " logits rows, expected " +
-                                          std::to_string(row));
-      for (const auto& [id, index, r] : sampled) {
+      KL_CHECK(logits->logits.dim(0) == row && static_cast<int64_t>(logits->ids.size()) == drawn,
+               "runner returned " + std::to_string(logits->logits.dim(0)) + " logits rows and " +
+                   std::to_string(logits->ids.size()) + " ids, expected " + std::to_string(row) + " and " +
+                   std::to_string(drawn));
+      for (const auto& [id, index, r, on_device] : sampled) {
         auto it = requests_.find(id);
         if (it == requests_.end()) continue;
         Choice& c = *it->second->choices[static_cast<size_t>(index)];
-        if (!c.finished) post_process(c, std::span<const float>(logits->f32() + r * vocab, static_cast<size_t>(vocab)));
+        if (c.finished) continue;
+        if (on_device) post_process(c, {}, logits->ids[static_cast<size_t>(r)]);
+        else post_process(c, std::span<const float>(logits->logits.f32() + r * vocab, static_cast<size_t>(vocab)), {});
       }
     }
   }

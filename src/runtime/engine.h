@@ -102,7 +102,8 @@ class Engine : private Admitter {
   PrefixHit lookup(const Sequence& seq) override;
   void open(Sequence& seq, int64_t cached) override;
   void take_inbox();
-  void post_process(Choice& c, std::span<const float> logits);
+  // Takes the next token of `c`: `drawn` by the runner, or sampled here from `logits`.
+  void post_process(Choice& c, std::span<const float> logits, std::optional<int32_t> drawn);
   void finish_choice(Choice& c);
   void end_request(Request& r, RequestEnd end, Status error);
   void release(Choice& c);

@@ -40,18 +40,39 @@ Result<GenerateResult> generate(Model& model, Cache& cache, SeqId seq, std::span
   GenerateResult r;
   r.prompt_tokens = prompt_len;
   Sampler sampler(options.sampling);
+  // Requests the device sampler serves draw there (token i is draw i of the seed) and only the
+  // id comes back; the others copy their logits row and sample on the host.
+  const bool on_device = device_samplable(options.sampling, -1);
+  // Runs `ids` on the sequence; with `sample`, returns the next token (else -1).
+  auto run = [&](std::span<const int32_t> ids, bool sample) -> Result<int32_t> {
+    const SeqStep step{seq, ids, LogitsMode::kLast};
+    KL_ASSIGN_OR_RETURN(Batch batch, cache.plan(std::span<const SeqStep>(&step, 1)));
+    const SampleRow draw = sample_row(options.sampling, static_cast<int64_t>(r.ids.size()));
+    KL_ASSIGN_OR_RETURN(StepOutput out, model.step(batch, cache, sample && on_device ? std::span<const SampleRow>(&draw, 1)
+                                                                                      : std::span<const SampleRow>()));
+    if (!sample) return -1;
+    const int64_t position = cache.tokens(seq) - 1;
+    if (on_device) {
+      const int32_t id = model.backend().to_host(out.ids).data_as<const int32_t>()[0];
+      if (id < 0)
+        return Status::Corruption("the logits at position " + std::to_string(position) +
+                                  " are not finite: the weights or the computation went non-finite (try `klinear info --verify`)");
+      return id;
+    }
+    const Tensor logits = model.backend().to_host(out.logits);
+    KL_RETURN_IF_ERROR(check_finite(logits, position));
+    return sampler.sample(std::span<const float>(logits.f32(), static_cast<size_t>(logits.numel())));
+  };
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
-  Tensor logits;
+  int32_t next = -1;
   for (int64_t done = 0; done < prompt_len; done += options.prefill_chunk) {
     const int64_t n = std::min(options.prefill_chunk, prompt_len - done);
-    KL_ASSIGN_OR_RETURN(logits, model.forward_one(cache, seq, prompt.subspan(done, n), LogitsMode::kLast));
+    KL_ASSIGN_OR_RETURN(next, run(prompt.subspan(done, n), done + n == prompt_len && options.max_tokens > 0));
   }
   r.prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   t0 = Clock::now();
   for (int i = 0; i < options.max_tokens; ++i) {
-    KL_RETURN_IF_ERROR(check_finite(logits, cache.tokens(seq) - 1));
-    const int32_t next = sampler.sample(std::span<const float>(logits.f32(), static_cast<size_t>(logits.numel())));
     r.ids.push_back(next);
     const bool stop = is_stop_token(c, options, next);
     if (on_token && !on_token(next)) break;
@@ -65,7 +86,7 @@ Result<GenerateResult> generate(Model& model, Cache& cache, SeqId seq, std::span
       break;
     }
     const int32_t one[1] = {next};
-    KL_ASSIGN_OR_RETURN(logits, model.forward_one(cache, seq, one, LogitsMode::kLast));
+    KL_ASSIGN_OR_RETURN(next, run(one, true));
   }
   r.decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;

@@ -60,13 +60,23 @@ void ModelRunner::clear_prefix_cache() {
   if (prefix_) prefix_->clear();
 }
 
+Result<Tensor> ModelRunner::run(std::span<const RunnerStep> steps) {
+  for (const RunnerStep& s : steps) KL_CHECK(!s.draw, "run: a step asks for a draw (use run_sampled)");
+  KL_ASSIGN_OR_RETURN(SampledStep out, run_sampled(steps));
+  return out.logits;
+}
+
 // Every step asks for its last row (the batch always has one per sequence); the rows the engine
 // did not ask for (prefill chunks that do not reach the end of the known tokens) are dropped.
-Result<Tensor> ModelRunner::run(std::span<const RunnerStep> steps) {
+// Drawn rows stay on the device: only their ids come back, in one copy at the end of the step,
+// and only the other wanted rows' logits are copied.
+Result<SampledStep> ModelRunner::run_sampled(std::span<const RunnerStep> steps) {
   std::vector<SeqStep> plan;
   std::vector<std::vector<Snapshot>> snaps(steps.size());
   plan.reserve(steps.size());
   int64_t rows = 0;
+  bool any_draw = false;
+  std::vector<SampleRow> draws;  // one per step (greedy where none is asked)
   if (prefix_) {
     const int64_t ps = cache_->sizes().page_size;
     int64_t pages = 0;
@@ -85,29 +95,50 @@ Result<Tensor> ModelRunner::run(std::span<const RunnerStep> steps) {
       snaps[i] = prefix_->plan_snapshots(s.seq, h, done, static_cast<int64_t>(s.ids.size()), s.prompt);
     }
     plan.push_back(SeqStep{s.seq, s.ids, LogitsMode::kLast, snaps[i]});
-    rows += s.want_logits ? 1 : 0;
+    const bool draw = s.want_logits && s.draw;
+    rows += s.want_logits && !draw ? 1 : 0;
+    any_draw = any_draw || draw;
+    draws.push_back(draw ? *s.draw : SampleRow{});
   }
-  auto run_forward = [&]() -> Result<Tensor> {
+  auto run_step = [&]() -> Result<StepOutput> {
     KL_ASSIGN_OR_RETURN(Batch batch, cache_->plan(plan));
-    return model_.forward(batch, *cache_);
+    return model_.step(batch, *cache_, any_draw ? std::span<const SampleRow>(draws) : std::span<const SampleRow>());
   };
-  Result<Tensor> device_logits = run_forward();
-  if (!device_logits.ok()) {
+  Result<StepOutput> step = run_step();
+  if (!step.ok()) {
     if (prefix_) prefix_->abandon();
-    return device_logits.status();
+    return step.status();
   }
-  const Tensor all = model_.backend().to_host(*device_logits);  // the step has finished
+  Backend& be = model_.backend();
+  const int64_t vocab = vocab_size();
+  KL_CHECK(step->logits.dim(0) == static_cast<int64_t>(steps.size()) && step->logits.dim(1) == vocab,
+           "forward returned logits " + shape_to_string(step->logits.shape()) + " for " + std::to_string(steps.size()) +
+               " steps");
+  SampledStep out;
+  out.logits = Tensor::empty(DType::kF32, {rows, vocab});
+  // Runs of consecutive wanted host rows, one copy each.
+  int64_t row = 0;
+  for (size_t i = 0; i < steps.size();) {
+    auto host_row = [&](size_t j) { return steps[j].want_logits && !steps[j].draw; };
+    if (!host_row(i)) {
+      ++i;
+      continue;
+    }
+    size_t e = i;
+    while (e < steps.size() && host_row(e)) ++e;
+    const Tensor part = be.to_host(step->logits.rows(static_cast<int64_t>(i), static_cast<int64_t>(e)));
+    std::memcpy(out.logits.f32() + row * vocab, part.f32(), part.nbytes());
+    row += static_cast<int64_t>(e - i);
+    i = e;
+  }
+  if (any_draw) {
+    const Tensor ids = be.to_host(step->ids);  // the step has finished
+    for (size_t i = 0; i < steps.size(); ++i)
+      if (steps[i].want_logits && steps[i].draw) out.ids.push_back(ids.data_as<const int32_t>()[i]);
+  }
   if (prefix_)
     for (const RunnerStep& s : steps)  // steps past the prompt publish nothing
       if (cache_->tokens(s.seq) - static_cast<int64_t>(s.ids.size()) < s.prompt) prefix_->publish(s.seq, history_.at(s.seq), s.prompt);
-  const int64_t vocab = vocab_size();
-  KL_CHECK(all.dim(0) == static_cast<int64_t>(steps.size()) && all.dim(1) == vocab,
-           "forward returned logits " + shape_to_string(all.shape()) + " for " + std::to_string(steps.size()) + " steps");
-  Tensor out = Tensor::empty(DType::kF32, {rows, vocab});
-  int64_t row = 0;
-  for (size_t i = 0; i < steps.size(); ++i)
-    if (steps[i].want_logits)
-      std::memcpy(out.f32() + row++ * vocab, all.f32() + static_cast<int64_t>(i) * vocab, static_cast<size_t>(vocab) * sizeof(float));
   return out;
 }
 

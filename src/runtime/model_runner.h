@@ -39,6 +39,8 @@ class ModelRunner final : public StepRunner {
   Result<RunnerSeq> open_prefix(std::span<const int32_t> tokens, int64_t cached) override;
   void close(RunnerSeq seq) override;
   Result<Tensor> run(std::span<const RunnerStep> steps) override;
+  bool samples_on_device() const override { return true; }
+  Result<SampledStep> run_sampled(std::span<const RunnerStep> steps) override;
 
   const CacheSizes& sizes() const { return cache_->sizes(); }
   Cache& cache() { return *cache_; }  // tests: poison and inspect the pools

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <climits>
 #include <cstddef>
 #include <numeric>
 #include <string>
@@ -25,6 +26,16 @@ Status validate_sampling(const SamplingParams& p) {
     return Status::InvalidArgument("repetition_penalty must be a finite number > 0, got " +
                                    std::to_string(p.repetition_penalty));
   return Status();
+}
+
+bool device_samplable(const SamplingParams& p, int top_logprobs) {
+  return top_logprobs < 0 && p.min_p == 0.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+         p.repetition_penalty == 1.0f;
+}
+
+SampleRow sample_row(const SamplingParams& p, int64_t index) {
+  KL_CHECK(index >= 0 && index <= INT32_MAX, "sample_row: token index " + std::to_string(index));
+  return SampleRow{p.temperature, p.top_k, p.top_p, p.seed, static_cast<int32_t>(index)};
 }
 
 int32_t argmax(std::span<const float> logits) {

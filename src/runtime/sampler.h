@@ -19,6 +19,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/status.h"
 
 namespace klinear {
@@ -36,6 +37,14 @@ struct SamplingParams {
 
 // InvalidArgument naming the field when a parameter is out of range.
 Status validate_sampling(const SamplingParams& p);
+
+// Whether the backend's sample op can draw for a request: temperature, top-k, top-p and the seed
+// only (no penalties, no min_p, no log-probabilities). Such a request's token i is then the op's
+// draw `i` of its seed (SampleArgs), not this Sampler's: the same seed still gives the same
+// tokens, but other ones than the host sampler gives.
+bool device_samplable(const SamplingParams& p, int top_logprobs);
+// The op's row for token `index` (0 = the first generated) of a request with `p`.
+SampleRow sample_row(const SamplingParams& p, int64_t index);
 
 // Ids seen so far by one sequence, for the penalties.
 struct TokenHistory {
@@ -68,6 +77,7 @@ class Sampler {
   // also reports the log-probability of the pick and of the top_logprobs most likely ids.
   Sampled next(std::span<const float> logits, int top_logprobs);
   int32_t sample(std::span<const float> logits) { return next(logits, -1).id; }
+  const SamplingParams& params() const { return params_; }
 
  private:
   int32_t draw(std::span<const float> logits);

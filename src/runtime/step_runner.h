@@ -9,6 +9,10 @@
 #include <span>
 #include <string>
 
+#include <optional>
+#include <vector>
+
+#include "backend/backend.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -34,6 +38,15 @@ struct RunnerStep {
   std::span<const int32_t> ids;  // [T] new tokens, T >= 1
   bool want_logits = false;      // return the logits of the last new token
   int64_t prompt = 0;            // the sequence's first `prompt` tokens are prompt (prefix caching publishes only those)
+  // With want_logits, for run_sampled: draw the next token on the device (Backend::sample)
+  // instead of returning the logits row.
+  std::optional<SampleRow> draw;
+};
+
+// What run_sampled returns.
+struct SampledStep {
+  Tensor logits;             // [R, V] host F32: one row per step with want_logits and no draw, in step order
+  std::vector<int32_t> ids;  // one id per step with want_logits and a draw, in step order (−1: non-finite logits)
 };
 
 // What a prefix-cache lookup found for a sequence's tokens: how many of them a sequence opened
@@ -73,6 +86,14 @@ class StepRunner {
   // [R, V], one row per step with want_logits, in step order ([0, V] when none asked). On error
   // the states of the sequences in the step are undefined: the caller closes them.
   virtual Result<Tensor> run(std::span<const RunnerStep> steps) = 0;
+  // Whether run_sampled draws on the device (then the engine sets RunnerStep::draw where a
+  // request allows it, and only the other rows' logits travel to the host).
+  virtual bool samples_on_device() const { return false; }
+  // run() that also honours RunnerStep::draw.
+  virtual Result<SampledStep> run_sampled(std::span<const RunnerStep> steps) {
+    (void)steps;
+    return Status::NotSupported("this runner does not sample on the device");
+  }
 };
 
 }  // namespace klinear

@@ -17,6 +17,7 @@ namespace klinear {
 namespace {
 
 using testing::BackendCase;
+using testing::Source;
 
 // A piece of sequence `seq`'s token list, [begin, end).
 struct Piece {
@@ -38,14 +39,6 @@ const Schedule& schedule() {
   return s;
 }
 const std::vector<int64_t> kLengths = {39, 8, 71, 3};
-
-struct Source {
-  std::string name;
-  std::string fixture;  // a fixture model directory, or
-  std::string preset;   // a preset with a patch (random weights)
-  Json patch;
-};
-void PrintTo(const Source& s, std::ostream* os) { *os << s.name; }
 
 class BatchedEqualsAlone : public ::testing::TestWithParam<std::tuple<Source, BackendCase>> {};
 

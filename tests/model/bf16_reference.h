@@ -31,7 +31,9 @@ inline size_t moe_layers(const ModelConfig& c) {
   return n;
 }
 
-// Forwards every op to another backend; the decorators below override what they change.
+// Forwards every op to another backend; the decorators below override what they change. Step
+// graphs are not forwarded (Backend's default runs each step eagerly): a decorator's own work,
+// such as a replayed routing copied to the device, cannot be captured.
 class ForwardingBackend : public Backend {
  public:
   explicit ForwardingBackend(Backend& inner) : in_(inner) {}
@@ -50,6 +52,7 @@ class ForwardingBackend : public Backend {
   Tensor upload_mxfp4(const Tensor& p, const Tensor& s) override { return in_.upload_mxfp4(p, s); }
   Tensor to_device(const Tensor& h, DType d) override { return in_.to_device(h, d); }
   void upload_layout(SeqLayout& l) override { in_.upload_layout(l); }
+  void write(const Tensor& h, const Tensor& d) override { in_.write(h, d), stored(d); }
   Tensor to_host(const Tensor& t) override { return in_.to_host(t); }
   void copy(const Tensor& s, const Tensor& d) override { in_.copy(s, d), stored(d); }
   void copy_columns(const Tensor& s, int64_t sc, const Tensor& d, int64_t dc, int64_t w) override {
@@ -89,6 +92,7 @@ class ForwardingBackend : public Backend {
   void attn_res_read(std::span<const Tensor> c, const Tensor& e, float eps, const Tensor& o) override {
     in_.attn_res_read(c, e, eps, o), stored(o);
   }
+  void sample(const SampleArgs& a) override { in_.sample(a); }
 
  protected:
   // Called with each tensor an op has just written.

@@ -103,6 +103,15 @@ std::vector<std::vector<int32_t>> untied_prompts(const std::string& dir, uint64_
   return make(seed);
 }
 
+// Where a model test's checkpoint comes from.
+struct Source {
+  std::string name;
+  std::string fixture;  // a fixture model directory, or
+  std::string preset;   // a preset with a patch (random weights)
+  Json patch;
+};
+inline void PrintTo(const Source& s, std::ostream* os) { *os << s.name; }
+
 // The config.json of a preset with `text_patch` merged into its text config.
 inline Json patched_preset(const std::string& preset, const Json& text_patch) {
   Json cfg = preset_config(preset).value();

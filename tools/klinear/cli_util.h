@@ -30,6 +30,15 @@ inline int fail(const char* cmd, const Status& s) {
 }
 
 // Largest --max-tokens / --top-k accepted (far beyond any context or vocabulary we load).
+// --cuda-graphs on|off for every command that runs a model on a device (parsed by
+// parse_cuda_graphs into BackendOptions::graphs; the CPU runs eagerly either way).
+inline void add_cuda_graphs_option(CLI::App* sub, std::string& value) {
+  sub->add_option("--cuda-graphs", value,
+                  "on or off: run decode steps as CUDA graphs captured per batch bucket (cuda only; "
+                  "the results are the same either way)")
+      ->capture_default_str();
+}
+
 inline constexpr int64_t kMaxFlagCount = int64_t{1} << 30;
 
 inline void add_generate_options(CLI::App* sub, GenerateOptions& o) {

@@ -65,6 +65,7 @@ struct EngineArgs {
   std::optional<double> gpu_memory_utilization;    // the fraction (0.9 on CUDA when not given)
   bool no_prefix_cache = false;
   int64_t prefix_snapshot_interval = 256;
+  std::string cuda_graphs = "on";
 };
 
 void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
@@ -92,6 +93,7 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
                 "as many snapshot slots as sequence slots, evicted least recently used first)");
   sub->add_option("--prefix-snapshot-interval", a.prefix_snapshot_interval,
                   "tokens between the prefix cache's KDA state snapshots (a multiple of 64)")->capture_default_str();
+  add_cuda_graphs_option(sub, a.cuda_graphs);
 }
 
 struct Serving {
@@ -112,6 +114,7 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   BackendOptions bo;
   KL_ASSIGN_OR_RETURN(bo.device, parse_device(a.device));
   KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(!a.dtype.empty() ? a.dtype : bo.device == Device::kCuda ? "bfloat16" : "float32"));
+  KL_ASSIGN_OR_RETURN(bo.graphs, parse_cuda_graphs(a.cuda_graphs));
   if (!a.cache_memory.empty() && a.gpu_memory_utilization)
     return Status::InvalidArgument("give --cache-memory or --gpu-memory-utilization, not both");
   const bool by_fraction = a.cache_memory.empty() && (bo.device == Device::kCuda || a.gpu_memory_utilization);

@@ -36,6 +36,7 @@ class CpuBackend final : public Backend {
   void copy(const Tensor& src, const Tensor& dst) override;
   void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width) override;
   void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& out) override;
+  void write(const Tensor& host, const Tensor& dst) override;
 
   void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
   void add(const Tensor& acc, const Tensor& x) override;
@@ -64,6 +65,8 @@ class CpuBackend final : public Backend {
                    const GluParams& p, const Tensor& out) override;
 
   void attn_res_read(std::span<const Tensor> candidates, const Tensor& e, float eps, const Tensor& out) override;
+
+  void sample(const SampleArgs& a) override;
 
   // The smallest gap seen by moe_route between the last expert (or group) chosen and the first
   // one left out, since the last reset. Two evaluation orders of the same model may legitimately

@@ -140,6 +140,14 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   std::memmove(dst.data(), src.data(), src.nbytes());
 }
 
+void CpuBackend::write(const Tensor& host, const Tensor& dst) {
+  KL_CHECK(host.device() == Device::kCpu && host.numel() == dst.numel() && host.dtype() == dst.dtype() &&
+               (dst.dtype() == DType::kF32 || dst.dtype() == DType::kI32),
+           "write " + shape_to_string(host.shape()) + " " + dtype_name(host.dtype()) + " into " +
+               shape_to_string(dst.shape()) + " " + dtype_name(dst.dtype()));
+  std::memcpy(dst.data(), host.data(), host.nbytes());
+}
+
 void CpuBackend::copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width) {
   const int64_t sc = src.dim(-1), dc = dst.dim(-1), rows = src.numel() / sc;
   KL_CHECK(dst.numel() / dc == rows && src_col >= 0 && dst_col >= 0 && src_col + width <= sc && dst_col + width <= dc,

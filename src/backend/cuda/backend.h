@@ -9,6 +9,10 @@
 // caches come from alloc_persistent()/upload() (cudaMalloc at load time, freed with their last
 // handle). Every CUDA and cuBLAS call is checked (KL_CUDA / KL_CUBLAS) with the op and shape.
 //
+// Graphs (graph.cu): run_graph captures a step per key on the one stream and replays it. While a
+// capture runs, the ops that cannot be captured (host reads and syncs, host→device copies, new
+// device memory) do not run: the first of them is recorded, and the capture fails with its name.
+//
 // Interface-internal helpers shared by the op files live below (kernels are in the .cu files that
 // own them; this header compiles as plain C++ too).
 #pragma once
@@ -18,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <map>
 #include <string>
 #include <unordered_map>
 
@@ -58,7 +63,7 @@ struct GemmArgs {
 class CudaBackend final : public Backend {
  public:
   // Fails (NotSupported) when no CUDA device is visible or `dtype` is not F32/BF16.
-  static Result<std::unique_ptr<CudaBackend>> create(DType dtype);
+  static Result<std::unique_ptr<CudaBackend>> create(DType dtype, CudaGraphs graphs = CudaGraphs::kOn);
   ~CudaBackend() override;
 
   Device device() const override { return Device::kCuda; }
@@ -80,6 +85,9 @@ class CudaBackend final : public Backend {
   void copy(const Tensor& src, const Tensor& dst) override;
   void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width) override;
   void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& out) override;
+  void write(const Tensor& host, const Tensor& dst) override;
+  Status run_graph(int64_t key, const std::function<void()>& body) override;
+  void clear_graphs() override;
 
   void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
   void add(const Tensor& acc, const Tensor& x) override;
@@ -109,6 +117,8 @@ class CudaBackend final : public Backend {
 
   void attn_res_read(std::span<const Tensor> candidates, const Tensor& e, float eps, const Tensor& out) override;
 
+  void sample(const SampleArgs& a) override;
+
   // ---- for the op files
   cudaStream_t stream() const { return stream_; }
   int num_sms() const { return num_sms_; }
@@ -116,9 +126,12 @@ class CudaBackend final : public Backend {
   void gemm(const GemmArgs& g, const char* what);
   // Waits for the stream; `what` names the op for errors.
   void sync(const char* what);
+  // True (and `what` recorded as the op that broke it) while a graph capture runs: the caller
+  // skips its uncapturable work.
+  bool breaks_capture(const std::string& what);
 
  private:
-  explicit CudaBackend(DType dtype);
+  CudaBackend(DType dtype, CudaGraphs graphs);
   struct GemmPlan;
 
   // The state ops' kernels over a layout, snapshots aside.
@@ -133,7 +146,13 @@ class CudaBackend final : public Backend {
   void for_snapshot_pieces(const SeqLayout& layout, const Tensor& states,
                            const std::function<void(int64_t r0, int64_t r1, const SeqLayout& part)>& op);
 
+  struct Graph;
+
   DType dtype_;
+  CudaGraphs graphs_ = CudaGraphs::kOn;
+  bool capturing_ = false;
+  std::string capture_breaker_;              // the first uncapturable op of the running capture
+  std::map<int64_t, std::shared_ptr<Graph>> graph_by_key_;
   int device_ = 0;
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;

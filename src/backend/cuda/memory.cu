@@ -46,6 +46,15 @@ std::shared_ptr<void> device_block(size_t bytes, const std::string& what) {
   return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
 }
 
+// device_block while a capture runs on this thread (relaxed mode lets cudaMalloc through).
+std::shared_ptr<void> block_outside_capture(size_t bytes, const std::string& what) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  KL_CUDA(cudaThreadExchangeStreamCaptureMode(&mode), what);
+  auto block = device_block(bytes, what);
+  KL_CUDA(cudaThreadExchangeStreamCaptureMode(&mode), what);
+  return block;
+}
+
 // Host F32 / BF16 / I32 bytes of `host` in `dtype` (floats converted, I32 kept).
 std::vector<uint8_t> host_bytes(const Tensor& host, DType dtype) {
   KL_CHECK(host.device() == Device::kCpu, "expected a host tensor, got a device one " + shapes(host));
@@ -116,9 +125,9 @@ __global__ void mxfp4_kernel(const uint8_t* packed, const uint8_t* scale, int64_
 
 }  // namespace
 
-CudaBackend::CudaBackend(DType dtype) : dtype_(dtype) {}
+CudaBackend::CudaBackend(DType dtype, CudaGraphs graphs) : dtype_(dtype), graphs_(graphs) {}
 
-Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype) {
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype, CudaGraphs graphs) {
   if (dtype != DType::kF32 && dtype != DType::kBF16)
     return Status::InvalidArgument(std::string("CUDA dtype must be float32 or bfloat16, got ") + dtype_name(dtype));
   int count = 0;
@@ -126,7 +135,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype) {
   if (err != cudaSuccess || count == 0)
     return Status::NotSupported(std::string("no CUDA device is visible (") +
                                 (err == cudaSuccess ? "0 devices" : cudaGetErrorString(err)) + "); use --device cpu");
-  std::unique_ptr<CudaBackend> b(new CudaBackend(dtype));
+  std::unique_ptr<CudaBackend> b(new CudaBackend(dtype, graphs));
   KL_CUDA(cudaGetDevice(&b->device_), "backend start");
   cudaDeviceProp prop{};
   KL_CUDA(cudaGetDeviceProperties(&prop, b->device_), "backend start");
@@ -138,7 +147,14 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype) {
   KL_CUBLAS(cublasLtCreate(&b->lt_), "backend start");
   b->lt_workspace_bytes_ = kLtWorkspaceBytes;
   KL_CUDA(cudaMalloc(&b->lt_workspace_, kLtWorkspaceBytes), "cuBLASLt workspace");
-  b->arena_ = std::make_unique<Arena>(Device::kCuda, [](size_t bytes) { return device_block(bytes, "step arena"); });
+  // A block taken while a graph is captured is recorded as what broke the capture (the same step
+  // ran eagerly first, so that only happens when a body allocates differently from one run to the
+  // next); it is still allocated, outside the capture, so the body can finish.
+  CudaBackend* self = b.get();
+  b->arena_ = std::make_unique<Arena>(Device::kCuda, [self](size_t bytes) {
+    const bool capturing = self->breaks_capture("the step arena growing by " + std::to_string(bytes) + " bytes");
+    return capturing ? block_outside_capture(bytes, "step arena") : device_block(bytes, "step arena");
+  });
   b->arena_->alloc(DType::kU8, {static_cast<int64_t>(kInitialArenaBytes)});
   b->arena_->rewind();
   return Result<std::unique_ptr<CudaBackend>>(std::move(b));
@@ -152,7 +168,10 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-void CudaBackend::sync(const char* what) { KL_CUDA(cudaStreamSynchronize(stream_), what); }
+void CudaBackend::sync(const char* what) {
+  if (breaks_capture(std::string(what) + " (a stream synchronisation)")) return;
+  KL_CUDA(cudaStreamSynchronize(stream_), what);
+}
 
 uint64_t CudaBackend::available_bytes() const {
   size_t free_bytes = 0, total = 0;
@@ -169,7 +188,8 @@ Tensor CudaBackend::alloc(DType dtype, const Shape& shape) { return arena_->allo
 Tensor CudaBackend::alloc_persistent(DType dtype, const Shape& shape) {
   for (int64_t d : shape) KL_CHECK(d >= 0, "negative dimension in " + shape_to_string(shape));
   const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
-  auto block = device_block(bytes, "alloc_persistent " + shape_to_string(shape));
+  const std::string what = "alloc_persistent " + shape_to_string(shape);
+  auto block = breaks_capture(what) ? block_outside_capture(bytes, what) : device_block(bytes, what);
   return Tensor::wrap(dtype, shape, block.get(), block, Device::kCuda);
 }
 
@@ -229,7 +249,7 @@ Tensor CudaBackend::upload_mxfp4(const Tensor& packed, const Tensor& scale) {
 Tensor CudaBackend::to_device(const Tensor& host, DType dtype) {
   const std::vector<uint8_t> bytes = host_bytes(host, dtype);
   Tensor t = alloc(dtype, host.shape());
-  if (!bytes.empty())
+  if (!bytes.empty() && !breaks_capture("to_device " + shapes(host) + " (a host->device copy)"))
     KL_CUDA(cudaMemcpyAsync(t.data(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream_),
             "to_device " + shapes(host));
   return t;
@@ -238,7 +258,7 @@ Tensor CudaBackend::to_device(const Tensor& host, DType dtype) {
 void CudaBackend::upload_layout(SeqLayout& layout) {
   auto put = [&](const std::vector<int32_t>& v, const Shape& shape) {
     Tensor t = alloc(DType::kI32, shape);
-    if (!v.empty())
+    if (!v.empty() && !breaks_capture("upload_layout (a host->device copy)"))
       KL_CUDA(cudaMemcpyAsync(t.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice, stream_),
               "upload_layout " + shape_to_string(shape));
     return t;
@@ -308,7 +328,7 @@ void CudaBackend::for_snapshot_pieces(const SeqLayout& layout, const Tensor& sta
 Tensor CudaBackend::to_host(const Tensor& t) {
   KL_CHECK(t.device() == Device::kCuda, "to_host of a host tensor " + shapes(t));
   std::vector<uint8_t> bytes(t.nbytes());
-  if (!bytes.empty())
+  if (!bytes.empty() && !breaks_capture("to_host " + shapes(t) + " (a device->host copy)"))
     KL_CUDA(cudaMemcpyAsync(bytes.data(), t.data(), bytes.size(), cudaMemcpyDeviceToHost, stream_),
             "to_host " + shapes(t));
   sync("to_host");
@@ -320,6 +340,15 @@ Tensor CudaBackend::to_host(const Tensor& t) {
   Tensor h = Tensor::empty(DType::kF32, t.shape());
   convert_to_f32(t.dtype(), bytes.data(), h.f32(), static_cast<size_t>(t.numel()));
   return h;
+}
+
+void CudaBackend::write(const Tensor& host, const Tensor& dst) {
+  KL_CHECK(host.device() == Device::kCpu && dst.device() == Device::kCuda && host.numel() == dst.numel() &&
+               host.dtype() == dst.dtype() && (dst.dtype() == DType::kF32 || dst.dtype() == DType::kI32),
+           "write " + shapes(host) + " " + dtype_name(host.dtype()) + " into " + shapes(dst) + " " +
+               dtype_name(dst.dtype()));
+  if (host.nbytes() == 0 || breaks_capture("write " + shapes(dst) + " (a host->device copy)")) return;
+  KL_CUDA(cudaMemcpyAsync(dst.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream_), "write " + shapes(dst));
 }
 
 void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
