@@ -437,8 +437,8 @@ void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
 
 void kda_chunked_variant(CudaBackend& be, const KdaArgs& a, const SeqLayout& layout, const KdaChunkedVariant& v) {
   const KdaStep s = kda_step(a, layout, "kda_chunked");
-  KL_CHECK(kda_tc_fits(a, s), "kda_chunked_variant: the tensor-core path takes BF16 activations and dk, dv "
-                                        "multiples of 16 up to 128; got q " + shapes(a.q) + " v " + shapes(a.v));
+  KL_CHECK(kda_tc_fits(a, s), "kda_chunked_variant: the tensor-core path takes BF16 activations and dk = dv "
+                                        "in {16, 32, 64, 128}; got q " + shapes(a.q) + " v " + shapes(a.v));
   if (layout.num_seqs() == 0) return;
   const ChunkTables ct = chunk_tables(be, layout, a.states.dim(0));
   kda_chunked_tc_launch(be, s, ct, layout.num_seqs(), v, "kda_chunked q " + shapes(a.q));

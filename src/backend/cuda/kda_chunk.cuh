@@ -63,7 +63,7 @@ __device__ __forceinline__ void for_snapshots(const KdaStep& s, const ChunkWork&
 }
 
 // The bf16 tensor-core prefill (kda_chunk_tc.cu): whether it takes these tensors (BF16 activations,
-// dk and dv multiples of 16 up to 128), and the launch.
+// dk = dv in {16, 32, 64, 128}), and the launch.
 bool kda_tc_fits(const KdaArgs& a, const KdaStep& s);
 void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables& ct, int64_t num_seqs,
                            const KdaChunkedVariant& v, const std::string& what);

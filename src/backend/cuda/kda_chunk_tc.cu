@@ -1,13 +1,15 @@
 // The bf16 KDA chunked prefill on tensor cores (SPEC 4.6, chunk 64), two launches:
 //
-// prep, a block of 256 threads per (chunk, head), every chunk in parallel. In fp32 shared memory:
+// prep, a block of 256 threads per (chunk, head), every chunk in parallel (dk = dv = 16, 32, 64 or
+// 128, a template argument). Every global read is issued at once; in fp32 shared memory:
 //   q, k L2-normalised, G = cumsum(g), e^g. The decayed dots Akk (β included: L) and Aqk:
 //   - the four diagonal 16×16 blocks exactly, as running products of e^g down each key's rows
 //     (factors ≤ 1: strong decay underflows to 0, never overflows);
 //   - the six blocks below them with tf32 mma.sync m16n8k8 about a reference row r (the first row of
 //     the later block): q_i·e^{G_i−G_r} and k_m·e^{G_r−G_m}, both factors ≤ 1.
 //   (I + L)⁻¹ in fp32: forward substitution inside the diagonal blocks, then the block merge
-//   T_IM = −T_II·Σ_N L_IN·T_NM. W = T·(β e^G ⊙ K) and U = T·(β V) with bf16 m16n8k16 (fp32 accumulate).
+//   T_IM = −T_II·Σ_N L_IN·T_NM. W = T·diag(β)·(e^G ⊙ K) and U = T·diag(β)·V with bf16 m16n8k16
+//   (fp32 accumulate).
 //   It writes a bf16 workspace per (chunk, head): W [64, dk], Qd = Q⊙e^G [64, dk],
 //   Kdᵀ = (K⊙e^{G_last−G})ᵀ [dk, 64], Aqk [64, 64], Uᵀ [dv, 64]; and e^{G_last} [dk] in fp32.
 //
@@ -15,8 +17,9 @@
 // Sᵀ (16 value columns × dk) as fp32 mma accumulators in registers and per chunk computes
 //   Vnᵀ = Uᵀ − Sᵀ·Wᵀ,  Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ,  Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd
 // with bf16 m16n8k16 (Sᵀ and Vnᵀ rounded to bf16 as operands; the state itself stays fp32 and
-// accumulates in fp32). The next chunk's workspace streams into shared memory (cp.async, two
-// stages) while a chunk computes. Snapshots are written from the registers at chunk ends.
+// accumulates in fp32); B fragments come from shared memory by ldmatrix. The next two chunks'
+// workspace streams into shared memory (cp.async, three stages) while a chunk computes. Snapshots
+// are written from the registers at chunk ends.
 #include <algorithm>
 #include <cmath>
 
@@ -30,7 +33,8 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kPrepThreads = 256;
 constexpr int kLx = kChunk + 4;  // row stride of the fp32 [64, 64] matrices (fragment reads spread over banks)
-constexpr int kLt = kChunk + 8;  // row stride of the bf16 [*, 64] matrices in shared memory
+constexpr int kLt = kChunk + 8;  // row stride of the bf16 [*, 64] matrices in shared memory (ldmatrix rows)
+constexpr int kLr = kChunk + 10; // row stride of prep's transposed right-hand sides (spreads the transposing stores)
 
 // The bf16 workspace of one (chunk, head), offsets in elements.
 struct TcLayout {
@@ -76,59 +80,98 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
 }
-
-size_t prep_smem_bytes(int dk, int dv) {
-  return sizeof(float) * (4 * kChunk * (dk + 4) + 2 * kChunk * kLx + 3 * 256 + kChunk) +
-         sizeof(bf16) * static_cast<size_t>(dk + dv) * kLt;
+// Four 8×8 bf16 matrices from shared memory (lane l gives the address of row l % 8 of matrix l / 8):
+// with rows = n and 8 consecutive k per row, r[0], r[1] are the m16n8k16 B fragment of the first 8
+// rows and r[2], r[3] that of the next 8 (see the addresses in the state pass).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
+size_t prep_smem_bytes(int d) {
+  return sizeof(float) * (4 * kChunk * (d + 4) + 2 * kChunk * kLx + 3 * 256 + kChunk) +
+         sizeof(bf16) * static_cast<size_t>(2 * d) * kLr;
+}
+
+__device__ __forceinline__ uint4 load16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+
+// D = dk = dv (compile time: the loads are issued all at once, the index arithmetic is shifts).
+template <int D>
 __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int dk = s.dk, dv = s.dv, lg = dk + 4;
+  constexpr int dk = D, dv = D, lg = D + 4;
   float* qn = reinterpret_cast<float*>(smem_raw);  // [64][lg] normalised, scaled q
   float* kn = qn + kChunk * lg;                    // [64][lg] normalised k
-  float* G = kn + kChunk * lg;                     // [64][lg] cumulative log decay
+  float* G = kn + kChunk * lg;                     // [64][lg] g, then its cumulative sum
   float* eg = G + kChunk * lg;                     // [64][lg] e^g
   float* X = eg + kChunk * lg;                     // [64][kLx] L = β_i·Akk, strictly lower
   float* T = X + kChunk * kLx;                     // [64][kLx] (I + L)⁻¹
   float* Y = T + kChunk * kLx;                     // [3][16][16] block-merge sums
   float* bsh = Y + 3 * 256;                        // [64] β
-  bf16* RT = reinterpret_cast<bf16*>(bsh + kChunk);  // [dk + dv][kLt]: (β e^G ⊙ K)ᵀ then (β V)ᵀ
+  bf16* RT = reinterpret_cast<bf16*>(bsh + kChunk);  // [2D][kLr]: (e^G ⊙ K)ᵀ then Vᵀ (β goes into T)
   const int chunk = blockIdx.x, h = blockIdx.y, H = s.heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t row0 = cw.chunk_row[chunk];
   const int L = cw.chunk_len[chunk];
   const TcLayout tl(dk, dv);
   bf16* ws = tw.ws + (static_cast<int64_t>(chunk) * H + h) * tl.total;
-  const bf16* q = static_cast<const bf16*>(s.q.p);
-  const bf16* k = static_cast<const bf16*>(s.k.p);
-  const bf16* v = static_cast<const bf16*>(s.v.p);
 
-  // q and k rows (zero past L), two channels per load.
-  for (int e = tid; e < kChunk * dk / 2; e += kPrepThreads) {
-    const int i = e / (dk / 2), j = 2 * (e % (dk / 2));
-    float2 qv{0.0f, 0.0f}, kv{0.0f, 0.0f};
-    if (i < L) {
-      const int64_t src = ((row0 + i) * H + h) * dk + j;
-      qv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q + src));
-      kv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(k + src));
+  // Every global read of the block issued at once: q, k, v in 16-byte pieces (8 channels), g in
+  // float4s, β; zero past L.
+  constexpr int kP8 = kChunk * D / 8, kIt8 = (kP8 + kPrepThreads - 1) / kPrepThreads;
+  constexpr int kP4 = kChunk * D / 4, kIt4 = (kP4 + kPrepThreads - 1) / kPrepThreads;
+  uint4 qr[kIt8], kr[kIt8], vr[kIt8];
+  float4 gr[kIt4];
+#pragma unroll
+  for (int it = 0; it < kIt8; ++it) {
+    const int e = tid + it * kPrepThreads, i = e / (D / 8), j = 8 * (e % (D / 8));
+    qr[it] = kr[it] = vr[it] = make_uint4(0, 0, 0, 0);
+    if (e < kP8 && i < L) {
+      const int64_t src = ((row0 + i) * H + h) * D + j;
+      qr[it] = load16(static_cast<const bf16*>(s.q.p) + src);
+      kr[it] = load16(static_cast<const bf16*>(s.k.p) + src);
+      vr[it] = load16(static_cast<const bf16*>(s.v.p) + src);
     }
-    qn[i * lg + j] = qv.x, qn[i * lg + j + 1] = qv.y;
-    kn[i * lg + j] = kv.x, kn[i * lg + j + 1] = kv.y;
   }
-  // G and e^g, a thread per channel down the rows (padding: g = 0).
-  if (tid < dk) {
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int i = 0; i < kChunk; ++i) {
-      const float gv = i < L ? s.g[((row0 + i) * H + h) * dk + tid] : 0.0f;
-      acc += gv;
-      G[i * lg + tid] = acc;
-      eg[i * lg + tid] = __expf(gv);
+#pragma unroll
+  for (int it = 0; it < kIt4; ++it) {
+    const int e = tid + it * kPrepThreads, i = e / (D / 4), j = 4 * (e % (D / 4));
+    gr[it] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (e < kP4 && i < L) gr[it] = __ldg(reinterpret_cast<const float4*>(s.g + ((row0 + i) * H + h) * D + j));
+  }
+  if (tid < kChunk) bsh[tid] = tid < L ? s.beta[(row0 + tid) * H + h] : 0.0f;
+#pragma unroll
+  for (int it = 0; it < kIt8; ++it) {
+    const int e = tid + it * kPrepThreads, i = e / (D / 8), j = 8 * (e % (D / 8));
+    if (e < kP8) {
+      const bf16* qb = reinterpret_cast<const bf16*>(&qr[it]);
+      const bf16* kb = reinterpret_cast<const bf16*>(&kr[it]);
+      const bf16* vb = reinterpret_cast<const bf16*>(&vr[it]);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) {
+        qn[i * lg + j + x] = __bfloat162float(qb[x]);
+        kn[i * lg + j + x] = __bfloat162float(kb[x]);
+        RT[(dk + j + x) * kLr + i] = vb[x];
+      }
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kIt4; ++it) {
+    const int e = tid + it * kPrepThreads, i = e / (D / 4), j = 4 * (e % (D / 4));
+    if (e < kP4) {
+      *reinterpret_cast<float4*>(G + i * lg + j) = gr[it];
+      *reinterpret_cast<float4*>(eg + i * lg + j) =
+          make_float4(__expf(gr[it].x), __expf(gr[it].y), __expf(gr[it].z), __expf(gr[it].w));
     }
   }
   for (int e = tid; e < kChunk * kLx; e += kPrepThreads) X[e] = 0.0f, T[e] = 0.0f;
-  if (tid < kChunk) bsh[tid] = tid < L ? s.beta[(row0 + tid) * H + h] : 0.0f;
   __syncthreads();
+  if (tid < dk) {  // G = cumsum(g) down each channel (padding has g = 0)
+    float acc = 0.0f;
+#pragma unroll 16
+    for (int i = 0; i < kChunk; ++i) acc += G[i * lg + tid], G[i * lg + tid] = acc;
+  }
   for (int i = warp; i < kChunk; i += kPrepThreads / 32) {  // L2 norms, a warp per row
     float sq = 0.0f, sk = 0.0f;
     for (int j = lane; j < dk; j += 32) sq += qn[i * lg + j] * qn[i * lg + j], sk += kn[i * lg + j] * kn[i * lg + j];
@@ -227,22 +270,17 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
       T[(o + i) * kLx + o + c] = x[i];
     }
   } else {
-    // The other threads write Qd, Kdᵀ, e^{G_last} and build the right-hand sides.
+    // The other threads write Qd, Kdᵀ, e^{G_last} and the right-hand side e^G ⊙ K.
     const float* glast = G + (kChunk - 1) * lg;  // = G at row L−1 (padding has g = 0)
     for (int e = tid - kChunk; e < kChunk * dk; e += kPrepThreads - kChunk) {
       const int i = e / dk, j = e % dk;
       const float eG = __expf(G[i * lg + j]);
       ws[tl.qd + e] = __float2bfloat16_rn(qn[i * lg + j] * eG);
-      RT[j * kLt + i] = __float2bfloat16_rn(bsh[i] * eG * kn[i * lg + j]);
+      RT[j * kLr + i] = __float2bfloat16_rn(eG * kn[i * lg + j]);
     }
     for (int e = tid - kChunk; e < dk * kChunk; e += kPrepThreads - kChunk) {
       const int j = e / kChunk, i = e % kChunk;
       ws[tl.kdt + e] = __float2bfloat16_rn(kn[i * lg + j] * __expf(glast[j] - G[i * lg + j]));
-    }
-    for (int e = tid - kChunk; e < kChunk * dv; e += kPrepThreads - kChunk) {
-      const int i = e / dv, c = e % dv;
-      const float vv = i < L ? __bfloat162float(v[((row0 + i) * H + h) * dv + c]) : 0.0f;
-      RT[(dk + c) * kLt + i] = __float2bfloat16_rn(bsh[i] * vv);
     }
     for (int j = tid - kChunk; j < dk; j += kPrepThreads - kChunk)
       tw.dl[(static_cast<int64_t>(chunk) * H + h) * dk + j] = __expf(glast[j]);
@@ -268,26 +306,28 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
     }
     __syncthreads();
   }
-  // [W | U] = T · [β e^G ⊙ K | β V] on bf16 tensor cores: warp → 16 rows, half of the columns.
+  // [W | U] = T·diag(β) · [e^G ⊙ K | V] on bf16 tensor cores: warp → 16 rows, half of the columns.
   {
     const int mt = warp & 3, g = lane >> 2, t = lane & 3, ntiles = (dk + dv) / 8;
     const int nt0 = (warp >> 2) * (ntiles / 2), nt1 = nt0 + ntiles / 2;
     uint32_t a[4][4];
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      const float* r0 = T + (16 * mt + g) * kLx + 16 * ks + 2 * t;
+      const int c = 16 * ks + 2 * t;
+      const float* r0 = T + (16 * mt + g) * kLx + c;
       const float* r1 = r0 + 8 * kLx;
-      a[ks][0] = pack_bf16(r0[0], r0[1]);
-      a[ks][1] = pack_bf16(r1[0], r1[1]);
-      a[ks][2] = pack_bf16(r0[8], r0[9]);
-      a[ks][3] = pack_bf16(r1[8], r1[9]);
+      const float b0 = bsh[c], b1 = bsh[c + 1], b8 = bsh[c + 8], b9 = bsh[c + 9];
+      a[ks][0] = pack_bf16(r0[0] * b0, r0[1] * b1);
+      a[ks][1] = pack_bf16(r1[0] * b0, r1[1] * b1);
+      a[ks][2] = pack_bf16(r0[8] * b8, r0[9] * b9);
+      a[ks][3] = pack_bf16(r1[8] * b8, r1[9] * b9);
     }
     const int i0 = 16 * mt + g, i1 = i0 + 8;
     for (int nt = nt0; nt < nt1; ++nt) {
       float c[4] = {};
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        const bf16* bp = RT + (8 * nt + g) * kLt + 16 * ks + 2 * t;
+        const bf16* bp = RT + (8 * nt + g) * kLr + 16 * ks + 2 * t;
         mma_bf16(c, a[ks], lds32(bp), lds32(bp + 8));
       }
       const int n = 8 * nt + 2 * t;
@@ -313,6 +353,8 @@ struct StageLayout {
       : ldk(dk + 8), q(2 * kChunk * ldk), kt(2 * q), a(kt + 2 * dk * kLt), u(a + 2 * kChunk * kLt), dl(u + 2 * bv * kLt),
         bytes(dl + 4 * dk) {}
 };
+
+constexpr int kStages = 3;  // chunks in flight in the state pass's shared memory
 
 template <int kWarps>
 __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
@@ -351,7 +393,11 @@ __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, Ch
   if (c_begin == c_end) return;
   const int64_t seq_row0 = s.cu[b];
 
-  auto issue = [&](int c, int stage) {
+  auto issue = [&](int c, int stage) {  // one commit group per call; c < 0: an empty group
+    if (c < 0) {
+      cp_async_commit();
+      return;
+    }
     unsigned char* base = smem_raw + stage * sl.bytes;
     const bf16* src = tw.ws + (static_cast<int64_t>(c) * H + h) * tl.total;
     const int rp = dk / 8;  // 16-byte pieces per row of dk
@@ -372,15 +418,15 @@ __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, Ch
   };
 
   bf16* out = static_cast<bf16*>(s.out.p);
+  // B fragments of n-tiles (2p, 2p+1) at k-step ks of a [rows n][ld] array: lane l reads row
+  // 16p + l % 8 + 8·(l / 16), columns 16ks + 8·((l / 8) % 2) .. + 8.
+  const int lrow = (lane & 7) + 8 * (lane >> 4), lcol = 8 * ((lane >> 3) & 1);
   issue(c_begin, 0);
+  issue(c_begin + 1 < c_end ? c_begin + 1 : -1, 1);
   for (int c = c_begin; c < c_end; ++c) {
-    const int stage = (c - c_begin) & 1;
-    if (c + 1 < c_end) {
-      issue(c + 1, stage ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    const int stage = (c - c_begin) % kStages;
+    issue(c + 2 < c_end ? c + 2 : -1, (stage + 2) % kStages);
+    cp_async_wait<kStages - 1>();  // chunk c's group is complete
     __syncthreads();
     const unsigned char* base = smem_raw + stage * sl.bytes;
     const bf16* sW = reinterpret_cast<const bf16*>(base);
@@ -401,16 +447,19 @@ __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, Ch
       sa[ks][3] = pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
     }
     // Vnᵀ = Uᵀ − Sᵀ·Wᵀ (16 value columns × 64 positions)
-    float vn[kChunk / 8][4];
+    float vn[kChunk / 8][4] = {};
 #pragma unroll
-    for (int nt = 0; nt < kChunk / 8; ++nt) {
-      vn[nt][0] = vn[nt][1] = vn[nt][2] = vn[nt][3] = 0.0f;
+    for (int np = 0; np < kChunk / 16; ++np)
 #pragma unroll
       for (int ks = 0; ks < kMaxDk / 16; ++ks)
         if (ks < nks) {
-          const bf16* bp = sW + (8 * nt + g) * sl.ldk + 16 * ks + 2 * t;
-          mma_bf16(vn[nt], sa[ks], lds32(bp), lds32(bp + 8));
+          uint32_t bq[4];
+          ldsm_x4(bq, sW + (16 * np + lrow) * sl.ldk + 16 * ks + lcol);
+          mma_bf16(vn[2 * np], sa[ks], bq[0], bq[1]);
+          mma_bf16(vn[2 * np + 1], sa[ks], bq[2], bq[3]);
         }
+#pragma unroll
+    for (int nt = 0; nt < kChunk / 8; ++nt) {
       const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g) * kLt + 8 * nt + 2 * t));
       const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g + 8) * kLt + 8 * nt + 2 * t));
       vn[nt][0] = u0.x - vn[nt][0], vn[nt][1] = u0.y - vn[nt][1];
@@ -424,38 +473,52 @@ __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, Ch
       va[ks][2] = pack_bf16(vn[2 * ks + 1][0], vn[2 * ks + 1][1]);
       va[ks][3] = pack_bf16(vn[2 * ks + 1][2], vn[2 * ks + 1][3]);
     }
-    // Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ, written for the chunk's live rows.
+    // Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd, issued before the output so the next chunk's chain starts
+    // early (the output below reads the bf16 copy sa of the old state).
 #pragma unroll
-    for (int nt = 0; nt < kChunk / 8; ++nt) {
-      float o[4] = {};
+    for (int np = 0; np < kMaxDk / 16; ++np)
+      if (np < nks) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int nt = 2 * np + r;
+          const float d0 = sDl[8 * nt + 2 * t], d1 = sDl[8 * nt + 2 * t + 1];
+          S[nt][0] *= d0, S[nt][1] *= d1, S[nt][2] *= d0, S[nt][3] *= d1;
+        }
+#pragma unroll
+        for (int ks = 0; ks < kChunk / 16; ++ks) {
+          uint32_t bq[4];
+          ldsm_x4(bq, sKT + (16 * np + lrow) * kLt + 16 * ks + lcol);
+          mma_bf16(S[2 * np], va[ks], bq[0], bq[1]);
+          mma_bf16(S[2 * np + 1], va[ks], bq[2], bq[3]);
+        }
+      }
+    // Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ with the chunk-start state, written for the chunk's live rows.
+#pragma unroll
+    for (int np = 0; np < kChunk / 16; ++np) {
+      float o[2][4] = {};
 #pragma unroll
       for (int ks = 0; ks < kMaxDk / 16; ++ks)
         if (ks < nks) {
-          const bf16* bp = sQ + (8 * nt + g) * sl.ldk + 16 * ks + 2 * t;
-          mma_bf16(o, sa[ks], lds32(bp), lds32(bp + 8));
+          uint32_t bq[4];
+          ldsm_x4(bq, sQ + (16 * np + lrow) * sl.ldk + 16 * ks + lcol);
+          mma_bf16(o[0], sa[ks], bq[0], bq[1]);
+          mma_bf16(o[1], sa[ks], bq[2], bq[3]);
         }
 #pragma unroll
       for (int ks = 0; ks < kChunk / 16; ++ks) {
-        const bf16* bp = sA + (8 * nt + g) * kLt + 16 * ks + 2 * t;
-        mma_bf16(o, va[ks], lds32(bp), lds32(bp + 8));
+        uint32_t bq[4];
+        ldsm_x4(bq, sA + (16 * np + lrow) * kLt + 16 * ks + lcol);
+        mma_bf16(o[0], va[ks], bq[0], bq[1]);
+        mma_bf16(o[1], va[ks], bq[2], bq[3]);
       }
-      const int i = 8 * nt + 2 * t;
-      bf16* o0 = out + ((row0 + i) * H + h) * dv + v0 + g;
-      if (i < L) o0[0] = __float2bfloat16_rn(o[0]), o0[8] = __float2bfloat16_rn(o[2]);
-      if (i + 1 < L) o0[H * dv] = __float2bfloat16_rn(o[1]), o0[H * dv + 8] = __float2bfloat16_rn(o[3]);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 16 * np + 8 * r + 2 * t;
+        bf16* o0 = out + ((row0 + i) * H + h) * dv + v0 + g;
+        if (i < L) o0[0] = __float2bfloat16_rn(o[r][0]), o0[8] = __float2bfloat16_rn(o[r][2]);
+        if (i + 1 < L) o0[H * dv] = __float2bfloat16_rn(o[r][1]), o0[H * dv + 8] = __float2bfloat16_rn(o[r][3]);
+      }
     }
-    // Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd
-#pragma unroll
-    for (int nt = 0; nt < kMaxDk / 8; ++nt)
-      if (nt < nkt) {
-        const float d0 = sDl[8 * nt + 2 * t], d1 = sDl[8 * nt + 2 * t + 1];
-        S[nt][0] *= d0, S[nt][1] *= d1, S[nt][2] *= d0, S[nt][3] *= d1;
-#pragma unroll
-        for (int ks = 0; ks < kChunk / 16; ++ks) {
-          const bf16* bp = sKT + (8 * nt + g) * kLt + 16 * ks + 2 * t;
-          mma_bf16(S[nt], va[ks], lds32(bp), lds32(bp + 8));
-        }
-      }
     for_snapshots(s, cw, b, h, static_cast<int>(row0 + L - seq_row0), store);
     __syncthreads();  // the next iteration's loads overwrite this stage
   }
@@ -465,7 +528,7 @@ __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, Ch
 template <int kWarps>
 void launch_state(cudaStream_t stream, const KdaStep& s, const ChunkWork& cw, const TcWork& tw, int64_t num_seqs,
                   const std::string& what) {
-  const size_t smem = 2 * static_cast<size_t>(StageLayout(s.dk, 16 * kWarps).bytes);
+  const size_t smem = kStages * static_cast<size_t>(StageLayout(s.dk, 16 * kWarps).bytes);
   KL_CUDA(cudaFuncSetAttribute(kda_tc_state_kernel<kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(smem)),
           what);
@@ -478,7 +541,8 @@ void launch_state(cudaStream_t stream, const KdaStep& s, const ChunkWork& cw, co
 
 bool kda_tc_fits(const KdaArgs& a, const KdaStep& s) {
   const DType bf = DType::kBF16;
-  return a.q.dtype() == bf && a.k.dtype() == bf && a.v.dtype() == bf && a.out.dtype() == bf && s.dk % 16 == 0 && s.dv % 16 == 0 && s.dk <= kMaxDk && s.dv <= kMaxDk;
+  return a.q.dtype() == bf && a.k.dtype() == bf && a.v.dtype() == bf && a.out.dtype() == bf && s.dk == s.dv &&
+         (s.dk == 16 || s.dk == 32 || s.dk == 64 || s.dk == 128);
 }
 
 void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables& ct, int64_t num_seqs,
@@ -489,22 +553,20 @@ void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables&
   const Tensor dl = be.alloc(DType::kF32, {chunks, s.heads, s.dk});
   const TcWork tw{ws.data_as<bf16>(), dl.data_as<float>()};
   if (v.stages != KdaChunkStages::kStateOnly && ct.chunks > 0) {
-    const size_t smem = prep_smem_bytes(s.dk, s.dv);
-    KL_CUDA(cudaFuncSetAttribute(kda_tc_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(smem)),
-            what);
-    kda_tc_prep_kernel<<<dim3(static_cast<unsigned>(ct.chunks), s.heads), kPrepThreads, smem, be.stream()>>>(
-        s, ct.work, tw);
+    auto prep = s.dk == 16 ? kda_tc_prep_kernel<16>
+              : s.dk == 32 ? kda_tc_prep_kernel<32>
+              : s.dk == 64 ? kda_tc_prep_kernel<64>
+                           : kda_tc_prep_kernel<128>;
+    const size_t smem = prep_smem_bytes(s.dk);
+    KL_CUDA(cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), what);
+    prep<<<dim3(static_cast<unsigned>(ct.chunks), s.heads), kPrepThreads, smem, be.stream()>>>(s, ct.work, tw);
     KL_LAUNCHED(what + " (tensor-core chunk prep)");
   }
   if (v.stages == KdaChunkStages::kPrepOnly) return;
-  // Value columns per state block: the widest that divides dv and still gives every SM a block
-  // (fewer, wider blocks reread less workspace; more blocks fill the GPU), unless the variant says.
-  int cols = v.state_cols;
-  if (cols == 0) {
-    cols = 64;
-    while (cols > 16 && num_seqs * s.heads * (s.dv / cols) < be.num_sms()) cols /= 2;
-  }
+  // Value columns per state block: by default the widest that divides dv. A block holds a whole
+  // SM's shared memory (three chunks in flight), so more, narrower blocks only add waves and
+  // reread the workspace (measured on the H200: 64 columns fastest at B=1 and B=8).
+  int cols = v.state_cols == 0 ? 64 : v.state_cols;
   KL_CHECK(cols == 16 || cols == 32 || cols == 64, what + ": state_cols " + std::to_string(cols) + " (16, 32 or 64)");
   while (s.dv % cols != 0) cols /= 2;
   if (cols == 64) launch_state<4>(be.stream(), s, ct.work, tw, num_seqs, what);

@@ -13,12 +13,12 @@ class CudaBackend;
 enum class KdaChunkStages { kBoth, kPrepOnly, kStateOnly };
 
 struct KdaChunkedVariant {
-  int state_cols = 0;  // value columns per state-pass block: 16, 32 or 64; 0 picks by the grid size
+  int state_cols = 0;  // value columns per state-pass block: 16, 32 or 64; 0: the default (64)
   KdaChunkStages stages = KdaChunkStages::kBoth;
 };
 
-// kda_chunked through the bf16 tensor-core path with a chosen variant (BF16 activations, dk and dv
-// multiples of 16 up to 128; aborts otherwise).
+// kda_chunked through the bf16 tensor-core path with a chosen variant (BF16 activations,
+// dk = dv in {16, 32, 64, 128}; aborts otherwise).
 void kda_chunked_variant(CudaBackend& be, const KdaArgs& a, const SeqLayout& layout, const KdaChunkedVariant& v);
 
 }  // namespace klinear::cuda
