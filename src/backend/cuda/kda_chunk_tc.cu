@@ -76,6 +76,18 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+// m16n8 fp32 accumulator tiles (16 rows × 8 columns each) as bf16 m16n8k16 A fragments: tiles
+// 2ks and 2ks+1 are k-step ks (the accumulator and A layouts share their rows and column pairs).
+template <int kSteps>
+__device__ __forceinline__ void to_a_fragments(const float (&c)[2 * kSteps][4], uint32_t (&a)[kSteps][4]) {
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    a[ks][0] = pack_bf16(c[2 * ks][0], c[2 * ks][1]);
+    a[ks][1] = pack_bf16(c[2 * ks][2], c[2 * ks][3]);
+    a[ks][2] = pack_bf16(c[2 * ks + 1][0], c[2 * ks + 1][1]);
+    a[ks][3] = pack_bf16(c[2 * ks + 1][2], c[2 * ks + 1][3]);
+  }
+}
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
@@ -439,13 +451,7 @@ __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, Ch
     const int L = cw.chunk_len[c];
 
     uint32_t sa[kMaxDk / 16][4];  // Sᵀ as bf16 A fragments
-#pragma unroll
-    for (int ks = 0; ks < kMaxDk / 16; ++ks) {
-      sa[ks][0] = pack_bf16(S[2 * ks][0], S[2 * ks][1]);
-      sa[ks][1] = pack_bf16(S[2 * ks][2], S[2 * ks][3]);
-      sa[ks][2] = pack_bf16(S[2 * ks + 1][0], S[2 * ks + 1][1]);
-      sa[ks][3] = pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
-    }
+    to_a_fragments(S, sa);
     // Vnᵀ = Uᵀ − Sᵀ·Wᵀ (16 value columns × 64 positions)
     float vn[kChunk / 8][4] = {};
 #pragma unroll
@@ -466,13 +472,7 @@ __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, Ch
       vn[nt][2] = u1.x - vn[nt][2], vn[nt][3] = u1.y - vn[nt][3];
     }
     uint32_t va[kChunk / 16][4];  // Vnᵀ as bf16 A fragments
-#pragma unroll
-    for (int ks = 0; ks < kChunk / 16; ++ks) {
-      va[ks][0] = pack_bf16(vn[2 * ks][0], vn[2 * ks][1]);
-      va[ks][1] = pack_bf16(vn[2 * ks][2], vn[2 * ks][3]);
-      va[ks][2] = pack_bf16(vn[2 * ks + 1][0], vn[2 * ks + 1][1]);
-      va[ks][3] = pack_bf16(vn[2 * ks + 1][2], vn[2 * ks + 1][3]);
-    }
+    to_a_fragments(vn, va);
     // Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd, issued before the output so the next chunk's chain starts
     // early (the output below reads the bf16 copy sa of the old state).
 #pragma unroll
