@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/backend.h"
+#include "backend/cuda/kda_chunked.h"
 #include "backend/cuda/moe.h"
 
 namespace klinear {
@@ -119,6 +120,28 @@ void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
       std::snprintf(shape, sizeof shape, "B=%lld T=%lld H=32 D=128 %s", (long long)B, (long long)(N / B),
                     gate == KdaGate::kSoftplus ? "softplus" : "lower-bound");
       row(decode ? "kda_recurrent (decode)" : "kda_chunked (prefill)", shape, ms, flop, bytes);
+      if (decode || gate != KdaGate::kSoftplus) continue;
+      // The tensor-core prefill's launches apart (the state pass at each width) over the same
+      // inputs: prep writes the bf16 workspace (W, Qd, Kdᵀ, Aqk, Uᵀ per chunk and head) and the
+      // state pass reads it back in chunk order.
+      const double chunks = (layout.num_rows() + 63.0 * B) / 64;  // upper bound: each sequence's last chunk
+      const double ws_bytes = chunks * H * (2.0 * (3 * 64 * D + 64 * 64 + 64 * D) + 4.0 * D);
+      const double prep_bytes = N * H * D * (2.0 * 3 + 4) + N * H * 4.0 + ws_bytes;
+      const double state_bytes = ws_bytes + N * H * D * 2.0 + 2.0 * B * H * D * D * 4;
+      const double prep_flop = chunks * H * (2.0 * 64 * 64 * D + 2.0 * 64 * 64 * 2 * D);
+      const double state_flop = chunks * H * (3 * 2.0 * 64 * D * D + 2.0 * 64 * 64 * D);
+      auto variant = [&](const cuda::KdaChunkedVariant& v) {
+        return time_ms(be, [&] {
+          be.begin_step();
+          be.upload_layout(layout);
+          cuda::kda_chunked_variant(be, args, layout, v);
+        });
+      };
+      row("  tc prep only", shape, variant({0, cuda::KdaChunkStages::kPrepOnly}), prep_flop, prep_bytes);
+      for (int cols : {16, 32, 64}) {
+        const std::string name = "  tc state only, " + std::to_string(cols) + " cols";
+        row(name, shape, variant({cols, cuda::KdaChunkStages::kStateOnly}), state_flop, state_bytes);
+      }
     }
   }
 }

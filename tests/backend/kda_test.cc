@@ -6,6 +6,7 @@
 // values.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 
 #include "backend_cases.h"
@@ -25,6 +26,24 @@ class KdaOps : public testing::BackendTest {
   void run(Form form, const KdaArgs& a, const SeqLayout& layout) {
     if (form == Form::kChunked) be().kda_chunked(a, layout);
     else be().kda_recurrent(a, layout);
+  }
+  // Against the double recurrence over random cases: F32 rows get their tolerance ×10 (a recurrence
+  // over up to 1000 positions from a non-zero state accumulates fp32 rounding step after step: seen
+  // up to 4.8e-5 per state row, the CPU and the GPU alike, with KLINEAR_TEST_SEED=2410130513); the
+  // BF16 row ×1.5 (its tensor-core operands, the state and Vn among them, are rounded to bf16 every
+  // chunk: seen up to 2.1e-2 on one output row of T=1000 D=128 on the H200, KLINEAR_TEST_SEED=3040425833).
+  double case_tol() const { return act() == DType::kF32 ? 10 * tol() : 1.5 * tol(); }
+
+  // Gates through the CPU gate op: f random with strong decay (A up to e^2.5, lower bound −5: the
+  // cumulative log decay falls far below −100 inside a chunk, and inside 16 rows).
+  static Tensor gates(std::mt19937_64& rng, int64_t n, int64_t H, int64_t d, KdaGate gate) {
+    Tensor f = testing::random_tensor(rng, {n, H * d}, -3.0f, 3.0f);
+    Tensor dt = testing::random_tensor(rng, {H * d});
+    Tensor a_log = testing::random_tensor(rng, {H}, 0.0f, 2.5f);
+    Tensor g = Tensor::empty(DType::kF32, {n, H, d});
+    auto cpu = make_backend(BackendOptions{});
+    (*cpu)->kda_gate(f, dt, a_log, {gate, -5.0f}, g.view({n, H * d}));
+    return g;
   }
 };
 
@@ -78,7 +97,8 @@ TEST_P(KdaOps, FixtureBothForms) {
   }
 }
 
-// SPEC 4.5 in double precision, sequence by sequence, updating `states` [slots, H, dk, dv].
+// SPEC 4.5 in double precision, sequence by sequence, updating `states` [slots, H, dk, dv] and
+// writing the layout's snapshots into their slots.
 Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, Tensor& states,
                  const SeqLayout& layout) {
   const int64_t H = q.dim(1), dk = q.dim(2), dv = v.dim(2);
@@ -113,6 +133,11 @@ Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
           for (int64_t j = 0; j < dk; ++j) o += qt[j] * S[j * dv + c];
           out.f32()[(t * H + h) * dv + c] = float(o);
         }
+        for (size_t s = 0; s < layout.snap_seq.size(); ++s)
+          if (layout.snap_seq[s] == b && layout.snap_pos[s] == t + 1 - layout.cu_seqlens[b]) {
+            float* dst = states.f32() + (layout.snap_slot[s] * H + h) * dk * dv;
+            for (int64_t i = 0; i < dk * dv; ++i) dst[i] = float(S[i]);
+          }
       }
       for (int64_t i = 0; i < dk * dv; ++i) Sf[i] = float(S[i]);
     }
@@ -144,6 +169,11 @@ class KdaCases : public KdaOps {
         // The real head dim (128: a GPU state tile's full height) over 16 chunks, and in a mix.
         {{1000}, {0}, 1, 128, KdaGate::kSoftplus, false},
         {{65, 1, 130, 7}, {0, 40, 0, 3}, 2, 128, KdaGate::kLowerBound, false},
+        {{1000}, {0}, 1, 128, KdaGate::kLowerBound, false},
+        // Eight sequences of a varlen prefill at the real head dim.
+        {{64, 200, 1, 63, 128, 65, 30, 129}, {0, 0, 0, 0, 0, 0, 0, 0}, 2, 128, KdaGate::kSoftplus, false},
+        // A head dim that is not a multiple of 16 (the bf16 tensor-core path does not take it).
+        {{70, 3}, {0, 0}, 2, 24, KdaGate::kSoftplus, false},
     };
     return c;
   }
@@ -166,14 +196,7 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
 
     const Shape nhd{n, H, d};
     Tensor q = testing::random_tensor(rng, nhd), k = testing::random_tensor(rng, nhd), v = testing::random_tensor(rng, nhd);
-    // Realistic gates through the gate op on the CPU: f random with strong decay (A up to e^2.5,
-    // lower bound −5: cumulative log decay far below −100 inside a chunk).
-    Tensor f = testing::random_tensor(rng, {n, H * d}, -3.0f, 3.0f);
-    Tensor dt = testing::random_tensor(rng, {H * d});
-    Tensor a_log = testing::random_tensor(rng, {H}, 0.0f, 2.5f);
-    Tensor g = Tensor::empty(DType::kF32, nhd);
-    auto cpu = make_backend(BackendOptions{});
-    (*cpu)->kda_gate(f, dt, a_log, {c.gate, -5.0f}, g.view({n, H * d}));
+    const Tensor g = gates(rng, n, H, d, c.gate);
     Tensor beta = testing::random_tensor(rng, {n, H}, 0.0f, 1.0f);
     Tensor s0 = c.zero_state ? Tensor::zeros(DType::kF32, {slots, H, d, d}) : testing::random_tensor(rng, {slots, H, d, d}, -0.5f, 0.5f);
 
@@ -182,16 +205,57 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
     // The reference runs on q, k, v as the backend holds them (rounded to its activation dtype),
     // so the tolerance measures the op and not the rounding of its inputs (see FixtureBothForms).
     const Tensor o_ref = reference(host(dev(q)), host(dev(k)), host(dev(v)), g, beta, s_ref, layout);
-    // The row's tolerance ×10: a recurrence over up to 300 positions from a non-zero state
-    // accumulates its dtype's rounding step after step (fp32 seen up to 4.8e-5 per state row, the
-    // CPU and the GPU alike, with KLINEAR_TEST_SEED=2410130513).
-    const double t = 10 * tol();
+    const double t = case_tol();
     for (Form form : {Form::kChunked, Form::kRecurrent}) {
       Tensor states = persistent(s0, DType::kF32);
       Tensor out = poisoned(nhd);
       run(form, KdaArgs{dev(q), dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), states, out}, layout);
       EXPECT_TRUE(all_close(host(out), o_ref, t)) << form_name(form) << " out";
       EXPECT_TRUE(all_close(host(states), s_ref, t)) << form_name(form) << " states (untouched slots included)";
+    }
+  }
+}
+
+// Snapshots (prefix caching): the state of a sequence after chunk boundaries and at its end copied
+// into other slots of the pool by the op itself, every other slot untouched.
+TEST_P(KdaOps, SnapshotsAtChunkBoundariesAndEnds) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const std::vector<int32_t> lens{200, 64, 130, 1, 100};
+  const int64_t seqs = static_cast<int64_t>(lens.size()), H = 2, d = 64, slots = seqs + 8;
+  SeqLayout layout =
+      testing::make_layout(lens, std::vector<int32_t>(seqs, 0), {3, 0, 4, 1, 2}, 64, 64, rng);
+  // (sequence, rows before, slot): boundaries inside sequences, ends on and off a boundary.
+  const std::vector<std::array<int32_t, 3>> snaps{{0, 64, 5},  {0, 128, 6}, {0, 200, 7}, {1, 64, 8},
+                                                  {2, 128, 9}, {3, 1, 10},  {2, 130, 11}};
+  for (const auto& [b, pos, slot] : snaps) {
+    layout.snap_seq.push_back(b);
+    layout.snap_pos.push_back(pos);
+    layout.snap_slot.push_back(slot);
+  }
+  be().upload_layout(layout);
+  const int64_t n = layout.num_rows();
+  const Shape nhd{n, H, d};
+  Tensor q = testing::random_tensor(rng, nhd), k = testing::random_tensor(rng, nhd), v = testing::random_tensor(rng, nhd);
+  for (KdaGate gate : {KdaGate::kSoftplus, KdaGate::kLowerBound}) {
+    SCOPED_TRACE(gate == KdaGate::kSoftplus ? "softplus" : "lower-bound");
+    const Tensor g = gates(rng, n, H, d, gate);
+    Tensor beta = testing::random_tensor(rng, {n, H}, 0.0f, 1.0f);
+    Tensor s0 = testing::random_tensor(rng, {slots, H, d, d}, -0.5f, 0.5f);
+    Tensor s_ref = Tensor::empty(DType::kF32, s0.shape());
+    std::memcpy(s_ref.data(), s0.data(), s0.nbytes());
+    const Tensor o_ref = reference(host(dev(q)), host(dev(k)), host(dev(v)), g, beta, s_ref, layout);
+    for (Form form : {Form::kChunked, Form::kRecurrent}) {
+      Tensor states = persistent(s0, DType::kF32);
+      Tensor out = poisoned(nhd);
+      run(form, KdaArgs{dev(q), dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), states, out}, layout);
+      EXPECT_TRUE(all_close(host(out), o_ref, case_tol())) << form_name(form) << " out";
+      const Tensor got = host(states);
+      EXPECT_TRUE(all_close(got, s_ref, case_tol())) << form_name(form) << " states and snapshots";
+      for (const auto& [b, pos, slot] : snaps) {  // each snapshot slot on its own
+        EXPECT_TRUE(all_close(got.rows(slot, slot + 1).view({H * d, d}), s_ref.rows(slot, slot + 1).view({H * d, d}),
+                              case_tol()))
+            << form_name(form) << " snapshot of sequence " << b << " after " << pos << " rows";
+      }
     }
   }
 }

@@ -137,12 +137,12 @@ class CudaBackend final : public Backend {
   // The state ops' kernels over a layout, snapshots aside.
   void short_conv_rows(const ConvArgs& a, const SeqLayout& layout);
   void kda_recurrent_rows(const KdaArgs& a, const SeqLayout& layout);
-  void kda_chunked_rows(const KdaArgs& a, const SeqLayout& layout);
   // Runs op(r0, r1, part) over the layout. Without snapshots that is one call over every row. With
   // them, a sequence that has snapshots runs alone, in pieces cut at its snapshot positions (multiples
   // of 64, so the chunks stay where they were), and after each piece its slot of `states` is copied
   // into the snapshot's slot; the sequences between run together. Correct, not fast: prefix-caching
-  // steps pay a layout upload per piece until the kernels write snapshots themselves.
+  // steps pay a layout upload per piece until the kernels write snapshots themselves (kda_chunked's
+  // do, kda.cu).
   void for_snapshot_pieces(const SeqLayout& layout, const Tensor& states,
                            const std::function<void(int64_t r0, int64_t r1, const SeqLayout& part)>& op);
 

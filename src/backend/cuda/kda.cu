@@ -1,31 +1,29 @@
 // CUDA KDA (SPEC 4.3-4.6): the decay gate, the recurrent decode and the chunk-64 prefill, over the
 // sequences of a step and their fp32 state slots [slots, H, dk, dv] (K-first).
 //
-// Both core forms keep a state tile of dk rows × 32 columns of one (sequence, head) in registers:
-// 4 warps, lane = column, warp w owns rows [32w, 32w+32) (so dk ≤ 128); a block per (32-column
-// tile, head, sequence). Products over k (Sᵀk, Sᵀq) are per-thread partial sums over the owned rows
-// combined through shared memory.
+// kda_chunked with bf16 activations runs the tensor-core prefill of kda_chunk_tc.cu. The fp32 forms
+// here (the decode, and the prefill with f32 activations, exact to the CPU) keep a state tile of
+// dk rows × 32 columns of one (sequence, head) in registers: 4 warps, lane = column, warp w owns
+// rows [32w, 32w+32) (so dk ≤ 128); a block per (32-column tile, head, sequence). Products over k
+// (Sᵀk, Sᵀq) are per-thread partial sums over the owned rows combined through shared memory.
 //
-// kda_chunked follows the CPU's chunk algorithm (backend/cpu/kda.cc) in two launches:
+// The fp32 kda_chunked follows the CPU's chunk algorithm (backend/cpu/kda.cc) in two launches:
 //   chunk_prep, one block per (chunk, head), all chunks in parallel: L2 norms, G = cumsum(g), the
 //     decayed dots Lm and Aqk (running products e^{G_i−G_m}, factors ≤ 1, never overflowing), the
 //     forward substitution (I + Lm)[W | U] = β[e^G⊙K | V] (a thread per column, the column in
 //     registers), Qd = Q⊙e^G, Kd = K⊙e^{G_last−G}, e^{G_last}; all fp32 into a step workspace.
 //   chunk_state, one block per (column tile, head, sequence), chunks in order: Vn = U − W·S,
-//     O = Qd·S + Aqk·Vn, S ← e^{G_last}⊙S + Kdᵀ·Vn.
-// No per-chunk state goes to memory. Everything is fp32 on CUDA cores: the issue-9 version moves the
-// products to tensor cores and splits the sequence (docs/PERF.md).
+//     O = Qd·S + Aqk·Vn, S ← e^{G_last}⊙S + Kdᵀ·Vn, and the layout's snapshots at chunk ends.
+// No per-chunk state goes to memory.
 #include <cmath>
 #include <vector>
 
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/kda_chunk.cuh"
 
 namespace klinear::cuda {
 
 namespace {
 
-constexpr int kChunk = 64;
-constexpr int kMaxDk = 128;
 constexpr int kCols = 32;                  // state columns per block
 constexpr int kRowsPerWarp = kMaxDk / 4;   // state rows per warp
 constexpr int kStateThreads = 128;
@@ -41,22 +39,6 @@ __global__ void kda_gate_kernel(In f, const float* dt_bias, const float* a_log, 
     const float a = expf(a_log[c / d]);
     g[i] = kind == KdaGate::kSoftplus ? -a * softplus(x) : lower_bound * sigmoid_f(a * x);
   }
-}
-
-struct KdaStep {
-  In q, k, v;
-  const float* g;     // [N, H, dk]
-  const float* beta;  // [N, H]
-  float* states;      // [slots, H, dk, dv]
-  Out out;            // [N, H, dv]
-  const int32_t* cu;
-  const int32_t* slots;
-  int heads, dk, dv;
-  float scale;        // dk^-1/2
-};
-
-__device__ __forceinline__ float* state_tile(const KdaStep& s, int b, int h) {
-  return s.states + (static_cast<int64_t>(s.slots[b]) * s.heads + h) * s.dk * s.dv;
 }
 
 __device__ __forceinline__ void load_state(const KdaStep& s, const float* st, int col, float (&reg)[kRowsPerWarp]) {
@@ -84,7 +66,7 @@ __global__ void __launch_bounds__(kStateThreads) kda_recurrent_kernel(KdaStep s)
   const int col = blockIdx.x * kCols + lane;
   const int64_t row0 = s.cu[b], t_len = s.cu[b + 1] - row0;
   if (t_len == 0) return;
-  float* st = state_tile(s, b, h);
+  float* st = state_tile(s, s.slots[b], h);
   float reg[kRowsPerWarp];
   load_state(s, st, col, reg);
   for (int64_t t = 0; t < t_len; ++t) {
@@ -132,12 +114,10 @@ __global__ void __launch_bounds__(kStateThreads) kda_recurrent_kernel(KdaStep s)
 
 // ---- chunked prefill
 
-struct ChunkWork {
-  const int32_t* chunk_row;    // [chunks] first row of each chunk in the step
-  const int32_t* chunk_len;    // [chunks] 1..64
-  const int32_t* seq_chunk;    // [B+1] chunks of sequence b: [seq_chunk[b], seq_chunk[b+1])
-  float* ws;                   // [chunks, H, per_head] workspace
-  int64_t per_head;            // floats per (chunk, head)
+// The fp32 prefill's workspace.
+struct Fp32Ws {
+  float* ws;         // [chunks, H, per_head]
+  int64_t per_head;  // floats per (chunk, head)
 };
 
 // Offsets of the workspace pieces of one (chunk, head), in floats.
@@ -152,7 +132,7 @@ struct WsLayout {
 constexpr int kPrepThreads = 256;
 constexpr int kPad = 1;  // row padding of the [64][dk] shared arrays (bank spread)
 
-__global__ void __launch_bounds__(kPrepThreads) kda_chunk_prep_kernel(KdaStep s, ChunkWork cw) {
+__global__ void __launch_bounds__(kPrepThreads) kda_chunk_prep_kernel(KdaStep s, ChunkWork cw, Fp32Ws fw) {
   extern __shared__ float sm[];
   const int dk = s.dk, ld = dk + kPad;
   float* qn = sm;                        // [64][ld]
@@ -165,7 +145,7 @@ __global__ void __launch_bounds__(kPrepThreads) kda_chunk_prep_kernel(KdaStep s,
   const int64_t row0 = cw.chunk_row[chunk];
   const int L = cw.chunk_len[chunk];
   const WsLayout wl(dk, s.dv);
-  float* ws = cw.ws + (static_cast<int64_t>(chunk) * s.heads + h) * cw.per_head;
+  float* ws = fw.ws + (static_cast<int64_t>(chunk) * s.heads + h) * fw.per_head;
 
   for (int e = tid; e < kChunk * dk; e += blockDim.x) {
     const int i = e / dk, j = e % dk;
@@ -264,7 +244,7 @@ __global__ void __launch_bounds__(kPrepThreads) kda_chunk_prep_kernel(KdaStep s,
   for (int j = tid; j < dk; j += blockDim.x) ws[wl.dl + j] = expf(glast[j]);
 }
 
-__global__ void __launch_bounds__(kStateThreads) kda_chunk_state_kernel(KdaStep s, ChunkWork cw) {
+__global__ void __launch_bounds__(kStateThreads) kda_chunk_state_kernel(KdaStep s, ChunkWork cw, Fp32Ws fw) {
   extern __shared__ float sm[];
   const int dk = s.dk;
   float* buf = sm;                         // [64][dk]: W, then Qd, then Kd
@@ -275,11 +255,13 @@ __global__ void __launch_bounds__(kStateThreads) kda_chunk_state_kernel(KdaStep 
   const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, tid = threadIdx.x;
   const int col = blockIdx.x * kCols + lane;
   const int c_begin = cw.seq_chunk[b], c_end = cw.seq_chunk[b + 1];
-  if (c_begin == c_end) return;
   const WsLayout wl(dk, s.dv);
-  float* st = state_tile(s, b, h);
+  float* st = state_tile(s, s.slots[b], h);
   float reg[kRowsPerWarp];
   load_state(s, st, col, reg);
+  auto snapshot = [&](float* dst) { store_state(s, dst, col, reg); };
+  for_snapshots(s, cw, b, h, 0, snapshot);
+  if (c_begin == c_end) return;
 
   // part[w][i][lane] ← Σ_{own rows j} a[i][j]·S[j][col] for a = buf [64][dk].
   auto rows_times_state = [&]() {
@@ -298,7 +280,7 @@ __global__ void __launch_bounds__(kStateThreads) kda_chunk_state_kernel(KdaStep 
   };
 
   for (int c = c_begin; c < c_end; ++c) {
-    const float* ws = cw.ws + (static_cast<int64_t>(c) * s.heads + h) * cw.per_head;
+    const float* ws = fw.ws + (static_cast<int64_t>(c) * s.heads + h) * fw.per_head;
     const int64_t row0 = cw.chunk_row[c];
     const int L = cw.chunk_len[c];
     load(buf, ws + wl.w, kChunk * dk);
@@ -336,10 +318,13 @@ __global__ void __launch_bounds__(kStateThreads) kda_chunk_state_kernel(KdaStep 
         reg[r] = acc;
       }
     }
+    for_snapshots(s, cw, b, h, static_cast<int>(row0 + L - s.cu[b]), snapshot);
     __syncthreads();
   }
   store_state(s, st, col, reg);
 }
+
+}  // namespace
 
 KdaStep kda_step(const KdaArgs& a, const SeqLayout& layout, const char* op) {
   const int64_t n = a.q.dim(0), heads = a.q.dim(1), dk = a.q.dim(2), dv = a.v.dim(2);
@@ -358,7 +343,6 @@ KdaStep kda_step(const KdaArgs& a, const SeqLayout& layout, const char* op) {
                  static_cast<int>(dv), 1.0f / std::sqrt(static_cast<float>(dk))};
 }
 
-}  // namespace
 
 void CudaBackend::kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& a_log, const KdaGateParams& p,
                            const Tensor& g) {
@@ -381,24 +365,8 @@ void CudaBackend::kda_recurrent(const KdaArgs& a, const SeqLayout& layout) {
   });
 }
 
-void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
-  for_snapshot_pieces(layout, a.states, [&](int64_t r0, int64_t r1, const SeqLayout& part) {
-    kda_chunked_rows(a.rows(r0, r1), part);
-  });
-}
-
-void CudaBackend::kda_recurrent_rows(const KdaArgs& a, const SeqLayout& layout) {
-  const KdaStep s = kda_step(a, layout, "kda_recurrent");
-  if (layout.num_seqs() == 0 || layout.num_rows() == 0) return;
-  const dim3 grid((s.dv + kCols - 1) / kCols, s.heads, static_cast<unsigned>(layout.num_seqs()));
-  kda_recurrent_kernel<<<grid, kStateThreads, 0, stream_>>>(s);
-  KL_LAUNCHED("kda_recurrent q " + shapes(a.q) + " seqs " + std::to_string(layout.num_seqs()));
-}
-
-void CudaBackend::kda_chunked_rows(const KdaArgs& a, const SeqLayout& layout) {
-  const KdaStep s = kda_step(a, layout, "kda_chunked");
+ChunkTables chunk_tables(CudaBackend& be, const SeqLayout& layout, int64_t slots) {
   const int64_t num_seqs = layout.num_seqs();
-  if (num_seqs == 0 || layout.num_rows() == 0) return;
   // Chunk tables from the host layout (the truth): each sequence's rows cut into chunks of 64.
   std::vector<int32_t> chunk_row, chunk_len, seq_chunk{0};
   for (int64_t b = 0; b < num_seqs; ++b) {
@@ -408,34 +376,80 @@ void CudaBackend::kda_chunked_rows(const KdaArgs& a, const SeqLayout& layout) {
     }
     seq_chunk.push_back(static_cast<int32_t>(chunk_row.size()));
   }
-  const int64_t chunks = static_cast<int64_t>(chunk_row.size());
+  const size_t snaps = layout.snap_seq.size();
+  KL_CHECK(layout.snap_pos.size() == snaps && layout.snap_slot.size() == snaps &&
+               (snaps == 0 || layout.dev.snap_seq.numel() == static_cast<int64_t>(snaps)),
+           "kda_chunked: snapshot arrays of " + std::to_string(snaps) + " entries do not match the layout's");
+  for (size_t k = 0; k < snaps; ++k) {
+    const int32_t b = layout.snap_seq[k], pos = layout.snap_pos[k], slot = layout.snap_slot[k];
+    KL_CHECK(b >= 0 && b < num_seqs && slot >= 0 && slot < slots && pos >= 0 && pos <= layout.new_tokens(b) &&
+                 (pos % kChunk == 0 || pos == layout.new_tokens(b)),
+             "kda_chunked: snapshot " + std::to_string(k) + " (sequence " + std::to_string(b) + ", after " +
+                 std::to_string(pos) + " rows, into slot " + std::to_string(slot) + ") is not a chunk boundary or "
+                 "the end of a sequence of the step with a slot of the " + std::to_string(slots) + "-slot pool");
+  }
   auto dev = [&](std::vector<int32_t>& v) {
-    return to_device(Tensor::wrap(DType::kI32, {static_cast<int64_t>(v.size())}, v.data(), nullptr, Device::kCpu),
-                     DType::kI32);
+    return be.to_device(Tensor::wrap(DType::kI32, {static_cast<int64_t>(v.size())}, v.data(), nullptr, Device::kCpu),
+                        DType::kI32);
   };
-  const Tensor rows_t = dev(chunk_row), lens_t = dev(chunk_len), seq_t = dev(seq_chunk);
+  ChunkTables t;
+  t.chunks = static_cast<int64_t>(chunk_row.size());
+  t.rows = dev(chunk_row), t.lens = dev(chunk_len), t.seq_chunk = dev(seq_chunk);
+  auto ptr = [&](const Tensor& x) { return snaps == 0 ? nullptr : x.data_as<const int32_t>(); };
+  t.work = ChunkWork{t.rows.data_as<const int32_t>(), t.lens.data_as<const int32_t>(),
+                     t.seq_chunk.data_as<const int32_t>(), ptr(layout.dev.snap_seq), ptr(layout.dev.snap_pos),
+                     ptr(layout.dev.snap_slot), static_cast<int>(snaps)};
+  return t;
+}
+
+void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
+  const KdaStep s = kda_step(a, layout, "kda_chunked");
+  const int64_t num_seqs = layout.num_seqs();
+  if (num_seqs == 0) return;
+  const ChunkTables ct = chunk_tables(*this, layout, a.states.dim(0));
+  const std::string what = "kda_chunked q " + shapes(a.q) + " seqs " + std::to_string(num_seqs);
+  if (kda_tc_fits(a, s)) {
+    kda_chunked_tc_launch(*this, s, ct, num_seqs, KdaChunkedVariant{}, what);
+    return;
+  }
   const WsLayout wl(s.dk, s.dv);
   const int64_t per_head = wl.total(s.dk);
-  const Tensor ws = alloc(DType::kF32, {chunks, s.heads, per_head});
-  const ChunkWork cw{rows_t.data_as<const int32_t>(), lens_t.data_as<const int32_t>(), seq_t.data_as<const int32_t>(),
-                     ws.data_as<float>(), per_head};
-  const std::string what = "kda_chunked q " + shapes(a.q) + " seqs " + std::to_string(num_seqs);
-
-  const int ld = s.dk + kPad;
-  const size_t prep_smem = sizeof(float) * (4 * kChunk * ld + kChunk * (kChunk + 1) + kChunk);
-  KL_CUDA(cudaFuncSetAttribute(kda_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(prep_smem)),
-          what);
-  kda_chunk_prep_kernel<<<dim3(static_cast<unsigned>(chunks), s.heads), kPrepThreads, prep_smem, stream_>>>(s, cw);
-  KL_LAUNCHED(what + " (chunk prep)");
-
+  const Tensor ws = alloc(DType::kF32, {std::max<int64_t>(ct.chunks, 1), s.heads, per_head});
+  const Fp32Ws fw{ws.data_as<float>(), per_head};
+  if (ct.chunks > 0) {
+    const int ld = s.dk + kPad;
+    const size_t prep_smem = sizeof(float) * (4 * kChunk * ld + kChunk * (kChunk + 1) + kChunk);
+    KL_CUDA(cudaFuncSetAttribute(kda_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(prep_smem)),
+            what);
+    kda_chunk_prep_kernel<<<dim3(static_cast<unsigned>(ct.chunks), s.heads), kPrepThreads, prep_smem, stream_>>>(
+        s, ct.work, fw);
+    KL_LAUNCHED(what + " (chunk prep)");
+  }
   const size_t state_smem = sizeof(float) * (kChunk * s.dk + kChunk * kChunk + kChunk * kCols + 4 * kChunk * kCols + s.dk);
   KL_CUDA(cudaFuncSetAttribute(kda_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(state_smem)),
           what);
   const dim3 grid((s.dv + kCols - 1) / kCols, s.heads, static_cast<unsigned>(num_seqs));
-  kda_chunk_state_kernel<<<grid, kStateThreads, state_smem, stream_>>>(s, cw);
+  kda_chunk_state_kernel<<<grid, kStateThreads, state_smem, stream_>>>(s, ct.work, fw);
   KL_LAUNCHED(what + " (chunk state)");
+}
+
+void kda_chunked_variant(CudaBackend& be, const KdaArgs& a, const SeqLayout& layout, const KdaChunkedVariant& v) {
+  const KdaStep s = kda_step(a, layout, "kda_chunked");
+  KL_CHECK(kda_tc_fits(a, s), "kda_chunked_variant: the tensor-core path takes BF16 activations and dk = dv "
+                                        "in {16, 32, 64, 128}; got q " + shapes(a.q) + " v " + shapes(a.v));
+  if (layout.num_seqs() == 0) return;
+  const ChunkTables ct = chunk_tables(be, layout, a.states.dim(0));
+  kda_chunked_tc_launch(be, s, ct, layout.num_seqs(), v, "kda_chunked q " + shapes(a.q));
+}
+
+void CudaBackend::kda_recurrent_rows(const KdaArgs& a, const SeqLayout& layout) {
+  const KdaStep s = kda_step(a, layout, "kda_recurrent");
+  if (layout.num_seqs() == 0 || layout.num_rows() == 0) return;
+  const dim3 grid((s.dv + kCols - 1) / kCols, s.heads, static_cast<unsigned>(layout.num_seqs()));
+  kda_recurrent_kernel<<<grid, kStateThreads, 0, stream_>>>(s);
+  KL_LAUNCHED("kda_recurrent q " + shapes(a.q) + " seqs " + std::to_string(layout.num_seqs()));
 }
 
 }  // namespace klinear::cuda

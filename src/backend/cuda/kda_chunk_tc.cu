@@ -1,0 +1,577 @@
+// The bf16 KDA chunked prefill on tensor cores (SPEC 4.6, chunk 64), two launches:
+//
+// prep, a block of 256 threads per (chunk, head), every chunk in parallel (dk = dv = 16, 32, 64 or
+// 128, a template argument). Every global read is issued at once; in fp32 shared memory:
+//   q, k L2-normalised, G = cumsum(g), e^g. The decayed dots Akk (β included: L) and Aqk:
+//   - the four diagonal 16×16 blocks exactly, as running products of e^g down each key's rows
+//     (factors ≤ 1: strong decay underflows to 0, never overflows);
+//   - the six blocks below them with tf32 mma.sync m16n8k8 about a reference row r (the first row of
+//     the later block): q_i·e^{G_i−G_r} and k_m·e^{G_r−G_m}, both factors ≤ 1.
+//   (I + L)⁻¹ in fp32: forward substitution inside the diagonal blocks, then the block merge
+//   T_IM = −T_II·Σ_N L_IN·T_NM. W = T·diag(β)·(e^G ⊙ K) and U = T·diag(β)·V with bf16 m16n8k16
+//   (fp32 accumulate).
+//   It writes a bf16 workspace per (chunk, head): W [64, dk], Qd = Q⊙e^G [64, dk],
+//   Kdᵀ = (K⊙e^{G_last−G})ᵀ [dk, 64], Aqk [64, 64], Uᵀ [dv, 64]; and e^{G_last} [dk] in fp32.
+//
+// state, a block per (16·warps value columns, head, sequence), chunks in order. Each warp keeps
+// Sᵀ (16 value columns × dk) as fp32 mma accumulators in registers and per chunk computes
+//   Vnᵀ = Uᵀ − Sᵀ·Wᵀ,  Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ,  Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd
+// with bf16 m16n8k16 (Sᵀ and Vnᵀ rounded to bf16 as operands; the state itself stays fp32 and
+// accumulates in fp32); B fragments come from shared memory by ldmatrix. The next two chunks'
+// workspace streams into shared memory (cp.async, three stages) while a chunk computes. Snapshots
+// are written from the registers at chunk ends.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/kda_chunk.cuh"
+
+namespace klinear::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kPrepThreads = 256;
+constexpr int kLx = kChunk + 4;  // row stride of the fp32 [64, 64] matrices (fragment reads spread over banks)
+constexpr int kLt = kChunk + 8;  // row stride of the bf16 [*, 64] matrices in shared memory (ldmatrix rows)
+constexpr int kLr = kChunk + 10; // row stride of prep's transposed right-hand sides (spreads the transposing stores)
+
+// The bf16 workspace of one (chunk, head), offsets in elements.
+struct TcLayout {
+  int64_t w, qd, kdt, aqk, ut, total;
+  __host__ __device__ TcLayout(int dk, int dv)
+      : w(0), qd(int64_t{kChunk} * dk), kdt(2 * qd), aqk(3 * qd), ut(aqk + kChunk * kChunk),
+        total(ut + int64_t{kChunk} * dv) {}
+};
+
+struct TcWork {
+  bf16* ws;   // [chunks, H, TcLayout::total]
+  float* dl;  // [chunks, H, dk] e^{G_last}
+};
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ uint32_t lds32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+// d += a·b over one m16n8k16 tile, bf16 operands, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// d += a·b over one m16n8k8 tile, tf32 operands.
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+// m16n8 fp32 accumulator tiles (16 rows × 8 columns each) as bf16 m16n8k16 A fragments: tiles
+// 2ks and 2ks+1 are k-step ks (the accumulator and A layouts share their rows and column pairs).
+template <int kSteps>
+__device__ __forceinline__ void to_a_fragments(const float (&c)[2 * kSteps][4], uint32_t (&a)[kSteps][4]) {
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    a[ks][0] = pack_bf16(c[2 * ks][0], c[2 * ks][1]);
+    a[ks][1] = pack_bf16(c[2 * ks][2], c[2 * ks][3]);
+    a[ks][2] = pack_bf16(c[2 * ks + 1][0], c[2 * ks + 1][1]);
+    a[ks][3] = pack_bf16(c[2 * ks + 1][2], c[2 * ks + 1][3]);
+  }
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+}
+// Four 8×8 bf16 matrices from shared memory (lane l gives the address of row l % 8 of matrix l / 8):
+// with rows = n and 8 consecutive k per row, r[0], r[1] are the m16n8k16 B fragment of the first 8
+// rows and r[2], r[3] that of the next 8 (see the addresses in the state pass).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+size_t prep_smem_bytes(int d) {
+  return sizeof(float) * (4 * kChunk * (d + 4) + 2 * kChunk * kLx + 3 * 256 + kChunk) +
+         sizeof(bf16) * static_cast<size_t>(2 * d) * kLr;
+}
+
+__device__ __forceinline__ uint4 load16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+
+// D = dk = dv (compile time: the loads are issued all at once, the index arithmetic is shifts).
+template <int D>
+__global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int dk = D, dv = D, lg = D + 4;
+  float* qn = reinterpret_cast<float*>(smem_raw);  // [64][lg] normalised, scaled q
+  float* kn = qn + kChunk * lg;                    // [64][lg] normalised k
+  float* G = kn + kChunk * lg;                     // [64][lg] g, then its cumulative sum
+  float* eg = G + kChunk * lg;                     // [64][lg] e^g
+  float* X = eg + kChunk * lg;                     // [64][kLx] L = β_i·Akk, strictly lower
+  float* T = X + kChunk * kLx;                     // [64][kLx] (I + L)⁻¹
+  float* Y = T + kChunk * kLx;                     // [3][16][16] block-merge sums
+  float* bsh = Y + 3 * 256;                        // [64] β
+  bf16* RT = reinterpret_cast<bf16*>(bsh + kChunk);  // [2D][kLr]: (e^G ⊙ K)ᵀ then Vᵀ (β goes into T)
+  const int chunk = blockIdx.x, h = blockIdx.y, H = s.heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t row0 = cw.chunk_row[chunk];
+  const int L = cw.chunk_len[chunk];
+  const TcLayout tl(dk, dv);
+  bf16* ws = tw.ws + (static_cast<int64_t>(chunk) * H + h) * tl.total;
+
+  // Every global read of the block issued at once: q, k, v in 16-byte pieces (8 channels), g in
+  // float4s, β; zero past L.
+  constexpr int kP8 = kChunk * D / 8, kIt8 = (kP8 + kPrepThreads - 1) / kPrepThreads;
+  constexpr int kP4 = kChunk * D / 4, kIt4 = (kP4 + kPrepThreads - 1) / kPrepThreads;
+  uint4 qr[kIt8], kr[kIt8], vr[kIt8];
+  float4 gr[kIt4];
+#pragma unroll
+  for (int it = 0; it < kIt8; ++it) {
+    const int e = tid + it * kPrepThreads, i = e / (D / 8), j = 8 * (e % (D / 8));
+    qr[it] = kr[it] = vr[it] = make_uint4(0, 0, 0, 0);
+    if (e < kP8 && i < L) {
+      const int64_t src = ((row0 + i) * H + h) * D + j;
+      qr[it] = load16(static_cast<const bf16*>(s.q.p) + src);
+      kr[it] = load16(static_cast<const bf16*>(s.k.p) + src);
+      vr[it] = load16(static_cast<const bf16*>(s.v.p) + src);
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kIt4; ++it) {
+    const int e = tid + it * kPrepThreads, i = e / (D / 4), j = 4 * (e % (D / 4));
+    gr[it] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (e < kP4 && i < L) gr[it] = __ldg(reinterpret_cast<const float4*>(s.g + ((row0 + i) * H + h) * D + j));
+  }
+  if (tid < kChunk) bsh[tid] = tid < L ? s.beta[(row0 + tid) * H + h] : 0.0f;
+#pragma unroll
+  for (int it = 0; it < kIt8; ++it) {
+    const int e = tid + it * kPrepThreads, i = e / (D / 8), j = 8 * (e % (D / 8));
+    if (e < kP8) {
+      const bf16* qb = reinterpret_cast<const bf16*>(&qr[it]);
+      const bf16* kb = reinterpret_cast<const bf16*>(&kr[it]);
+      const bf16* vb = reinterpret_cast<const bf16*>(&vr[it]);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) {
+        qn[i * lg + j + x] = __bfloat162float(qb[x]);
+        kn[i * lg + j + x] = __bfloat162float(kb[x]);
+        RT[(dk + j + x) * kLr + i] = vb[x];
+      }
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kIt4; ++it) {
+    const int e = tid + it * kPrepThreads, i = e / (D / 4), j = 4 * (e % (D / 4));
+    if (e < kP4) {
+      *reinterpret_cast<float4*>(G + i * lg + j) = gr[it];
+      *reinterpret_cast<float4*>(eg + i * lg + j) =
+          make_float4(__expf(gr[it].x), __expf(gr[it].y), __expf(gr[it].z), __expf(gr[it].w));
+    }
+  }
+  for (int e = tid; e < kChunk * kLx; e += kPrepThreads) X[e] = 0.0f, T[e] = 0.0f;
+  __syncthreads();
+  if (tid < dk) {  // G = cumsum(g) down each channel (padding has g = 0)
+    float acc = 0.0f;
+#pragma unroll 16
+    for (int i = 0; i < kChunk; ++i) acc += G[i * lg + tid], G[i * lg + tid] = acc;
+  }
+  for (int i = warp; i < kChunk; i += kPrepThreads / 32) {  // L2 norms, a warp per row
+    float sq = 0.0f, sk = 0.0f;
+    for (int j = lane; j < dk; j += 32) sq += qn[i * lg + j] * qn[i * lg + j], sk += kn[i * lg + j] * kn[i * lg + j];
+    sq = s.scale / sqrtf(warp_sum(sq) + 1e-6f);
+    sk = 1.0f / sqrtf(warp_sum(sk) + 1e-6f);
+    for (int j = lane; j < dk; j += 32) qn[i * lg + j] *= sq, kn[i * lg + j] *= sk;
+  }
+  __syncthreads();
+
+  bf16* aqk = ws + tl.aqk;
+  // Diagonal blocks, exact: lanes (4 keys m × 8 channel slices), float4 channels 4·(8jj + slice);
+  // dec = k_m ⊙ e^{G_i − G_m} as a running product while i walks m's block.
+  for (int half = 0; half < 2; ++half) {
+    const int mbase = half * 32 + warp * 4, m = mbase + (lane >> 3), slice = lane & 7, end = (mbase | 15) + 1;
+    float4 dec[kMaxDk / 32];
+#pragma unroll
+    for (int jj = 0; jj < kMaxDk / 32; ++jj) {
+      const int j = 4 * (8 * jj + slice);
+      dec[jj] = j < dk ? *reinterpret_cast<const float4*>(kn + m * lg + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int i = mbase; i < end; ++i) {  // warp-uniform; rows before m contribute nothing
+      float kk = 0.0f, qk = 0.0f;
+      if (i >= m) {
+#pragma unroll
+        for (int jj = 0; jj < kMaxDk / 32; ++jj) {
+          const int j = 4 * (8 * jj + slice);
+          if (j < dk) {
+            if (i > m) {
+              const float4 e = *reinterpret_cast<const float4*>(eg + i * lg + j);
+              dec[jj].x *= e.x, dec[jj].y *= e.y, dec[jj].z *= e.z, dec[jj].w *= e.w;
+            }
+            const float4 kv = *reinterpret_cast<const float4*>(kn + i * lg + j);
+            const float4 qv = *reinterpret_cast<const float4*>(qn + i * lg + j);
+            kk += kv.x * dec[jj].x + kv.y * dec[jj].y + kv.z * dec[jj].z + kv.w * dec[jj].w;
+            qk += qv.x * dec[jj].x + qv.y * dec[jj].y + qv.z * dec[jj].z + qv.w * dec[jj].w;
+          }
+        }
+      }
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) {
+        kk += __shfl_xor_sync(0xffffffffu, kk, o);
+        qk += __shfl_xor_sync(0xffffffffu, qk, o);
+      }
+      if (slice == 0 && i >= m) {
+        if (i > m) X[i * kLx + m] = bsh[i] * kk;
+        aqk[i * kChunk + m] = __float2bfloat16_rn(qk);
+      }
+    }
+  }
+  // Blocks below the diagonal on tf32 tensor cores, a warp per block (I, M), reference row r = 16I.
+  if (warp < 6) {
+    constexpr int kI[6] = {1, 2, 2, 3, 3, 3}, kM[6] = {0, 0, 1, 0, 1, 2};
+    const int I = kI[warp], M = kM[warp], r = 16 * I, g = lane >> 2, t = lane & 3, ia = r + g, ib = ia + 8;
+    float ck[2][4] = {}, cq[2][4] = {};
+    for (int ks = 0; ks < dk / 8; ++ks) {
+      const int j0 = 8 * ks + t, j1 = j0 + 4;
+      const float gr0 = G[r * lg + j0], gr1 = G[r * lg + j1];
+      const float e0 = __expf(G[ia * lg + j0] - gr0), e1 = __expf(G[ib * lg + j0] - gr0);
+      const float e2 = __expf(G[ia * lg + j1] - gr1), e3 = __expf(G[ib * lg + j1] - gr1);
+      const uint32_t ak[4] = {tf32(kn[ia * lg + j0] * e0), tf32(kn[ib * lg + j0] * e1), tf32(kn[ia * lg + j1] * e2),
+                              tf32(kn[ib * lg + j1] * e3)};
+      const uint32_t aq[4] = {tf32(qn[ia * lg + j0] * e0), tf32(qn[ib * lg + j0] * e1), tf32(qn[ia * lg + j1] * e2),
+                              tf32(qn[ib * lg + j1] * e3)};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int mm = 16 * M + 8 * nt + g;
+        const uint32_t b0 = tf32(kn[mm * lg + j0] * __expf(gr0 - G[mm * lg + j0]));
+        const uint32_t b1 = tf32(kn[mm * lg + j1] * __expf(gr1 - G[mm * lg + j1]));
+        mma_tf32(ck[nt], ak, b0, b1);
+        mma_tf32(cq[nt], aq, b0, b1);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int col = 16 * M + 8 * nt + 2 * t;
+      X[ia * kLx + col] = bsh[ia] * ck[nt][0], X[ia * kLx + col + 1] = bsh[ia] * ck[nt][1];
+      X[ib * kLx + col] = bsh[ib] * ck[nt][2], X[ib * kLx + col + 1] = bsh[ib] * ck[nt][3];
+      *reinterpret_cast<__nv_bfloat162*>(aqk + ia * kChunk + col) = __floats2bfloat162_rn(cq[nt][0], cq[nt][1]);
+      *reinterpret_cast<__nv_bfloat162*>(aqk + ib * kChunk + col) = __floats2bfloat162_rn(cq[nt][2], cq[nt][3]);
+    }
+  }
+  for (int e = tid; e < kChunk * kChunk; e += kPrepThreads)
+    if (e % kChunk > e / kChunk) aqk[e] = __float2bfloat16_rn(0.0f);  // above the diagonal
+  __syncthreads();
+
+  if (tid < kChunk) {
+    // Inverses of the diagonal blocks of I + L, a thread per column c of block I.
+    const int I = tid >> 4, c = tid & 15, o = 16 * I;
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      float r = i == c ? 1.0f : 0.0f;
+#pragma unroll
+      for (int m = 0; m < i; ++m) r -= X[(o + i) * kLx + o + m] * x[m];
+      x[i] = i < c ? 0.0f : r;
+      T[(o + i) * kLx + o + c] = x[i];
+    }
+  } else {
+    // The other threads write Qd, Kdᵀ, e^{G_last} and the right-hand side e^G ⊙ K.
+    const float* glast = G + (kChunk - 1) * lg;  // = G at row L−1 (padding has g = 0)
+    for (int e = tid - kChunk; e < kChunk * dk; e += kPrepThreads - kChunk) {
+      const int i = e / dk, j = e % dk;
+      const float eG = __expf(G[i * lg + j]);
+      ws[tl.qd + e] = __float2bfloat16_rn(qn[i * lg + j] * eG);
+      RT[j * kLr + i] = __float2bfloat16_rn(eG * kn[i * lg + j]);
+    }
+    for (int e = tid - kChunk; e < dk * kChunk; e += kPrepThreads - kChunk) {
+      const int j = e / kChunk, i = e % kChunk;
+      ws[tl.kdt + e] = __float2bfloat16_rn(kn[i * lg + j] * __expf(glast[j] - G[i * lg + j]));
+    }
+    for (int j = tid - kChunk; j < dk; j += kPrepThreads - kChunk)
+      tw.dl[(static_cast<int64_t>(chunk) * H + h) * dk + j] = __expf(glast[j]);
+  }
+  __syncthreads();
+  // Block merge, block row by block row: T_IM = −T_II·Σ_{M≤N<I} L_IN·T_NM.
+  for (int I = 1; I < 4; ++I) {
+    for (int e = tid; e < I * 256; e += kPrepThreads) {
+      const int M = e >> 8, a = (e >> 4) & 15, b = e & 15;
+      float acc = 0.0f;
+      for (int N = M; N < I; ++N)
+#pragma unroll
+        for (int p = 0; p < 16; ++p) acc += X[(16 * I + a) * kLx + 16 * N + p] * T[(16 * N + p) * kLx + 16 * M + b];
+      Y[e] = acc;
+    }
+    __syncthreads();
+    for (int e = tid; e < I * 256; e += kPrepThreads) {
+      const int M = e >> 8, a = (e >> 4) & 15, b = e & 15;
+      float acc = 0.0f;
+#pragma unroll
+      for (int p = 0; p < 16; ++p) acc += T[(16 * I + a) * kLx + 16 * I + p] * Y[(M << 8) + p * 16 + b];
+      T[(16 * I + a) * kLx + 16 * M + b] = -acc;
+    }
+    __syncthreads();
+  }
+  // [W | U] = T·diag(β) · [e^G ⊙ K | V] on bf16 tensor cores: warp → 16 rows, half of the columns.
+  {
+    const int mt = warp & 3, g = lane >> 2, t = lane & 3, ntiles = (dk + dv) / 8;
+    const int nt0 = (warp >> 2) * (ntiles / 2), nt1 = nt0 + ntiles / 2;
+    uint32_t a[4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const int c = 16 * ks + 2 * t;
+      const float* r0 = T + (16 * mt + g) * kLx + c;
+      const float* r1 = r0 + 8 * kLx;
+      const float b0 = bsh[c], b1 = bsh[c + 1], b8 = bsh[c + 8], b9 = bsh[c + 9];
+      a[ks][0] = pack_bf16(r0[0] * b0, r0[1] * b1);
+      a[ks][1] = pack_bf16(r1[0] * b0, r1[1] * b1);
+      a[ks][2] = pack_bf16(r0[8] * b8, r0[9] * b9);
+      a[ks][3] = pack_bf16(r1[8] * b8, r1[9] * b9);
+    }
+    const int i0 = 16 * mt + g, i1 = i0 + 8;
+    for (int nt = nt0; nt < nt1; ++nt) {
+      float c[4] = {};
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const bf16* bp = RT + (8 * nt + g) * kLr + 16 * ks + 2 * t;
+        mma_bf16(c, a[ks], lds32(bp), lds32(bp + 8));
+      }
+      const int n = 8 * nt + 2 * t;
+      if (n < dk) {
+        *reinterpret_cast<__nv_bfloat162*>(ws + tl.w + i0 * dk + n) = __floats2bfloat162_rn(c[0], c[1]);
+        *reinterpret_cast<__nv_bfloat162*>(ws + tl.w + i1 * dk + n) = __floats2bfloat162_rn(c[2], c[3]);
+      } else {
+        bf16* ut = ws + tl.ut + static_cast<int64_t>(n - dk) * kChunk;
+        ut[i0] = __float2bfloat16_rn(c[0]);
+        ut[kChunk + i0] = __float2bfloat16_rn(c[1]);
+        ut[i1] = __float2bfloat16_rn(c[2]);
+        ut[kChunk + i1] = __float2bfloat16_rn(c[3]);
+      }
+    }
+  }
+}
+
+// Shared-memory stage of the state pass: one chunk's W, Qd (rows of dk + 8), Kdᵀ, Aqk and the
+// block's Uᵀ rows (rows of kLt), e^{G_last}; offsets in bytes.
+struct StageLayout {
+  int ldk, q, kt, a, u, dl, bytes;
+  __host__ __device__ StageLayout(int dk, int bv)
+      : ldk(dk + 8), q(2 * kChunk * ldk), kt(2 * q), a(kt + 2 * dk * kLt), u(a + 2 * kChunk * kLt), dl(u + 2 * bv * kLt),
+        bytes(dl + 4 * dk) {}
+};
+
+constexpr int kStages = 3;  // chunks in flight in the state pass's shared memory
+
+template <int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
+  constexpr int kBv = 16 * kWarps, kThreads = 32 * kWarps;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int dk = s.dk, dv = s.dv, H = s.heads;
+  const StageLayout sl(dk, kBv);
+  const TcLayout tl(dk, dv);
+  const int b = blockIdx.z, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2,
+            t = lane & 3;
+  const int vblk = blockIdx.x * kBv, v0 = vblk + 16 * warp;
+  const int c_begin = cw.seq_chunk[b], c_end = cw.seq_chunk[b + 1];
+  const int nkt = dk / 8, nks = dk / 16;  // state n-tiles (8 channels) and k-steps (16 channels)
+
+  // Sᵀ[v][j] of this warp's 16 value columns as m16n8 accumulators: [nt][0..3] ↔ (v0+g, 8nt+2t),
+  // (v0+g, 8nt+2t+1), (v0+g+8, 8nt+2t), (v0+g+8, 8nt+2t+1).
+  float S[kMaxDk / 8][4];
+  auto tile_at = [&](float* st, int nt, int r) -> float& {
+    return st[static_cast<int64_t>(8 * nt + 2 * t + (r & 1)) * dv + v0 + g + 8 * (r >> 1)];
+  };
+  {
+    float* st = state_tile(s, s.slots[b], h);
+#pragma unroll
+    for (int nt = 0; nt < kMaxDk / 8; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) S[nt][r] = nt < nkt ? tile_at(st, nt, r) : 0.0f;
+  }
+  auto store = [&](float* st) {
+#pragma unroll
+    for (int nt = 0; nt < kMaxDk / 8; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        if (nt < nkt) tile_at(st, nt, r) = S[nt][r];
+  };
+  for_snapshots(s, cw, b, h, 0, store);
+  if (c_begin == c_end) return;
+  const int64_t seq_row0 = s.cu[b];
+
+  auto issue = [&](int c, int stage) {  // one commit group per call; c < 0: an empty group
+    if (c < 0) {
+      cp_async_commit();
+      return;
+    }
+    unsigned char* base = smem_raw + stage * sl.bytes;
+    const bf16* src = tw.ws + (static_cast<int64_t>(c) * H + h) * tl.total;
+    const int rp = dk / 8;  // 16-byte pieces per row of dk
+    for (int e = tid; e < kChunk * rp; e += kThreads) {
+      const int i = e / rp, p = 8 * (e % rp);
+      cp_async16(base + 2 * (i * sl.ldk + p), src + tl.w + i * dk + p);
+      cp_async16(base + sl.q + 2 * (i * sl.ldk + p), src + tl.qd + i * dk + p);
+    }
+    for (int e = tid; e < dk * 8; e += kThreads)
+      cp_async16(base + sl.kt + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.kdt + 8 * e);
+    for (int e = tid; e < kChunk * 8; e += kThreads)
+      cp_async16(base + sl.a + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.aqk + 8 * e);
+    for (int e = tid; e < kBv * 8; e += kThreads)
+      cp_async16(base + sl.u + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.ut + static_cast<int64_t>(vblk) * kChunk + 8 * e);
+    for (int e = tid; e < dk / 4; e += kThreads)
+      cp_async16(base + sl.dl + 16 * e, tw.dl + (static_cast<int64_t>(c) * H + h) * dk + 4 * e);
+    cp_async_commit();
+  };
+
+  bf16* out = static_cast<bf16*>(s.out.p);
+  // B fragments of n-tiles (2p, 2p+1) at k-step ks of a [rows n][ld] array: lane l reads row
+  // 16p + l % 8 + 8·(l / 16), columns 16ks + 8·((l / 8) % 2) .. + 8.
+  const int lrow = (lane & 7) + 8 * (lane >> 4), lcol = 8 * ((lane >> 3) & 1);
+  issue(c_begin, 0);
+  issue(c_begin + 1 < c_end ? c_begin + 1 : -1, 1);
+  for (int c = c_begin; c < c_end; ++c) {
+    const int stage = (c - c_begin) % kStages;
+    issue(c + 2 < c_end ? c + 2 : -1, (stage + 2) % kStages);
+    cp_async_wait<kStages - 1>();  // chunk c's group is complete
+    __syncthreads();
+    const unsigned char* base = smem_raw + stage * sl.bytes;
+    const bf16* sW = reinterpret_cast<const bf16*>(base);
+    const bf16* sQ = reinterpret_cast<const bf16*>(base + sl.q);
+    const bf16* sKT = reinterpret_cast<const bf16*>(base + sl.kt);
+    const bf16* sA = reinterpret_cast<const bf16*>(base + sl.a);
+    const bf16* sU = reinterpret_cast<const bf16*>(base + sl.u);
+    const float* sDl = reinterpret_cast<const float*>(base + sl.dl);
+    const int64_t row0 = cw.chunk_row[c];
+    const int L = cw.chunk_len[c];
+
+    uint32_t sa[kMaxDk / 16][4];  // Sᵀ as bf16 A fragments
+    to_a_fragments(S, sa);
+    // Vnᵀ = Uᵀ − Sᵀ·Wᵀ (16 value columns × 64 positions)
+    float vn[kChunk / 8][4] = {};
+#pragma unroll
+    for (int np = 0; np < kChunk / 16; ++np)
+#pragma unroll
+      for (int ks = 0; ks < kMaxDk / 16; ++ks)
+        if (ks < nks) {
+          uint32_t bq[4];
+          ldsm_x4(bq, sW + (16 * np + lrow) * sl.ldk + 16 * ks + lcol);
+          mma_bf16(vn[2 * np], sa[ks], bq[0], bq[1]);
+          mma_bf16(vn[2 * np + 1], sa[ks], bq[2], bq[3]);
+        }
+#pragma unroll
+    for (int nt = 0; nt < kChunk / 8; ++nt) {
+      const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g) * kLt + 8 * nt + 2 * t));
+      const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g + 8) * kLt + 8 * nt + 2 * t));
+      vn[nt][0] = u0.x - vn[nt][0], vn[nt][1] = u0.y - vn[nt][1];
+      vn[nt][2] = u1.x - vn[nt][2], vn[nt][3] = u1.y - vn[nt][3];
+    }
+    uint32_t va[kChunk / 16][4];  // Vnᵀ as bf16 A fragments
+    to_a_fragments(vn, va);
+    // Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd, issued before the output so the next chunk's chain starts
+    // early (the output below reads the bf16 copy sa of the old state).
+#pragma unroll
+    for (int np = 0; np < kMaxDk / 16; ++np)
+      if (np < nks) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int nt = 2 * np + r;
+          const float d0 = sDl[8 * nt + 2 * t], d1 = sDl[8 * nt + 2 * t + 1];
+          S[nt][0] *= d0, S[nt][1] *= d1, S[nt][2] *= d0, S[nt][3] *= d1;
+        }
+#pragma unroll
+        for (int ks = 0; ks < kChunk / 16; ++ks) {
+          uint32_t bq[4];
+          ldsm_x4(bq, sKT + (16 * np + lrow) * kLt + 16 * ks + lcol);
+          mma_bf16(S[2 * np], va[ks], bq[0], bq[1]);
+          mma_bf16(S[2 * np + 1], va[ks], bq[2], bq[3]);
+        }
+      }
+    // Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ with the chunk-start state, written for the chunk's live rows.
+#pragma unroll
+    for (int np = 0; np < kChunk / 16; ++np) {
+      float o[2][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < kMaxDk / 16; ++ks)
+        if (ks < nks) {
+          uint32_t bq[4];
+          ldsm_x4(bq, sQ + (16 * np + lrow) * sl.ldk + 16 * ks + lcol);
+          mma_bf16(o[0], sa[ks], bq[0], bq[1]);
+          mma_bf16(o[1], sa[ks], bq[2], bq[3]);
+        }
+#pragma unroll
+      for (int ks = 0; ks < kChunk / 16; ++ks) {
+        uint32_t bq[4];
+        ldsm_x4(bq, sA + (16 * np + lrow) * kLt + 16 * ks + lcol);
+        mma_bf16(o[0], va[ks], bq[0], bq[1]);
+        mma_bf16(o[1], va[ks], bq[2], bq[3]);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 16 * np + 8 * r + 2 * t;
+        bf16* o0 = out + ((row0 + i) * H + h) * dv + v0 + g;
+        if (i < L) o0[0] = __float2bfloat16_rn(o[r][0]), o0[8] = __float2bfloat16_rn(o[r][2]);
+        if (i + 1 < L) o0[H * dv] = __float2bfloat16_rn(o[r][1]), o0[H * dv + 8] = __float2bfloat16_rn(o[r][3]);
+      }
+    }
+    for_snapshots(s, cw, b, h, static_cast<int>(row0 + L - seq_row0), store);
+    __syncthreads();  // the next iteration's loads overwrite this stage
+  }
+  store(state_tile(s, s.slots[b], h));
+}
+
+template <int kWarps>
+void launch_state(cudaStream_t stream, const KdaStep& s, const ChunkWork& cw, const TcWork& tw, int64_t num_seqs,
+                  const std::string& what) {
+  const size_t smem = kStages * static_cast<size_t>(StageLayout(s.dk, 16 * kWarps).bytes);
+  KL_CUDA(cudaFuncSetAttribute(kda_tc_state_kernel<kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem)),
+          what);
+  const dim3 grid(static_cast<unsigned>(s.dv / (16 * kWarps)), s.heads, static_cast<unsigned>(num_seqs));
+  kda_tc_state_kernel<kWarps><<<grid, 32 * kWarps, smem, stream>>>(s, cw, tw);
+  KL_LAUNCHED(what + " (tensor-core state pass, " + std::to_string(16 * kWarps) + " columns)");
+}
+
+}  // namespace
+
+bool kda_tc_fits(const KdaArgs& a, const KdaStep& s) {
+  const DType bf = DType::kBF16;
+  return a.q.dtype() == bf && a.k.dtype() == bf && a.v.dtype() == bf && a.out.dtype() == bf && s.dk == s.dv &&
+         (s.dk == 16 || s.dk == 32 || s.dk == 64 || s.dk == 128);
+}
+
+void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables& ct, int64_t num_seqs,
+                           const KdaChunkedVariant& v, const std::string& what) {
+  const TcLayout tl(s.dk, s.dv);
+  const int64_t chunks = std::max<int64_t>(ct.chunks, 1);
+  const Tensor ws = be.alloc(DType::kBF16, {chunks, s.heads, tl.total});
+  const Tensor dl = be.alloc(DType::kF32, {chunks, s.heads, s.dk});
+  const TcWork tw{ws.data_as<bf16>(), dl.data_as<float>()};
+  if (v.stages != KdaChunkStages::kStateOnly && ct.chunks > 0) {
+    auto prep = s.dk == 16 ? kda_tc_prep_kernel<16>
+              : s.dk == 32 ? kda_tc_prep_kernel<32>
+              : s.dk == 64 ? kda_tc_prep_kernel<64>
+                           : kda_tc_prep_kernel<128>;
+    const size_t smem = prep_smem_bytes(s.dk);
+    KL_CUDA(cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), what);
+    prep<<<dim3(static_cast<unsigned>(ct.chunks), s.heads), kPrepThreads, smem, be.stream()>>>(s, ct.work, tw);
+    KL_LAUNCHED(what + " (tensor-core chunk prep)");
+  }
+  if (v.stages == KdaChunkStages::kPrepOnly) return;
+  // Value columns per state block: by default the widest that divides dv. A block holds a whole
+  // SM's shared memory (three chunks in flight), so more, narrower blocks only add waves and
+  // reread the workspace (measured on the H200: 64 columns fastest at B=1 and B=8).
+  int cols = v.state_cols == 0 ? 64 : v.state_cols;
+  KL_CHECK(cols == 16 || cols == 32 || cols == 64, what + ": state_cols " + std::to_string(cols) + " (16, 32 or 64)");
+  while (s.dv % cols != 0) cols /= 2;
+  if (cols == 64) launch_state<4>(be.stream(), s, ct.work, tw, num_seqs, what);
+  else if (cols == 32) launch_state<2>(be.stream(), s, ct.work, tw, num_seqs, what);
+  else launch_state<1>(be.stream(), s, ct.work, tw, num_seqs, what);
+}
+
+}  // namespace klinear::cuda
