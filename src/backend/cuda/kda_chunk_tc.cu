@@ -184,12 +184,25 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
 #pragma unroll 16
     for (int i = 0; i < kChunk; ++i) acc += G[i * lg + tid], G[i * lg + tid] = acc;
   }
-  for (int i = warp; i < kChunk; i += kPrepThreads / 32) {  // L2 norms, a warp per row
-    float sq = 0.0f, sk = 0.0f;
-    for (int j = lane; j < dk; j += 32) sq += qn[i * lg + j] * qn[i * lg + j], sk += kn[i * lg + j] * kn[i * lg + j];
-    sq = s.scale / sqrtf(warp_sum(sq) + 1e-6f);
-    sk = 1.0f / sqrtf(warp_sum(sk) + 1e-6f);
-    for (int j = lane; j < dk; j += 32) qn[i * lg + j] *= sq, kn[i * lg + j] *= sk;
+  {  // L2 norms, a warp per row; the warp's rows reduced together (independent shuffle chains)
+    constexpr int kRows = kChunk / (kPrepThreads / 32);
+    float sq[kRows], sk[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int i = warp + r * (kPrepThreads / 32);
+      sq[r] = sk[r] = 0.0f;
+#pragma unroll
+      for (int j = lane; j < dk; j += 32) sq[r] += qn[i * lg + j] * qn[i * lg + j], sk[r] += kn[i * lg + j] * kn[i * lg + j];
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) sq[r] = warp_sum(sq[r]), sk[r] = warp_sum(sk[r]);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int i = warp + r * (kPrepThreads / 32);
+      const float fq = s.scale / sqrtf(sq[r] + 1e-6f), fk = 1.0f / sqrtf(sk[r] + 1e-6f);
+#pragma unroll
+      for (int j = lane; j < dk; j += 32) qn[i * lg + j] *= fq, kn[i * lg + j] *= fk;
+    }
   }
   __syncthreads();
 
@@ -204,6 +217,7 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
       const int j = 4 * (8 * jj + slice);
       dec[jj] = j < dk ? *reinterpret_cast<const float4*>(kn + m * lg + j) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+#pragma unroll 4
     for (int i = mbase; i < end; ++i) {  // warp-uniform; rows before m contribute nothing
       float kk = 0.0f, qk = 0.0f;
       if (i >= m) {
@@ -284,12 +298,14 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
   } else {
     // The other threads write Qd, Kdᵀ, e^{G_last} and the right-hand side e^G ⊙ K.
     const float* glast = G + (kChunk - 1) * lg;  // = G at row L−1 (padding has g = 0)
+#pragma unroll 4
     for (int e = tid - kChunk; e < kChunk * dk; e += kPrepThreads - kChunk) {
       const int i = e / dk, j = e % dk;
       const float eG = __expf(G[i * lg + j]);
       ws[tl.qd + e] = __float2bfloat16_rn(qn[i * lg + j] * eG);
       RT[j * kLr + i] = __float2bfloat16_rn(eG * kn[i * lg + j]);
     }
+#pragma unroll 4
     for (int e = tid - kChunk; e < dk * kChunk; e += kPrepThreads - kChunk) {
       const int j = e / kChunk, i = e % kChunk;
       ws[tl.kdt + e] = __float2bfloat16_rn(kn[i * lg + j] * __expf(glast[j] - G[i * lg + j]));
@@ -320,8 +336,8 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
   }
   // [W | U] = T·diag(β) · [e^G ⊙ K | V] on bf16 tensor cores: warp → 16 rows, half of the columns.
   {
-    const int mt = warp & 3, g = lane >> 2, t = lane & 3, ntiles = (dk + dv) / 8;
-    const int nt0 = (warp >> 2) * (ntiles / 2), nt1 = nt0 + ntiles / 2;
+    constexpr int kHalf = (dk + dv) / 16;  // n-tiles per warp
+    const int mt = warp & 3, g = lane >> 2, t = lane & 3, nt0 = (warp >> 2) * kHalf;
     uint32_t a[4][4];
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -335,7 +351,9 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
       a[ks][3] = pack_bf16(r1[8] * b8, r1[9] * b9);
     }
     const int i0 = 16 * mt + g, i1 = i0 + 8;
-    for (int nt = nt0; nt < nt1; ++nt) {
+#pragma unroll
+    for (int q = 0; q < kHalf; ++q) {
+      const int nt = nt0 + q;
       float c[4] = {};
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -405,6 +423,7 @@ __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, Ch
   if (c_begin == c_end) return;
   const int64_t seq_row0 = s.cu[b];
 
+  const int rp = dk / 8, lrp = __ffs(rp) - 1;  // 16-byte pieces per row of dk (a power of two), its log2
   auto issue = [&](int c, int stage) {  // one commit group per call; c < 0: an empty group
     if (c < 0) {
       cp_async_commit();
@@ -412,9 +431,8 @@ __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, Ch
     }
     unsigned char* base = smem_raw + stage * sl.bytes;
     const bf16* src = tw.ws + (static_cast<int64_t>(c) * H + h) * tl.total;
-    const int rp = dk / 8;  // 16-byte pieces per row of dk
     for (int e = tid; e < kChunk * rp; e += kThreads) {
-      const int i = e / rp, p = 8 * (e % rp);
+      const int i = e >> lrp, p = 8 * (e & (rp - 1));
       cp_async16(base + 2 * (i * sl.ldk + p), src + tl.w + i * dk + p);
       cp_async16(base + sl.q + 2 * (i * sl.ldk + p), src + tl.qd + i * dk + p);
     }
@@ -452,18 +470,22 @@ __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, Ch
 
     uint32_t sa[kMaxDk / 16][4];  // Sᵀ as bf16 A fragments
     to_a_fragments(S, sa);
+    // Every product below takes one k-step at a time over all its n-tiles: the B fragments of the
+    // step are loaded together, then the mma's run on independent accumulators.
     // Vnᵀ = Uᵀ − Sᵀ·Wᵀ (16 value columns × 64 positions)
     float vn[kChunk / 8][4] = {};
 #pragma unroll
-    for (int np = 0; np < kChunk / 16; ++np)
+    for (int ks = 0; ks < kMaxDk / 16; ++ks)
+      if (ks < nks) {
+        uint32_t bq[kChunk / 16][4];
 #pragma unroll
-      for (int ks = 0; ks < kMaxDk / 16; ++ks)
-        if (ks < nks) {
-          uint32_t bq[4];
-          ldsm_x4(bq, sW + (16 * np + lrow) * sl.ldk + 16 * ks + lcol);
-          mma_bf16(vn[2 * np], sa[ks], bq[0], bq[1]);
-          mma_bf16(vn[2 * np + 1], sa[ks], bq[2], bq[3]);
+        for (int np = 0; np < kChunk / 16; ++np) ldsm_x4(bq[np], sW + (16 * np + lrow) * sl.ldk + 16 * ks + lcol);
+#pragma unroll
+        for (int np = 0; np < kChunk / 16; ++np) {
+          mma_bf16(vn[2 * np], sa[ks], bq[np][0], bq[np][1]);
+          mma_bf16(vn[2 * np + 1], sa[ks], bq[np][2], bq[np][3]);
         }
+      }
 #pragma unroll
     for (int nt = 0; nt < kChunk / 8; ++nt) {
       const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g) * kLt + 8 * nt + 2 * t));
@@ -473,51 +495,60 @@ __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, Ch
     }
     uint32_t va[kChunk / 16][4];  // Vnᵀ as bf16 A fragments
     to_a_fragments(vn, va);
-    // Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd, issued before the output so the next chunk's chain starts
-    // early (the output below reads the bf16 copy sa of the old state).
+    // Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd, before the output so the next chunk's chain starts early
+    // (the output reads sa, the bf16 copy of the chunk-start state).
 #pragma unroll
-    for (int np = 0; np < kMaxDk / 16; ++np)
-      if (np < nks) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int nt = 2 * np + r;
-          const float d0 = sDl[8 * nt + 2 * t], d1 = sDl[8 * nt + 2 * t + 1];
-          S[nt][0] *= d0, S[nt][1] *= d1, S[nt][2] *= d0, S[nt][3] *= d1;
-        }
-#pragma unroll
-        for (int ks = 0; ks < kChunk / 16; ++ks) {
-          uint32_t bq[4];
-          ldsm_x4(bq, sKT + (16 * np + lrow) * kLt + 16 * ks + lcol);
-          mma_bf16(S[2 * np], va[ks], bq[0], bq[1]);
-          mma_bf16(S[2 * np + 1], va[ks], bq[2], bq[3]);
-        }
+    for (int nt = 0; nt < kMaxDk / 8; ++nt)
+      if (nt < nkt) {
+        const float d0 = sDl[8 * nt + 2 * t], d1 = sDl[8 * nt + 2 * t + 1];
+        S[nt][0] *= d0, S[nt][1] *= d1, S[nt][2] *= d0, S[nt][3] *= d1;
       }
+#pragma unroll
+    for (int ks = 0; ks < kChunk / 16; ++ks) {
+      uint32_t bq[kMaxDk / 16][4];
+#pragma unroll
+      for (int np = 0; np < kMaxDk / 16; ++np)
+        if (np < nks) ldsm_x4(bq[np], sKT + (16 * np + lrow) * kLt + 16 * ks + lcol);
+#pragma unroll
+      for (int np = 0; np < kMaxDk / 16; ++np)
+        if (np < nks) {
+          mma_bf16(S[2 * np], va[ks], bq[np][0], bq[np][1]);
+          mma_bf16(S[2 * np + 1], va[ks], bq[np][2], bq[np][3]);
+        }
+    }
     // Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ with the chunk-start state, written for the chunk's live rows.
+    float o[kChunk / 8][4] = {};
 #pragma unroll
-    for (int np = 0; np < kChunk / 16; ++np) {
-      float o[2][4] = {};
+    for (int ks = 0; ks < kMaxDk / 16; ++ks)
+      if (ks < nks) {
+        uint32_t bq[kChunk / 16][4];
 #pragma unroll
-      for (int ks = 0; ks < kMaxDk / 16; ++ks)
-        if (ks < nks) {
-          uint32_t bq[4];
-          ldsm_x4(bq, sQ + (16 * np + lrow) * sl.ldk + 16 * ks + lcol);
-          mma_bf16(o[0], sa[ks], bq[0], bq[1]);
-          mma_bf16(o[1], sa[ks], bq[2], bq[3]);
+        for (int np = 0; np < kChunk / 16; ++np) ldsm_x4(bq[np], sQ + (16 * np + lrow) * sl.ldk + 16 * ks + lcol);
+#pragma unroll
+        for (int np = 0; np < kChunk / 16; ++np) {
+          mma_bf16(o[2 * np], sa[ks], bq[np][0], bq[np][1]);
+          mma_bf16(o[2 * np + 1], sa[ks], bq[np][2], bq[np][3]);
         }
-#pragma unroll
-      for (int ks = 0; ks < kChunk / 16; ++ks) {
-        uint32_t bq[4];
-        ldsm_x4(bq, sA + (16 * np + lrow) * kLt + 16 * ks + lcol);
-        mma_bf16(o[0], va[ks], bq[0], bq[1]);
-        mma_bf16(o[1], va[ks], bq[2], bq[3]);
       }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = 16 * np + 8 * r + 2 * t;
-        bf16* o0 = out + ((row0 + i) * H + h) * dv + v0 + g;
-        if (i < L) o0[0] = __float2bfloat16_rn(o[r][0]), o0[8] = __float2bfloat16_rn(o[r][2]);
-        if (i + 1 < L) o0[H * dv] = __float2bfloat16_rn(o[r][1]), o0[H * dv + 8] = __float2bfloat16_rn(o[r][3]);
+    for (int ks = 0; ks < kChunk / 16; ++ks) {
+      uint32_t bq[kChunk / 16][4];
+#pragma unroll
+      for (int np = 0; np < kChunk / 16; ++np) ldsm_x4(bq[np], sA + (16 * np + lrow) * kLt + 16 * ks + lcol);
+#pragma unroll
+      for (int np = 0; np < kChunk / 16; ++np) {
+        mma_bf16(o[2 * np], va[ks], bq[np][0], bq[np][1]);
+        mma_bf16(o[2 * np + 1], va[ks], bq[np][2], bq[np][3]);
       }
+    }
+    bf16* oc = out + (row0 * H + h) * dv + v0 + g;  // row 0 of the chunk, this lane's first column
+    const int ostride = H * dv;
+#pragma unroll
+    for (int nt = 0; nt < kChunk / 8; ++nt) {
+      const int i = 8 * nt + 2 * t;
+      bf16* o0 = oc + i * ostride;
+      if (i < L) o0[0] = __float2bfloat16_rn(o[nt][0]), o0[8] = __float2bfloat16_rn(o[nt][2]);
+      if (i + 1 < L) o0[ostride] = __float2bfloat16_rn(o[nt][1]), o0[ostride + 8] = __float2bfloat16_rn(o[nt][3]);
     }
     for_snapshots(s, cw, b, h, static_cast<int>(row0 + L - seq_row0), store);
     __syncthreads();  // the next iteration's loads overwrite this stage
