@@ -102,7 +102,7 @@ step generate generate_e2e
 e2e_48b() {  # the Kimi-Linear-48B-A3B config with dummy weights made on the GPU, bf16
   local dir=/tmp/klinear-48b
   build-gpu/klinear init --preset kimi-linear-48b-a3b --config-only --out "$dir" || return 1
-  build-gpu/klinear info --model "$dir" --load-format dummy --device cuda || return 1
+  build-gpu/klinear info --model "$dir" --load-format dummy || return 1
   build-gpu/klinear generate --model "$dir" --load-format dummy --device cuda --prompt-ids 1,2,3,4,5,6,7 \
     --max-tokens 16 --ignore-eos --json || return 1
   printf 'Hello!\n/reset\nAgain.\n' | build-gpu/klinear chat --model "$dir" --load-format dummy --device cuda \

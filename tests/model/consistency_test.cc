@@ -65,10 +65,12 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   };
 
   // A float32 row decides its own routing and meets kF32Tol. A reduced-precision row runs under the
-  // CPU reference's routing, within twice the error of a bf16 evaluation on the CPU
-  // (tests/model/bf16_reference.h). Some random draws are chaotic in bf16 even so (measured: a
-  // k3_block3_lowrank draw in three gave the emulation 0.6-1.1 against the fp32 reference): the
-  // checkpoint is redrawn until the emulation stays within 0.25, so the bound is not vacuous.
+  // CPU reference's routing, within three times the error em of a bf16 evaluation on the CPU
+  // (tests/model/bf16_reference.h): the comparisons here are between two bf16 runs, each about em
+  // from the reference (on the H200 a decode row of one draw reached 2.3 em). Some random draws
+  // are chaotic in bf16 even so (measured: a k3_block3_lowrank draw in three gave the emulation
+  // 0.6-1.1 against the fp32 reference): the checkpoint is redrawn until em stays within 0.15, so
+  // the bound is not vacuous.
   testing::RouteTrace::Record routes;
   Tensor reference;
   double tol = kF32Tol;
@@ -84,8 +86,8 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
     testing::Bf16Storage bf16(**cpu);
     testing::RouteTrace replay(bf16, testing::RouteTrace::Mode::kReplay, routes, moe_layers);
     const double em = testing::error_stats(run(replay, {}), reference).worst();
-    tol = std::max(row.model_tol, 2 * em);
-    if (em < 0.25) break;
+    tol = std::max(row.model_tol, 3 * em);
+    if (em < 0.15) break;
   }
   auto on_row = [&](const std::vector<int64_t>& cuts) {
     if (row.dtype == DType::kF32) return run(**be, cuts);
