@@ -160,25 +160,28 @@ void persistent_layout(cuda::CudaBackend& be, SeqLayout& l) {
   l.dev.page_table = put(l.page_table).view({l.num_seqs(), l.max_pages});
 }
 
-// Median milliseconds of one replay of `fn` captured as a CUDA graph (what the decode step will
-// run), or a negative value with the error printed when capture fails.
-double graph_ms(cuda::CudaBackend& be, const std::function<void()>& fn) {
+// Milliseconds per replay of what `fn` enqueues, captured once as a CUDA graph (relaxed mode) and
+// replayed `reps` times back to back, the median of 5 such rounds; -1 when the capture fails.
+// Launch overheads overlap the work as they do in a captured decode step.
+double graph_ms(cuda::CudaBackend& be, const std::function<void()>& fn, int reps = 20) {
+  fn();  // the arena holds what fn takes before capture (no allocation while capturing)
+  cudaStream_t s = be.stream();
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  cudaError_t err = cudaStreamBeginCapture(be.stream(), cudaStreamCaptureModeThreadLocal);
-  if (err == cudaSuccess) {
-    fn();
-    err = cudaStreamEndCapture(be.stream(), &graph);
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) != cudaSuccess) return -1;
+  fn();
+  const bool ok = cudaStreamEndCapture(s, &graph) == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+  if (!ok) {
+    (void)cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+    return -1;
   }
-  if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
-  if (err != cudaSuccess) {
-    std::printf("| graph capture failed: %s |\n", cudaGetErrorString(err));
-    return -1.0;
-  }
-  const double ms = time_ms(be, [&] { cudaGraphLaunch(exec, be.stream()); });
+  const double ms = time_ms(be, [&] {
+    for (int i = 0; i < reps; ++i) cudaGraphLaunch(exec, s);
+  }, 1, 5);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  return ms;
+  return ms / reps;
 }
 
 // MLA at the Kimi-Linear shape (32 heads, q/k 128 + 64, v 128, latent 512 + 64, pages of 64).
@@ -233,29 +236,6 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
   }
 }
 
-// Milliseconds per replay of what `fn` enqueues, captured once as a CUDA graph (relaxed mode) and
-// replayed `reps` times back to back, the median of 5 such rounds; -1 when the capture fails.
-// Launch overheads overlap the work as they do in a captured decode step.
-double graph_ms(cuda::CudaBackend& be, const std::function<void()>& fn, int reps = 20) {
-  fn();  // the arena holds what fn takes before capture (no allocation while capturing)
-  cudaStream_t s = be.stream();
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) != cudaSuccess) return -1;
-  fn();
-  const bool ok = cudaStreamEndCapture(s, &graph) == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-  if (!ok) {
-    (void)cudaGetLastError();
-    if (graph) cudaGraphDestroy(graph);
-    return -1;
-  }
-  const double ms = time_ms(be, [&] {
-    for (int i = 0; i < reps; ++i) cudaGraphLaunch(exec, s);
-  }, 1, 5);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return ms / reps;
-}
 
 // The MoE layer of Kimi-Linear-48B (E=256, top-8, D=2304, F=1024; bf16 experts). Rows:
 // route + experts at N in {1, 64, 256, 8192} (the path moe_experts picks), the router alone, and the
