@@ -1,6 +1,7 @@
 // Whole-model throughput on any backend, for each model directory given: prefill tokens/s (one
-// multi-token step of one sequence) and decode tokens/s with B sequences decoding together in each
-// step (B = 1 and each --batch value).
+// sequence, in steps of at most --prefill-chunk tokens, as the engine's --max-num-tokens cuts
+// them) and decode tokens/s with B sequences decoding together in each step (B = 1 and each
+// --batch value).
 //
 // Decisions: the same fixed token ids for every model (ids modulo the vocabulary, a fixed seed) and
 // the best of several runs, so numbers are comparable across commits; a table, not a test. Each
@@ -10,8 +11,8 @@
 // out of the benchmark's time. Steps end with a one-row copy of the logits to the host (the step
 // has finished; the full logits copy is the sampler's business).
 //
-// Usage: model_bench [--device D] [--dtype T] [--load-format F] [--prefill T] [--decode N]
-//                    [--batch B]... [--context C] [--runs R] MODEL_DIR...
+// Usage: model_bench [--device D] [--dtype T] [--load-format F] [--prefill T] [--prefill-chunk K]
+//                    [--decode N] [--batch B]... [--context C] [--runs R] MODEL_DIR...
 //   e.g. ./build/model_bench --batch 8 tests/fixtures/kimi-linear-tiny/model tests/fixtures/k3-tiny/model
 //        build-gpu/model_bench --device cuda --load-format dummy --prefill 8192 --batch 64 --context 4096 48b/
 #include <algorithm>
@@ -53,10 +54,18 @@ CacheOptions options_for(Model& m, Backend& be, int batch, int64_t positions) {
 // Waits for the step that made `logits` (a one-row copy).
 void finish(Backend& be, const Tensor& logits) { be.to_host(logits.rows(0, 1)); }
 
+// Runs `ids` on `seq` in steps of at most `chunk` tokens (the step arena holds one step's
+// activations, so the chunk bounds it, as the engine's --max-num-tokens does).
+void prefill_in_chunks(Model& m, Cache& cache, SeqId seq, std::span<const int32_t> ids, int64_t chunk) {
+  for (size_t at = 0; at < ids.size(); at += static_cast<size_t>(chunk))
+    value_or_die(m.forward_one(cache, seq, ids.subspan(at, std::min(ids.size() - at, static_cast<size_t>(chunk))),
+                               LogitsMode::kLast));  // copies one row of logits
+}
+
 // Seconds for `decode` steps of `batch` sequences, each prefilled with `ids` first (not timed) or
 // with `context` positions reserved (see the top of the file).
-double time_decode(Model& m, Backend& be, const std::vector<int32_t>& ids, int64_t context, int batch, int decode,
-                   std::mt19937& rng) {
+double time_decode(Model& m, Backend& be, const std::vector<int32_t>& ids, int64_t chunk, int64_t context, int batch,
+                   int decode, std::mt19937& rng) {
   const int64_t positions = (context > 0 ? context : static_cast<int64_t>(ids.size())) + decode;
   auto cache = value_or_die(Cache::create(m.config(), be, options_for(m, be, batch, positions)));
   std::vector<SeqId> seqs;
@@ -67,7 +76,7 @@ double time_decode(Model& m, Backend& be, const std::vector<int32_t>& ids, int64
       const SeqStep step{seqs.back(), reserved, LogitsMode::kLast};
       cache->advance(value_or_die(cache->plan(std::span<const SeqStep>(&step, 1))));
     } else {
-      value_or_die(m.forward_one(*cache, seqs.back(), ids, LogitsMode::kLast));
+      prefill_in_chunks(m, *cache, seqs.back(), ids, chunk);
     }
   }
   std::vector<int32_t> next(static_cast<size_t>(batch));
@@ -88,13 +97,14 @@ double time_decode(Model& m, Backend& be, const std::vector<int32_t>& ids, int64
 
 int main(int argc, char** argv) {
   int prefill = 150, decode = 32, runs = 3;
-  int64_t context = 0;
+  int64_t context = 0, chunk = 2048;
   std::string device = "cpu", dtype, load_format = "safetensors";
   std::vector<int> batches{1};
   std::vector<std::string> dirs;
   const char* usage =
       "usage: model_bench [--device cpu|cuda] [--dtype float32|bfloat16] [--load-format safetensors|dummy]\n"
-      "                   [--prefill T] [--decode N] [--batch B]... [--context C] [--runs R] MODEL_DIR...\n";
+      "                   [--prefill T] [--prefill-chunk K] [--decode N] [--batch B]... [--context C] [--runs R]\n"
+      "                   MODEL_DIR...\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has = i + 1 < argc;
@@ -102,6 +112,7 @@ int main(int argc, char** argv) {
     else if (a == "--decode" && has) decode = std::atoi(argv[++i]);
     else if (a == "--batch" && has) batches.push_back(std::atoi(argv[++i]));
     else if (a == "--context" && has) context = std::atoll(argv[++i]);
+    else if (a == "--prefill-chunk" && has) chunk = std::atoll(argv[++i]);
     else if (a == "--runs" && has) runs = std::atoi(argv[++i]);
     else if (a == "--device" && has) device = argv[++i];
     else if (a == "--dtype" && has) dtype = argv[++i];
@@ -114,7 +125,7 @@ int main(int argc, char** argv) {
       return 2;
     } else dirs.push_back(a);
   }
-  if (dirs.empty() || prefill < 1 || decode < 1 || runs < 1 || context < 0 ||
+  if (dirs.empty() || prefill < 1 || chunk < 1 || decode < 1 || runs < 1 || context < 0 ||
       std::any_of(batches.begin(), batches.end(), [](int b) { return b < 1 || b > 4096; })) {
     std::fprintf(stderr, "model_bench: give at least one model directory and positive counts (see --help)\n");
     return 2;
@@ -136,12 +147,12 @@ int main(int argc, char** argv) {
       auto cache = value_or_die(Cache::create(model->config(), *backend, options_for(*model, *backend, 1, prefill)));
       const SeqId s = value_or_die(cache->open());
       const auto t0 = Clock::now();
-      value_or_die(model->forward_one(*cache, s, ids, LogitsMode::kLast));  // copies one row of logits
+      prefill_in_chunks(*model, *cache, s, ids, chunk);
       best_prefill = std::min(best_prefill, seconds_since(t0));
     }
     for (int batch : batches) {
       double best = 1e30;
-      for (int r = 0; r < runs; ++r) best = std::min(best, time_decode(*model, *backend, ids, context, batch, decode, rng));
+      for (int r = 0; r < runs; ++r) best = std::min(best, time_decode(*model, *backend, ids, chunk, context, batch, decode, rng));
       std::printf("%-44s %8d %14.1f %6d %8lld %8d %14.1f %12.3f\n", dir.c_str(), prefill, prefill / best_prefill, batch,
                   static_cast<long long>(context > 0 ? context : prefill), decode, double(batch) * decode / best,
                   1e3 * best / decode);

@@ -123,10 +123,10 @@ with open('/tmp/klinear-run.jsonl', 'w') as f:
         f.write(json.dumps({'id': f'l{i}', 'prompt_ids': [r.randrange(1, 160000) for _ in range(r.randrange(16, 256))]}) + '\n')
 "
   build-gpu/klinear run --model "$dir" --load-format dummy --device cuda --input /tmp/klinear-run.jsonl \
-    --output /tmp/klinear-run.out.jsonl --max-batch 256 --max-num-tokens 8192 --max-tokens 32 --ignore-eos || rc=1
+    --output /tmp/klinear-run.out.jsonl --max-batch 256 --max-tokens 32 --ignore-eos || rc=1
   echo "run: $(wc -l </tmp/klinear-run.out.jsonl) result lines"
   build-gpu/klinear serve --model "$dir" --load-format dummy --device cuda --port $port --max-num-seqs 256 \
-    --max-num-tokens 8192 --max-queue 4096 >"$out/serve_48b_server.log" 2>&1 &
+    --max-queue 4096 >"$out/serve_48b_server.log" 2>&1 &
   local pid=$!
   for _ in $(seq 300); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break; sleep 1; done
   # KLINEAR_SERVE_MATRIX: "streams:input:output:prefix ..." (the issue's matrix is 1/16/64/256 streams x
