@@ -153,7 +153,13 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype, CudaGraphs
   CudaBackend* self = b.get();
   b->arena_ = std::make_unique<Arena>(Device::kCuda, [self](size_t bytes) {
     const bool capturing = self->breaks_capture("the step arena growing by " + std::to_string(bytes) + " bytes");
-    return capturing ? block_outside_capture(bytes, "step arena") : device_block(bytes, "step arena");
+    if (capturing) return block_outside_capture(bytes, "step arena");
+    // A step whose activations do not fit beside the weights and caches: say what to lower.
+    const uint64_t free_bytes = self->available_bytes();
+    KL_CHECK(bytes <= free_bytes, "the step arena needs a block of " + std::to_string(bytes >> 20) + " MiB and the GPU has " +
+                                      std::to_string(free_bytes >> 20) + " MiB free beside the weights and caches: "
+                                      "lower --max-num-tokens (the tokens of one step) or the cache memory");
+    return device_block(bytes, "step arena");
   });
   b->arena_->alloc(DType::kU8, {static_cast<int64_t>(kInitialArenaBytes)});
   b->arena_->rewind();
