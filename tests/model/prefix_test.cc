@@ -63,7 +63,9 @@ TEST_P(PrefixState, SnapshotsAndSharedPagesContinueExactly) {
     ASSERT_TRUE(c.adopt(b, snap.after, snap.slot, prompt_pages).ok());
     for (size_t i = 0; i + 1 < c.pages(b).size(); ++i) EXPECT_EQ(c.pages(b)[i], prompt_pages[i]);
     // The rest of the prompt (if any) and the continuation, in two steps.
-    if (snap.after < 150) ASSERT_TRUE(m.forward_one(c, b, all.subspan(snap.after, 150 - snap.after), LogitsMode::kLast).ok());
+    if (snap.after < 150) {
+      ASSERT_TRUE(m.forward_one(c, b, all.subspan(snap.after, 150 - snap.after), LogitsMode::kLast).ok());
+    }
     auto tail = m.forward_one(c, b, all.subspan(150), LogitsMode::kAll);
     ASSERT_TRUE(tail.ok()) << tail.status().to_string();
     EXPECT_TRUE(testing::all_close(*tail, *ref_tail, 3 * tol()));  // as in batch_test: BLAS rows differ by row count
