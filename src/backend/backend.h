@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/arena.h"
 #include "core/kinds.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -165,6 +166,12 @@ class Backend {
   virtual void begin_step() = 0;
   // Uninitialised step tensor from the arena.
   virtual Tensor alloc(DType dtype, const Shape& shape) = 0;
+  // Within a step: step_release(m) makes the memory alloc() handed out since step_mark() m free
+  // again for the step's later allocations (the model releases each sublayer's temporaries, so a
+  // step needs the memory of one layer, not of all of them). Backends without an arena of their
+  // own (test decorators) keep everything until begin_step().
+  virtual Arena::Mark step_mark() { return {}; }
+  virtual void step_release(const Arena::Mark& mark) { (void)mark; }
   // Uninitialised tensor that lives as long as its handles (pools, caches).
   virtual Tensor alloc_persistent(DType dtype, const Shape& shape) = 0;
   // t ← value in every element (an I32 tensor takes the integral value). Zeroes fresh state slots;

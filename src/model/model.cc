@@ -221,11 +221,17 @@ Result<Tensor> Model::logits(Batch& batch, Cache& cache, const Tensor& ids, cons
 
   Tensor x;  // the input to the final norm
   if (!c.has_attn_res()) {
-    // SPEC 6: pre-norm residual stream.
+    // SPEC 6: pre-norm residual stream. Each sublayer's temporaries are dead once its output is
+    // added into h, so their step memory is given back (the mixers write their state into the
+    // cache pools, never into step memory a later layer reads).
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const LayerWeights& lw = weights_.layers[l];
+      Arena::Mark mark = be.step_mark();
       be.add(h, mixer(l, normed(h, lw.input_norm)));
+      be.step_release(mark);
+      mark = be.step_mark();
       be.add(h, ffn(l, normed(h, lw.post_norm)));
+      be.step_release(mark);
     }
     x = h;
   } else {

@@ -25,6 +25,8 @@ class CpuBackend final : public Backend {
   uint64_t available_bytes() const override;
   void begin_step() override { arena_.rewind(); }
   Tensor alloc(DType dtype, const Shape& shape) override { return arena_.alloc(dtype, shape); }
+  Arena::Mark step_mark() override { return arena_.mark(); }
+  void step_release(const Arena::Mark& mark) override { arena_.release(mark); }
   Tensor alloc_persistent(DType dtype, const Shape& shape) override { return Tensor::empty(dtype, shape); }
   void fill(const Tensor& t, float value) override;
   void random_fill(const Tensor& t, uint64_t seed, float lo, float hi) override;
