@@ -44,9 +44,13 @@ T value_or_die(Result<T> r) {
   return std::move(r).value();
 }
 
+// What one slot and one page of a model's pools take (a one-sequence cache, made once per model).
+CacheSizes unit_sizes(Model& m, Backend& be) {
+  return value_or_die(Cache::create(m.config(), be, CacheOptions{1, 64, 0}))->sizes();
+}
+
 // Pools for `batch` sequences of `positions` each (the default budget assumes the full context).
-CacheOptions options_for(Model& m, Backend& be, int batch, int64_t positions) {
-  const CacheSizes unit = value_or_die(Cache::create(m.config(), be, CacheOptions{1, 64, 0}))->sizes();
+CacheOptions options_for(const CacheSizes& unit, int batch, int64_t positions) {
   const uint64_t pages = static_cast<uint64_t>((positions + 63) / 64 + 1);
   return CacheOptions{batch, 64, static_cast<uint64_t>(batch) * (unit.bytes_per_slot + pages * unit.bytes_per_page)};
 }
@@ -64,10 +68,10 @@ void prefill_in_chunks(Model& m, Cache& cache, SeqId seq, std::span<const int32_
 
 // Seconds for `decode` steps of `batch` sequences, each prefilled with `ids` first (not timed) or
 // with `context` positions reserved (see the top of the file).
-double time_decode(Model& m, Backend& be, const std::vector<int32_t>& ids, int64_t chunk, int64_t context, int batch,
-                   int decode, std::mt19937& rng) {
+double time_decode(Model& m, Backend& be, const CacheSizes& unit, const std::vector<int32_t>& ids, int64_t chunk,
+                   int64_t context, int batch, int decode, std::mt19937& rng) {
   const int64_t positions = (context > 0 ? context : static_cast<int64_t>(ids.size())) + decode;
-  auto cache = value_or_die(Cache::create(m.config(), be, options_for(m, be, batch, positions)));
+  auto cache = value_or_die(Cache::create(m.config(), be, options_for(unit, batch, positions)));
   std::vector<SeqId> seqs;
   const std::vector<int32_t> reserved(static_cast<size_t>(std::max<int64_t>(context, 0)), 0);
   for (int b = 0; b < batch; ++b) {
@@ -139,12 +143,13 @@ int main(int argc, char** argv) {
               "decode tok/s", "ms/step");
   for (const std::string& dir : dirs) {
     auto model = value_or_die(Model::load(dir, *backend, format));
+    const CacheSizes unit = unit_sizes(*model, *backend);
     std::mt19937 rng(1);
     std::vector<int32_t> ids(static_cast<size_t>(prefill));
     for (int32_t& id : ids) id = static_cast<int32_t>(rng() % model->config().vocab_size);
     double best_prefill = 1e30;
     for (int r = 0; r < runs; ++r) {
-      auto cache = value_or_die(Cache::create(model->config(), *backend, options_for(*model, *backend, 1, prefill)));
+      auto cache = value_or_die(Cache::create(model->config(), *backend, options_for(unit, 1, prefill)));
       const SeqId s = value_or_die(cache->open());
       const auto t0 = Clock::now();
       prefill_in_chunks(*model, *cache, s, ids, chunk);
@@ -152,7 +157,7 @@ int main(int argc, char** argv) {
     }
     for (int batch : batches) {
       double best = 1e30;
-      for (int r = 0; r < runs; ++r) best = std::min(best, time_decode(*model, *backend, ids, chunk, context, batch, decode, rng));
+      for (int r = 0; r < runs; ++r) best = std::min(best, time_decode(*model, *backend, unit, ids, chunk, context, batch, decode, rng));
       std::printf("%-44s %8d %14.1f %6d %8lld %8d %14.1f %12.3f\n", dir.c_str(), prefill, prefill / best_prefill, batch,
                   static_cast<long long>(context > 0 ? context : prefill), decode, double(batch) * decode / best,
                   1e3 * best / decode);

@@ -145,6 +145,12 @@ inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, do
   return close_rows(a, b, tol);
 }
 
+// A gtest parameter name from a fixture or preset name ("k3-tiny" -> "k3_tiny").
+inline std::string identifier(std::string name) {
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
 // A fresh directory under the system temp dir (named after the running test and unique per
 // process), removed with everything in it at the end of the scope.
 class ScratchDir {

@@ -323,11 +323,7 @@ TEST_P(CheckpointModelTest, WrongShapeIsRejected) {
 
 INSTANTIATE_TEST_SUITE_P(CheckpointPresets, CheckpointModelTest,
                          ::testing::Values("kimi-linear-tiny", "k3-tiny", "k3-tiny-mxfp4"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         [](const auto& info) { return testing::identifier(info.param); });
 
 }  // namespace
 }  // namespace klinear

@@ -184,9 +184,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest,
                                                               "k3-tiny-mxfp4"),
                                             ::testing::ValuesIn(testing::backend_cases())),
                          [](const auto& info) {
-                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param).name;
-                           for (char& ch : n) if (ch == '-') ch = '_';
-                           return n;
+                           return testing::identifier(std::get<0>(info.param) + "_" + std::get<1>(info.param).name);
                          });
 
 }  // namespace

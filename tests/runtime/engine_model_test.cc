@@ -281,11 +281,7 @@ TEST_P(EngineOnModel, PrefixCacheRandomOpsLeavePoolsEmpty) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, EngineOnModel, ::testing::Values("kimi-linear-tiny", "k3-tiny"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n;
-                         });
+                         [](const auto& info) { return testing::identifier(info.param); });
 
 }  // namespace
 }  // namespace klinear
