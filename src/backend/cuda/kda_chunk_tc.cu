@@ -1,17 +1,21 @@
 // The bf16 KDA chunked prefill on tensor cores (SPEC 4.6, chunk 64), two launches:
 //
-// prep, a block of 256 threads per (chunk, head), every chunk in parallel (dk = dv = 16, 32, 64 or
+// prep, a block of 512 threads per (chunk, head), every chunk in parallel (dk = dv = 16, 32, 64 or
 // 128, a template argument). Every global read is issued at once; in fp32 shared memory:
-//   q, k L2-normalised, G = cumsum(g), e^g. The decayed dots Akk (β included: L) and Aqk:
+//   q, k L2-normalised, G = cumsum(g) (segments of rows in registers, then their carries), e^g.
+//   The decayed dots Akk (β included: L) and Aqk:
 //   - the four diagonal 16×16 blocks exactly, as running products of e^g down each key's rows
-//     (factors ≤ 1: strong decay underflows to 0, never overflows);
+//     (factors ≤ 1: strong decay underflows to 0, never overflows), all 16 warps;
 //   - the six blocks below them with tf32 mma.sync m16n8k8 about a reference row r (the first row of
-//     the later block): q_i·e^{G_i−G_r} and k_m·e^{G_r−G_m}, both factors ≤ 1.
+//     the later block): q_i·e^{G_i−G_r} and k_m·e^{G_r−G_m}, both factors ≤ 1; each block split
+//     over two warps by channel halves, on the warps with the least diagonal work.
 //   (I + L)⁻¹ in fp32: forward substitution inside the diagonal blocks, then the block merge
 //   T_IM = −T_II·Σ_N L_IN·T_NM. W = T·diag(β)·(e^G ⊙ K) and U = T·diag(β)·V with bf16 m16n8k16
-//   (fp32 accumulate).
+//   (fp32 accumulate), the right-hand sides row-major in shared memory (ldmatrix.trans).
 //   It writes a bf16 workspace per (chunk, head): W [64, dk], Qd = Q⊙e^G [64, dk],
 //   Kdᵀ = (K⊙e^{G_last−G})ᵀ [dk, 64], Aqk [64, 64], Uᵀ [dv, 64]; and e^{G_last} [dk] in fp32.
+//   The block holds a whole SM's shared memory (208 KB at d = 128): 16 warps hide each other's
+//   latencies (the H200 profile of the 8-warp version: 30% issue use, 6.3 cycles per instruction).
 //
 // state, a block per (16·warps value columns, head, sequence), chunks in order. Each warp keeps
 // Sᵀ (16 value columns × dk) as fp32 mma accumulators in registers and per chunk computes
@@ -31,10 +35,9 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kPrepThreads = 256;
+constexpr int kPrepThreads = 512;
 constexpr int kLx = kChunk + 4;  // row stride of the fp32 [64, 64] matrices (fragment reads spread over banks)
 constexpr int kLt = kChunk + 8;  // row stride of the bf16 [*, 64] matrices in shared memory (ldmatrix rows)
-constexpr int kLr = kChunk + 10; // row stride of prep's transposed right-hand sides (spreads the transposing stores)
 
 // The bf16 workspace of one (chunk, head), offsets in elements.
 struct TcLayout {
@@ -53,7 +56,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
-__device__ __forceinline__ uint32_t lds32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ __forceinline__ uint32_t tf32(float x) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
@@ -102,27 +104,36 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
                : "r"(addr));
 }
 
+// Two 8×8 bf16 matrices from shared memory, transposed (lanes 0-15 give the addresses: lane l row
+// l % 8 of matrix l / 8): with rows = k and 8 consecutive n per row, r[0], r[1] are the m16n8k16 B
+// fragment of a row-major [k][n] operand at rows 16ks.., columns n..n+7.
+__device__ __forceinline__ void ldsm_x2_trans(uint32_t (&r)[2], const bf16* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+
 size_t prep_smem_bytes(int d) {
   return sizeof(float) * (4 * kChunk * (d + 4) + 2 * kChunk * kLx + 3 * 256 + kChunk) +
-         sizeof(bf16) * static_cast<size_t>(2 * d) * kLr;
+         sizeof(bf16) * static_cast<size_t>(2 * kChunk) * (d + 8);
 }
 
 __device__ __forceinline__ uint4 load16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 
 // D = dk = dv (compile time: the loads are issued all at once, the index arithmetic is shifts).
 template <int D>
-__global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
+__global__ void __launch_bounds__(kPrepThreads, 1) kda_tc_prep_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  constexpr int dk = D, dv = D, lg = D + 4;
+  constexpr int dk = D, dv = D, lg = D + 4, lr = D + 8, kWarpsP = kPrepThreads / 32;
   float* qn = reinterpret_cast<float*>(smem_raw);  // [64][lg] normalised, scaled q
   float* kn = qn + kChunk * lg;                    // [64][lg] normalised k
   float* G = kn + kChunk * lg;                     // [64][lg] g, then its cumulative sum
   float* eg = G + kChunk * lg;                     // [64][lg] e^g
   float* X = eg + kChunk * lg;                     // [64][kLx] L = β_i·Akk, strictly lower
-  float* T = X + kChunk * kLx;                     // [64][kLx] (I + L)⁻¹
-  float* Y = T + kChunk * kLx;                     // [3][16][16] block-merge sums
+  float* T = X + kChunk * kLx;                     // [64][kLx] Aqk in fp32 first, then (I + L)⁻¹
+  float* Y = T + kChunk * kLx;                     // [768] cumsum carries, then the block-merge sums
   float* bsh = Y + 3 * 256;                        // [64] β
-  bf16* RT = reinterpret_cast<bf16*>(bsh + kChunk);  // [2D][kLr]: (e^G ⊙ K)ᵀ then Vᵀ (β goes into T)
+  bf16* Ks = reinterpret_cast<bf16*>(bsh + kChunk);  // [64][lr] e^G ⊙ K (β goes into T)
+  bf16* Vs = Ks + kChunk * lr;                       // [64][lr] V
   const int chunk = blockIdx.x, h = blockIdx.y, H = s.heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t row0 = cw.chunk_row[chunk];
   const int L = cw.chunk_len[chunk];
@@ -159,13 +170,9 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
     if (e < kP8) {
       const bf16* qb = reinterpret_cast<const bf16*>(&qr[it]);
       const bf16* kb = reinterpret_cast<const bf16*>(&kr[it]);
-      const bf16* vb = reinterpret_cast<const bf16*>(&vr[it]);
 #pragma unroll
-      for (int x = 0; x < 8; ++x) {
-        qn[i * lg + j + x] = __bfloat162float(qb[x]);
-        kn[i * lg + j + x] = __bfloat162float(kb[x]);
-        RT[(dk + j + x) * kLr + i] = vb[x];
-      }
+      for (int x = 0; x < 8; ++x) qn[i * lg + j + x] = __bfloat162float(qb[x]), kn[i * lg + j + x] = __bfloat162float(kb[x]);
+      *reinterpret_cast<uint4*>(Vs + i * lr + j) = vr[it];
     }
   }
 #pragma unroll
@@ -179,17 +186,26 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
   }
   for (int e = tid; e < kChunk * kLx; e += kPrepThreads) X[e] = 0.0f, T[e] = 0.0f;
   __syncthreads();
-  if (tid < dk) {  // G = cumsum(g) down each channel (padding has g = 0)
-    float acc = 0.0f;
-#pragma unroll 16
-    for (int i = 0; i < kChunk; ++i) acc += G[i * lg + tid], G[i * lg + tid] = acc;
+  {  // G = cumsum(g) down each channel (padding has g = 0): kSeg segments of rows per channel summed
+     // in registers, then each segment adds the totals of the segments above it, in order.
+    constexpr int kSeg = kPrepThreads / D, kRowsSeg = kChunk / kSeg;
+    const int j = tid % D, sg = tid / D;
+    float run[kRowsSeg], acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRowsSeg; ++r) acc += G[(sg * kRowsSeg + r) * lg + j], run[r] = acc;
+    Y[sg * D + j] = acc;
+    __syncthreads();
+    float carry = 0.0f;
+    for (int p = 0; p < sg; ++p) carry += Y[p * D + j];
+#pragma unroll
+    for (int r = 0; r < kRowsSeg; ++r) G[(sg * kRowsSeg + r) * lg + j] = run[r] + carry;
   }
   {  // L2 norms, a warp per row; the warp's rows reduced together (independent shuffle chains)
-    constexpr int kRows = kChunk / (kPrepThreads / 32);
+    constexpr int kRows = kChunk / kWarpsP;
     float sq[kRows], sk[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int i = warp + r * (kPrepThreads / 32);
+      const int i = warp + r * kWarpsP;
       sq[r] = sk[r] = 0.0f;
 #pragma unroll
       for (int j = lane; j < dk; j += 32) sq[r] += qn[i * lg + j] * qn[i * lg + j], sk[r] += kn[i * lg + j] * kn[i * lg + j];
@@ -198,7 +214,7 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
     for (int r = 0; r < kRows; ++r) sq[r] = warp_sum(sq[r]), sk[r] = warp_sum(sk[r]);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int i = warp + r * (kPrepThreads / 32);
+      const int i = warp + r * kWarpsP;
       const float fq = s.scale / sqrtf(sq[r] + 1e-6f), fk = 1.0f / sqrtf(sk[r] + 1e-6f);
 #pragma unroll
       for (int j = lane; j < dk; j += 32) qn[i * lg + j] *= fq, kn[i * lg + j] *= fk;
@@ -206,11 +222,14 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
   }
   __syncthreads();
 
-  bf16* aqk = ws + tl.aqk;
-  // Diagonal blocks, exact: lanes (4 keys m × 8 channel slices), float4 channels 4·(8jj + slice);
-  // dec = k_m ⊙ e^{G_i − G_m} as a running product while i walks m's block.
-  for (int half = 0; half < 2; ++half) {
-    const int mbase = half * 32 + warp * 4, m = mbase + (lane >> 3), slice = lane & 7, end = (mbase | 15) + 1;
+  // Aqk is built in fp32 in T (zeroed: above the diagonal stays 0), L in X.
+  float* aqk = T;
+  // Diagonal blocks, exact: warps 0-7 the keys of rows 0-31, warps 8-15 those of rows 32-63; lanes
+  // (4 keys m × 8 channel slices), float4 channels 4·(8jj + slice); dec = k_m ⊙ e^{G_i − G_m} as a
+  // running product while i walks m's block.
+  {
+    const int mbase = (warp >> 3) * 32 + (warp & 7) * 4, m = mbase + (lane >> 3), slice = lane & 7,
+              end = (mbase | 15) + 1;
     float4 dec[kMaxDk / 32];
 #pragma unroll
     for (int jj = 0; jj < kMaxDk / 32; ++jj) {
@@ -243,16 +262,21 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
       }
       if (slice == 0 && i >= m) {
         if (i > m) X[i * kLx + m] = bsh[i] * kk;
-        aqk[i * kChunk + m] = __float2bfloat16_rn(qk);
+        aqk[i * kLx + m] = qk;
       }
     }
   }
-  // Blocks below the diagonal on tf32 tensor cores, a warp per block (I, M), reference row r = 16I.
-  if (warp < 6) {
+  // The six blocks (I, M) below the diagonal ones on tf32 tensor cores about a reference row
+  // r = 16I, each split over two warps by channel halves (the halves meet in shared-memory atomic
+  // adds onto zero: two addends, so the sum is the same in either order). They go to the 12 warps
+  // with the least diagonal work (16 − 4·(warp % 4) rows): warp % 4 = 3 first, then 2, then 1.
+  if ((warp & 3) != 0) {
     constexpr int kI[6] = {1, 2, 2, 3, 3, 3}, kM[6] = {0, 0, 1, 0, 1, 2};
-    const int I = kI[warp], M = kM[warp], r = 16 * I, g = lane >> 2, t = lane & 3, ia = r + g, ib = ia + 8;
+    const int item = 4 * (3 - (warp & 3)) + (warp >> 2 & 1) + 2 * (warp >> 3), blk = item >> 1;
+    const int I = kI[blk], M = kM[blk], r = 16 * I, g = lane >> 2, t = lane & 3, ia = r + g, ib = ia + 8;
     float ck[2][4] = {}, cq[2][4] = {};
-    for (int ks = 0; ks < dk / 8; ++ks) {
+    const int ks0 = (item & 1) * (dk / 16);
+    for (int ks = ks0; ks < ks0 + dk / 16; ++ks) {
       const int j0 = 8 * ks + t, j1 = j0 + 4;
       const float gr0 = G[r * lg + j0], gr1 = G[r * lg + j1];
       const float e0 = __expf(G[ia * lg + j0] - gr0), e1 = __expf(G[ib * lg + j0] - gr0);
@@ -273,14 +297,22 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const int col = 16 * M + 8 * nt + 2 * t;
-      X[ia * kLx + col] = bsh[ia] * ck[nt][0], X[ia * kLx + col + 1] = bsh[ia] * ck[nt][1];
-      X[ib * kLx + col] = bsh[ib] * ck[nt][2], X[ib * kLx + col + 1] = bsh[ib] * ck[nt][3];
-      *reinterpret_cast<__nv_bfloat162*>(aqk + ia * kChunk + col) = __floats2bfloat162_rn(cq[nt][0], cq[nt][1]);
-      *reinterpret_cast<__nv_bfloat162*>(aqk + ib * kChunk + col) = __floats2bfloat162_rn(cq[nt][2], cq[nt][3]);
+      atomicAdd(X + ia * kLx + col, bsh[ia] * ck[nt][0]), atomicAdd(X + ia * kLx + col + 1, bsh[ia] * ck[nt][1]);
+      atomicAdd(X + ib * kLx + col, bsh[ib] * ck[nt][2]), atomicAdd(X + ib * kLx + col + 1, bsh[ib] * ck[nt][3]);
+      atomicAdd(aqk + ia * kLx + col, cq[nt][0]), atomicAdd(aqk + ia * kLx + col + 1, cq[nt][1]);
+      atomicAdd(aqk + ib * kLx + col, cq[nt][2]), atomicAdd(aqk + ib * kLx + col + 1, cq[nt][3]);
     }
   }
-  for (int e = tid; e < kChunk * kChunk; e += kPrepThreads)
-    if (e % kChunk > e / kChunk) aqk[e] = __float2bfloat16_rn(0.0f);  // above the diagonal
+  __syncthreads();
+  // Aqk to the workspace in bf16, eight entries per thread, and T back to zero.
+  for (int e = tid; e < kChunk * kChunk / 8; e += kPrepThreads) {
+    const int i = e >> 3, c = 8 * (e & 7);
+    float4* src = reinterpret_cast<float4*>(aqk + i * kLx + c);
+    const float4 a = src[0], b = src[1];
+    *reinterpret_cast<uint4*>(ws + tl.aqk + i * kChunk + c) =
+        make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+    src[0] = src[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   __syncthreads();
 
   if (tid < kChunk) {
@@ -296,22 +328,37 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
       T[(o + i) * kLx + o + c] = x[i];
     }
   } else {
-    // The other threads write Qd, Kdᵀ, e^{G_last} and the right-hand side e^G ⊙ K.
+    // The other threads write Qd and the right-hand side e^G ⊙ K (eight channels of a row each),
+    // Kdᵀ (eight positions of a channel each) and e^{G_last}.
+    const int u = tid - kChunk;
+    constexpr int kOthers = kPrepThreads - kChunk;
     const float* glast = G + (kChunk - 1) * lg;  // = G at row L−1 (padding has g = 0)
-#pragma unroll 4
-    for (int e = tid - kChunk; e < kChunk * dk; e += kPrepThreads - kChunk) {
-      const int i = e / dk, j = e % dk;
-      const float eG = __expf(G[i * lg + j]);
-      ws[tl.qd + e] = __float2bfloat16_rn(qn[i * lg + j] * eG);
-      RT[j * kLr + i] = __float2bfloat16_rn(eG * kn[i * lg + j]);
+    for (int e = u; e < kChunk * dk / 8; e += kOthers) {
+      const int i = e / (dk / 8), j = 8 * (e % (dk / 8));
+      uint32_t qd[4], kg[4];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const float2 gg = *reinterpret_cast<const float2*>(G + i * lg + j + 2 * x);
+        const float2 qq = *reinterpret_cast<const float2*>(qn + i * lg + j + 2 * x);
+        const float2 kk = *reinterpret_cast<const float2*>(kn + i * lg + j + 2 * x);
+        const float e0 = __expf(gg.x), e1 = __expf(gg.y);
+        qd[x] = pack_bf16(qq.x * e0, qq.y * e1), kg[x] = pack_bf16(kk.x * e0, kk.y * e1);
+      }
+      *reinterpret_cast<uint4*>(ws + tl.qd + i * dk + j) = make_uint4(qd[0], qd[1], qd[2], qd[3]);
+      *reinterpret_cast<uint4*>(Ks + i * lr + j) = make_uint4(kg[0], kg[1], kg[2], kg[3]);
     }
-#pragma unroll 4
-    for (int e = tid - kChunk; e < dk * kChunk; e += kPrepThreads - kChunk) {
-      const int j = e / kChunk, i = e % kChunk;
-      ws[tl.kdt + e] = __float2bfloat16_rn(kn[i * lg + j] * __expf(glast[j] - G[i * lg + j]));
+    for (int e = u; e < dk * kChunk / 8; e += kOthers) {
+      const int j = e % dk, i0 = 8 * (e / dk);
+      uint32_t kd[4];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const int i = i0 + 2 * x;
+        kd[x] = pack_bf16(kn[i * lg + j] * __expf(glast[j] - G[i * lg + j]),
+                          kn[(i + 1) * lg + j] * __expf(glast[j] - G[(i + 1) * lg + j]));
+      }
+      *reinterpret_cast<uint4*>(ws + tl.kdt + j * kChunk + i0) = make_uint4(kd[0], kd[1], kd[2], kd[3]);
     }
-    for (int j = tid - kChunk; j < dk; j += kPrepThreads - kChunk)
-      tw.dl[(static_cast<int64_t>(chunk) * H + h) * dk + j] = __expf(glast[j]);
+    for (int j = u; j < dk; j += kOthers) tw.dl[(static_cast<int64_t>(chunk) * H + h) * dk + j] = __expf(glast[j]);
   }
   __syncthreads();
   // Block merge, block row by block row: T_IM = −T_II·Σ_{M≤N<I} L_IN·T_NM.
@@ -334,10 +381,12 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
     }
     __syncthreads();
   }
-  // [W | U] = T·diag(β) · [e^G ⊙ K | V] on bf16 tensor cores: warp → 16 rows, half of the columns.
+  // [W | U] = T·diag(β) · [e^G ⊙ K | V] on bf16 tensor cores: warp → 16 rows (warp % 4) and a
+  // quarter of the n-tiles; B fragments of the row-major right-hand sides by ldmatrix.trans.
   {
-    constexpr int kHalf = (dk + dv) / 16;  // n-tiles per warp
-    const int mt = warp & 3, g = lane >> 2, t = lane & 3, nt0 = (warp >> 2) * kHalf;
+    constexpr int kPer = (dk + dv) / 32;  // n-tiles per warp
+    const int mt = warp & 3, g = lane >> 2, t = lane & 3, nt0 = (warp >> 2) * kPer;
+    const int brow = (lane & 7) + 8 * ((lane >> 3) & 1);  // lanes 0-15: rows of the two 8×8 matrices
     uint32_t a[4][4];
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -352,20 +401,22 @@ __global__ void __launch_bounds__(kPrepThreads) kda_tc_prep_kernel(KdaStep s, Ch
     }
     const int i0 = 16 * mt + g, i1 = i0 + 8;
 #pragma unroll
-    for (int q = 0; q < kHalf; ++q) {
-      const int nt = nt0 + q;
+    for (int q = 0; q < kPer; ++q) {
+      const int n = 8 * (nt0 + q);  // the n-tile's first column: in e^G ⊙ K below dk, in V above
+      const bf16* rhs = n < dk ? Ks + n : Vs + (n - dk);
       float c[4] = {};
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        const bf16* bp = RT + (8 * nt + g) * kLr + 16 * ks + 2 * t;
-        mma_bf16(c, a[ks], lds32(bp), lds32(bp + 8));
+        uint32_t b[2];
+        ldsm_x2_trans(b, rhs + (16 * ks + brow) * lr);
+        mma_bf16(c, a[ks], b[0], b[1]);
       }
-      const int n = 8 * nt + 2 * t;
+      const int col = n + 2 * t;
       if (n < dk) {
-        *reinterpret_cast<__nv_bfloat162*>(ws + tl.w + i0 * dk + n) = __floats2bfloat162_rn(c[0], c[1]);
-        *reinterpret_cast<__nv_bfloat162*>(ws + tl.w + i1 * dk + n) = __floats2bfloat162_rn(c[2], c[3]);
+        *reinterpret_cast<__nv_bfloat162*>(ws + tl.w + i0 * dk + col) = __floats2bfloat162_rn(c[0], c[1]);
+        *reinterpret_cast<__nv_bfloat162*>(ws + tl.w + i1 * dk + col) = __floats2bfloat162_rn(c[2], c[3]);
       } else {
-        bf16* ut = ws + tl.ut + static_cast<int64_t>(n - dk) * kChunk;
+        bf16* ut = ws + tl.ut + static_cast<int64_t>(col - dk) * kChunk;
         ut[i0] = __float2bfloat16_rn(c[0]);
         ut[kChunk + i0] = __float2bfloat16_rn(c[1]);
         ut[i1] = __float2bfloat16_rn(c[2]);
