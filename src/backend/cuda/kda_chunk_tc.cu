@@ -328,24 +328,20 @@ __global__ void __launch_bounds__(kPrepThreads, 1) kda_tc_prep_kernel(KdaStep s,
       T[(o + i) * kLx + o + c] = x[i];
     }
   } else {
-    // The other threads write Qd and the right-hand side e^G ⊙ K (eight channels of a row each),
+    // The other threads write Qd and the right-hand side e^G ⊙ K (four channels of a row each),
     // Kdᵀ (eight positions of a channel each) and e^{G_last}.
     const int u = tid - kChunk;
     constexpr int kOthers = kPrepThreads - kChunk;
     const float* glast = G + (kChunk - 1) * lg;  // = G at row L−1 (padding has g = 0)
-    for (int e = u; e < kChunk * dk / 8; e += kOthers) {
-      const int i = e / (dk / 8), j = 8 * (e % (dk / 8));
-      uint32_t qd[4], kg[4];
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const float2 gg = *reinterpret_cast<const float2*>(G + i * lg + j + 2 * x);
-        const float2 qq = *reinterpret_cast<const float2*>(qn + i * lg + j + 2 * x);
-        const float2 kk = *reinterpret_cast<const float2*>(kn + i * lg + j + 2 * x);
-        const float e0 = __expf(gg.x), e1 = __expf(gg.y);
-        qd[x] = pack_bf16(qq.x * e0, qq.y * e1), kg[x] = pack_bf16(kk.x * e0, kk.y * e1);
-      }
-      *reinterpret_cast<uint4*>(ws + tl.qd + i * dk + j) = make_uint4(qd[0], qd[1], qd[2], qd[3]);
-      *reinterpret_cast<uint4*>(Ks + i * lr + j) = make_uint4(kg[0], kg[1], kg[2], kg[3]);
+    for (int e = u; e < kChunk * dk / 4; e += kOthers) {  // a warp reads whole rows of float4s
+      const int i = e / (dk / 4), j = 4 * (e % (dk / 4));
+      const float4 gg = *reinterpret_cast<const float4*>(G + i * lg + j);
+      const float4 qq = *reinterpret_cast<const float4*>(qn + i * lg + j);
+      const float4 kk = *reinterpret_cast<const float4*>(kn + i * lg + j);
+      const float e0 = __expf(gg.x), e1 = __expf(gg.y), e2 = __expf(gg.z), e3 = __expf(gg.w);
+      *reinterpret_cast<uint2*>(ws + tl.qd + i * dk + j) =
+          make_uint2(pack_bf16(qq.x * e0, qq.y * e1), pack_bf16(qq.z * e2, qq.w * e3));
+      *reinterpret_cast<uint2*>(Ks + i * lr + j) = make_uint2(pack_bf16(kk.x * e0, kk.y * e1), pack_bf16(kk.z * e2, kk.w * e3));
     }
     for (int e = u; e < dk * kChunk / 8; e += kOthers) {
       const int j = e % dk, i0 = 8 * (e / dk);
@@ -361,23 +357,33 @@ __global__ void __launch_bounds__(kPrepThreads, 1) kda_tc_prep_kernel(KdaStep s,
     for (int j = u; j < dk; j += kOthers) tw.dl[(static_cast<int64_t>(chunk) * H + h) * dk + j] = __expf(glast[j]);
   }
   __syncthreads();
-  // Block merge, block row by block row: T_IM = −T_II·Σ_{M≤N<I} L_IN·T_NM.
+  // Block merge, block row by block row: T_IM = −T_II·Σ_{M≤N<I} L_IN·T_NM; a thread per four
+  // consecutive columns b of one row a (a broadcast scalar and a float4 per step: the merge is
+  // shared-memory bound).
   for (int I = 1; I < 4; ++I) {
-    for (int e = tid; e < I * 256; e += kPrepThreads) {
-      const int M = e >> 8, a = (e >> 4) & 15, b = e & 15;
-      float acc = 0.0f;
+    for (int e = tid; e < I * 64; e += kPrepThreads) {
+      const int M = e >> 6, a = (e >> 2) & 15, b = 4 * (e & 3);
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int N = M; N < I; ++N)
 #pragma unroll
-        for (int p = 0; p < 16; ++p) acc += X[(16 * I + a) * kLx + 16 * N + p] * T[(16 * N + p) * kLx + 16 * M + b];
-      Y[e] = acc;
+        for (int p = 0; p < 16; ++p) {
+          const float x = X[(16 * I + a) * kLx + 16 * N + p];
+          const float4 t4 = *reinterpret_cast<const float4*>(T + (16 * N + p) * kLx + 16 * M + b);
+          acc.x += x * t4.x, acc.y += x * t4.y, acc.z += x * t4.z, acc.w += x * t4.w;
+        }
+      *reinterpret_cast<float4*>(Y + (M << 8) + a * 16 + b) = acc;
     }
     __syncthreads();
-    for (int e = tid; e < I * 256; e += kPrepThreads) {
-      const int M = e >> 8, a = (e >> 4) & 15, b = e & 15;
-      float acc = 0.0f;
+    for (int e = tid; e < I * 64; e += kPrepThreads) {
+      const int M = e >> 6, a = (e >> 2) & 15, b = 4 * (e & 3);
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int p = 0; p < 16; ++p) acc += T[(16 * I + a) * kLx + 16 * I + p] * Y[(M << 8) + p * 16 + b];
-      T[(16 * I + a) * kLx + 16 * M + b] = -acc;
+      for (int p = 0; p < 16; ++p) {
+        const float x = T[(16 * I + a) * kLx + 16 * I + p];
+        const float4 y4 = *reinterpret_cast<const float4*>(Y + (M << 8) + p * 16 + b);
+        acc.x += x * y4.x, acc.y += x * y4.y, acc.z += x * y4.z, acc.w += x * y4.w;
+      }
+      *reinterpret_cast<float4*>(T + (16 * I + a) * kLx + 16 * M + b) = make_float4(-acc.x, -acc.y, -acc.z, -acc.w);
     }
     __syncthreads();
   }
