@@ -17,13 +17,20 @@
 //   The block holds a whole SM's shared memory (208 KB at d = 128): 16 warps hide each other's
 //   latencies (the H200 profile of the 8-warp version: 30% issue use, 6.3 cycles per instruction).
 //
-// state, a block per (16·warps value columns, head, sequence), chunks in order. Each warp keeps
-// Sᵀ (16 value columns × dk) as fp32 mma accumulators in registers and per chunk computes
-//   Vnᵀ = Uᵀ − Sᵀ·Wᵀ,  Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ,  Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd
+// state, a block per (16·warps value columns, head, sequence), chunks in order, with two warps per
+// 16 value columns. The recurrence warp keeps Sᵀ (16 value columns × dk) as fp32 mma accumulators in
+// registers and per chunk computes
+//   Vnᵀ = Uᵀ − Sᵀ·Wᵀ,  Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd
+// and its partner, the output warp, from the chunk-start Sᵀ and Vnᵀ it is handed through shared
+// memory as bf16 A fragments,
+//   Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ
 // with bf16 m16n8k16 (Sᵀ and Vnᵀ rounded to bf16 as operands; the state itself stays fp32 and
-// accumulates in fp32); B fragments come from shared memory by ldmatrix. The next two chunks'
-// workspace streams into shared memory (cp.async, three stages) while a chunk computes. Snapshots
-// are written from the registers at chunk ends.
+// accumulates in fp32); B fragments come from shared memory by ldmatrix. The output does not feed
+// the recurrence, so the recurrence warps go on to the next chunk while their partners finish the
+// output (one warp of each kind per scheduler). The output warps also stream the workspace into
+// shared memory (cp.async, three stages: a chunk's stage lives until its output is written, and
+// the load of chunk i + 3 is issued as chunk i's ends). Snapshots are written by the recurrence
+// warps from their registers at chunk ends.
 #include <algorithm>
 #include <cmath>
 
@@ -432,147 +439,238 @@ __global__ void __launch_bounds__(kPrepThreads, 1) kda_tc_prep_kernel(KdaStep s,
   }
 }
 
-// Shared-memory stage of the state pass: one chunk's W, Qd (rows of dk + 8), Kdᵀ, Aqk and the
-// block's Uᵀ rows (rows of kLt), e^{G_last}; offsets in bytes.
+// Shared memory of the state pass, offsets in bytes. A stage holds one chunk: W and Qd (rows of
+// dk + 8), Kdᵀ, Aqk and the block's Uᵀ rows (rows of kLt); e^{G_last} (fp32) sits in the padding of
+// W's first dk/4 rows, 16 bytes each (ldmatrix reads only W's first dk columns): a separate array
+// would leave no room for three stages and the handoff at dk = 128. After the stages, the handoff:
+// per warp pair 16·dk bf16 (Sᵀ as A fragments, lane-major 16-byte pieces). At dk = 128 and 64
+// columns: 3 × 71,680 + 16,384 = 231,424 bytes of the 232,448 a block may have. Three stages, not
+// two: with two, chunk i + 2 could only load once the output of chunk i is written, which would
+// leave the recurrence waiting for the load; a second handoff buffer (overlapping the partner's
+// chunks further) does not fit beside three stages.
 struct StageLayout {
-  int ldk, q, kt, a, u, dl, bytes;
+  int ldk, q, kt, a, u, bytes;
   __host__ __device__ StageLayout(int dk, int bv)
-      : ldk(dk + 8), q(2 * kChunk * ldk), kt(2 * q), a(kt + 2 * dk * kLt), u(a + 2 * kChunk * kLt), dl(u + 2 * bv * kLt),
-        bytes(dl + 4 * dk) {}
+      : ldk(dk + 8), q(2 * kChunk * ldk), kt(2 * q), a(kt + 2 * dk * kLt), u(a + 2 * kChunk * kLt),
+        bytes(u + 2 * bv * kLt) {}
+  __host__ __device__ int dl(int piece) const { return 2 * (piece * ldk + ldk - 8); }  // e^{G_last}[4·piece ..]
 };
 
 constexpr int kStages = 3;  // chunks in flight in the state pass's shared memory
 
+size_t state_smem_bytes(int dk, int warps) {
+  return kStages * static_cast<size_t>(StageLayout(dk, 16 * warps).bytes) + static_cast<size_t>(warps) * 32 * dk;
+}
+
+// Named barriers (ids 1..15): `count` threads in whole warps. bar.arrive does not wait; it
+// synchronises with the bar.sync that completes the barrier, so the arriving threads' earlier
+// shared-memory reads and writes are ordered before the waiting threads' later ones.
+__device__ __forceinline__ void bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+// Warps 0..kWarps−1 run the recurrence, warps kWarps..2kWarps−1 the output and the loads; warp
+// kWarps + w is the partner of warp w (the same 16 value columns). Chunk i of the sequence (n in
+// all) lives in stage i % 3. The barriers, per chunk i:
+//   ready[i % 3]  the output warps, once their cp.async group of chunk i is complete, arrive; the
+//                 recurrence warps sync before reading the stage (output warps see the stage
+//                 through full, which comes later in the same chain);
+//   full[w]       recurrence warp w arrives once chunk i's Sᵀ (handoff) and Vnᵀ (over its own Uᵀ
+//                 rows, which it has read) are written; its partner syncs before reading them;
+//   empty[w]      the partner arrives once it holds the handoff in registers; warp w syncs before
+//                 writing chunk i + 1's (none before chunk 0, none after the last read);
+//   free[i % 3]   only if chunk i + 3 exists: the recurrence warps arrive when done with the stage,
+//                 the output warps sync when done with it, then load chunk i + 3 into it.
+// Each barrier completes once per round (arrivals and waits are counted alike on both sides, the
+// conditions above are the same on both): a side cannot arrive twice before the other side's wait,
+// since its second arrival depends on that wait (ready of chunk i + 3 is given at the start of the
+// output's chunk i + 2, after full of i + 1, after the recurrence's ready of i + 1; full of i + 1
+// after empty of i; empty of i + 1 after full of i + 1; free of i + 3 after ready of i + 3, after
+// the output's free of i). Loads never overwrite a stage a warp still reads (free: every warp is
+// past the chunk), the handoff is never overwritten before it was read (empty), and the waits form
+// no cycle: the recurrence's chunk i waits for the start of the output's chunk i − 1, which waits
+// for the recurrence's chunk i − 1 (full) and the end of the output's chunk i − 2 (free of i − 2).
+// A sequence without chunks touches no barrier; the last chunk gives no empty, the last three no
+// free. Output warps commit a group per chunk (empty past the end), so the group counts hold.
 template <int kWarps>
-__global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
-  constexpr int kBv = 16 * kWarps, kThreads = 32 * kWarps;
+__global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
+  constexpr int kBv = 16 * kWarps, kRec = 32 * kWarps, kAll = 2 * kRec;  // value columns, threads per role, all
+  constexpr int kReady = 1, kFree = kReady + kStages, kFull = kFree + kStages, kEmpty = kFull + kWarps;
+  static_assert(kEmpty + kWarps <= 16, "16 named barriers per block");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int dk = s.dk, dv = s.dv, H = s.heads;
   const StageLayout sl(dk, kBv);
-  const TcLayout tl(dk, dv);
-  const int b = blockIdx.z, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2,
-            t = lane & 3;
+  const int b = blockIdx.z, h = blockIdx.y, tid = threadIdx.x, warp = (tid >> 5) % kWarps, lane = tid & 31,
+            g = lane >> 2, t = lane & 3;
   const int vblk = blockIdx.x * kBv, v0 = vblk + 16 * warp;
-  const int c_begin = cw.seq_chunk[b], c_end = cw.seq_chunk[b + 1];
+  const int c_begin = cw.seq_chunk[b], n = cw.seq_chunk[b + 1] - c_begin;
   const int nkt = dk / 8, nks = dk / 16;  // state n-tiles (8 channels) and k-steps (16 channels)
-
-  // Sᵀ[v][j] of this warp's 16 value columns as m16n8 accumulators: [nt][0..3] ↔ (v0+g, 8nt+2t),
-  // (v0+g, 8nt+2t+1), (v0+g+8, 8nt+2t), (v0+g+8, 8nt+2t+1).
-  float S[kMaxDk / 8][4];
-  auto tile_at = [&](float* st, int nt, int r) -> float& {
-    return st[static_cast<int64_t>(8 * nt + 2 * t + (r & 1)) * dv + v0 + g + 8 * (r >> 1)];
+  // The handoff of this warp pair (k-step ks at [32·ks]) and the pair's Vnᵀ in a stage's Uᵀ rows.
+  uint4* hand = reinterpret_cast<uint4*>(smem_raw + kStages * sl.bytes) + warp * nks * 32 + lane;
+  auto vn_at = [&](int stage) {
+    return reinterpret_cast<uint4*>(smem_raw + stage * sl.bytes + sl.u + 2 * 16 * warp * kLt) + lane;
   };
-  {
-    float* st = state_tile(s, s.slots[b], h);
-#pragma unroll
-    for (int nt = 0; nt < kMaxDk / 8; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) S[nt][r] = nt < nkt ? tile_at(st, nt, r) : 0.0f;
-  }
-  auto store = [&](float* st) {
-#pragma unroll
-    for (int nt = 0; nt < kMaxDk / 8; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        if (nt < nkt) tile_at(st, nt, r) = S[nt][r];
-  };
-  for_snapshots(s, cw, b, h, 0, store);
-  if (c_begin == c_end) return;
-  const int64_t seq_row0 = s.cu[b];
-
-  const int rp = dk / 8, lrp = __ffs(rp) - 1;  // 16-byte pieces per row of dk (a power of two), its log2
-  auto issue = [&](int c, int stage) {  // one commit group per call; c < 0: an empty group
-    if (c < 0) {
-      cp_async_commit();
-      return;
-    }
-    unsigned char* base = smem_raw + stage * sl.bytes;
-    const bf16* src = tw.ws + (static_cast<int64_t>(c) * H + h) * tl.total;
-    for (int e = tid; e < kChunk * rp; e += kThreads) {
-      const int i = e >> lrp, p = 8 * (e & (rp - 1));
-      cp_async16(base + 2 * (i * sl.ldk + p), src + tl.w + i * dk + p);
-      cp_async16(base + sl.q + 2 * (i * sl.ldk + p), src + tl.qd + i * dk + p);
-    }
-    for (int e = tid; e < dk * 8; e += kThreads)
-      cp_async16(base + sl.kt + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.kdt + 8 * e);
-    for (int e = tid; e < kChunk * 8; e += kThreads)
-      cp_async16(base + sl.a + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.aqk + 8 * e);
-    for (int e = tid; e < kBv * 8; e += kThreads)
-      cp_async16(base + sl.u + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.ut + static_cast<int64_t>(vblk) * kChunk + 8 * e);
-    for (int e = tid; e < dk / 4; e += kThreads)
-      cp_async16(base + sl.dl + 16 * e, tw.dl + (static_cast<int64_t>(c) * H + h) * dk + 4 * e);
-    cp_async_commit();
-  };
-
-  bf16* out = static_cast<bf16*>(s.out.p);
   // B fragments of n-tiles (2p, 2p+1) at k-step ks of a [rows n][ld] array: lane l reads row
   // 16p + l % 8 + 8·(l / 16), columns 16ks + 8·((l / 8) % 2) .. + 8.
   const int lrow = (lane & 7) + 8 * (lane >> 4), lcol = 8 * ((lane >> 3) & 1);
-  issue(c_begin, 0);
-  issue(c_begin + 1 < c_end ? c_begin + 1 : -1, 1);
-  for (int c = c_begin; c < c_end; ++c) {
-    const int stage = (c - c_begin) % kStages;
-    issue(c + 2 < c_end ? c + 2 : -1, (stage + 2) % kStages);
-    cp_async_wait<kStages - 1>();  // chunk c's group is complete
-    __syncthreads();
-    const unsigned char* base = smem_raw + stage * sl.bytes;
-    const bf16* sW = reinterpret_cast<const bf16*>(base);
-    const bf16* sQ = reinterpret_cast<const bf16*>(base + sl.q);
-    const bf16* sKT = reinterpret_cast<const bf16*>(base + sl.kt);
-    const bf16* sA = reinterpret_cast<const bf16*>(base + sl.a);
-    const bf16* sU = reinterpret_cast<const bf16*>(base + sl.u);
-    const float* sDl = reinterpret_cast<const float*>(base + sl.dl);
-    const int64_t row0 = cw.chunk_row[c];
-    const int L = cw.chunk_len[c];
 
-    uint32_t sa[kMaxDk / 16][4];  // Sᵀ as bf16 A fragments
-    to_a_fragments(S, sa);
-    // Every product below takes one k-step at a time over all its n-tiles: the B fragments of the
-    // step are loaded together, then the mma's run on independent accumulators.
-    // Vnᵀ = Uᵀ − Sᵀ·Wᵀ (16 value columns × 64 positions)
-    float vn[kChunk / 8][4] = {};
+  if (tid < kRec) {  // the recurrence
+    // Sᵀ[v][j] of this warp's 16 value columns as m16n8 accumulators: [nt][0..3] ↔ (v0+g, 8nt+2t),
+    // (v0+g, 8nt+2t+1), (v0+g+8, 8nt+2t), (v0+g+8, 8nt+2t+1).
+    float S[kMaxDk / 8][4];
+    auto tile_at = [&](float* st, int nt, int r) -> float& {
+      return st[static_cast<int64_t>(8 * nt + 2 * t + (r & 1)) * dv + v0 + g + 8 * (r >> 1)];
+    };
+    {
+      float* st = state_tile(s, s.slots[b], h);
+#pragma unroll
+      for (int nt = 0; nt < kMaxDk / 8; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) S[nt][r] = nt < nkt ? tile_at(st, nt, r) : 0.0f;
+    }
+    auto store = [&](float* st) {
+#pragma unroll
+      for (int nt = 0; nt < kMaxDk / 8; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if (nt < nkt) tile_at(st, nt, r) = S[nt][r];
+    };
+    for_snapshots(s, cw, b, h, 0, store);
+    if (n == 0) return;
+    const int64_t seq_row0 = s.cu[b];
+    for (int i = 0; i < n; ++i) {
+      const int stage = i % kStages;
+      const unsigned char* base = smem_raw + stage * sl.bytes;
+      const bf16* sW = reinterpret_cast<const bf16*>(base);
+      const bf16* sKT = reinterpret_cast<const bf16*>(base + sl.kt);
+      const bf16* sU = reinterpret_cast<const bf16*>(base + sl.u);
+      bar_sync(kReady + stage, kAll);  // chunk i is in the stage
+
+      uint32_t sa[kMaxDk / 16][4];  // Sᵀ as bf16 A fragments
+      to_a_fragments(S, sa);
+      // Every product below takes one k-step at a time over all its n-tiles: the B fragments of the
+      // step are loaded together, then the mma's run on independent accumulators.
+      // Vnᵀ = Uᵀ − Sᵀ·Wᵀ (16 value columns × 64 positions)
+      float vn[kChunk / 8][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < kMaxDk / 16; ++ks)
+        if (ks < nks) {
+          uint32_t bq[kChunk / 16][4];
+#pragma unroll
+          for (int np = 0; np < kChunk / 16; ++np) ldsm_x4(bq[np], sW + (16 * np + lrow) * sl.ldk + 16 * ks + lcol);
+#pragma unroll
+          for (int np = 0; np < kChunk / 16; ++np) {
+            mma_bf16(vn[2 * np], sa[ks], bq[np][0], bq[np][1]);
+            mma_bf16(vn[2 * np + 1], sa[ks], bq[np][2], bq[np][3]);
+          }
+        }
+#pragma unroll
+      for (int nt = 0; nt < kChunk / 8; ++nt) {
+        const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g) * kLt + 8 * nt + 2 * t));
+        const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g + 8) * kLt + 8 * nt + 2 * t));
+        vn[nt][0] = u0.x - vn[nt][0], vn[nt][1] = u0.y - vn[nt][1];
+        vn[nt][2] = u1.x - vn[nt][2], vn[nt][3] = u1.y - vn[nt][3];
+      }
+      uint32_t va[kChunk / 16][4];  // Vnᵀ as bf16 A fragments
+      to_a_fragments(vn, va);
+      // Hand chunk i to the partner: Vnᵀ over this warp's Uᵀ rows (read above by every lane), Sᵀ
+      // into the handoff once the partner holds the previous chunk's.
+      __syncwarp();
+      uint4* hv = vn_at(stage);
+#pragma unroll
+      for (int ks = 0; ks < kChunk / 16; ++ks) hv[32 * ks] = make_uint4(va[ks][0], va[ks][1], va[ks][2], va[ks][3]);
+      if (i > 0) bar_sync(kEmpty + warp, 64);
+#pragma unroll
+      for (int ks = 0; ks < kMaxDk / 16; ++ks)
+        if (ks < nks) hand[32 * ks] = make_uint4(sa[ks][0], sa[ks][1], sa[ks][2], sa[ks][3]);
+      bar_arrive(kFull + warp, 64);
+      // Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd: e^{G_last}[8nt + 2t ..] is in W's row 2nt + t / 2.
+      const float* dl = reinterpret_cast<const float*>(base + sl.dl(t >> 1)) + 2 * (t & 1);
+#pragma unroll
+      for (int nt = 0; nt < kMaxDk / 8; ++nt)
+        if (nt < nkt) {
+          const float2 d = *reinterpret_cast<const float2*>(dl + nt * sl.ldk);
+          S[nt][0] *= d.x, S[nt][1] *= d.y, S[nt][2] *= d.x, S[nt][3] *= d.y;
+        }
+#pragma unroll
+      for (int ks = 0; ks < kChunk / 16; ++ks) {
+        uint32_t bq[kMaxDk / 16][4];
+#pragma unroll
+        for (int np = 0; np < kMaxDk / 16; ++np)
+          if (np < nks) ldsm_x4(bq[np], sKT + (16 * np + lrow) * kLt + 16 * ks + lcol);
+#pragma unroll
+        for (int np = 0; np < kMaxDk / 16; ++np)
+          if (np < nks) {
+            mma_bf16(S[2 * np], va[ks], bq[np][0], bq[np][1]);
+            mma_bf16(S[2 * np + 1], va[ks], bq[np][2], bq[np][3]);
+          }
+      }
+      if (i + kStages < n) bar_arrive(kFree + stage, kAll);
+      if (cw.snaps > 0) {
+        const int c = c_begin + i;
+        for_snapshots(s, cw, b, h, static_cast<int>(cw.chunk_row[c] + cw.chunk_len[c] - seq_row0), store);
+      }
+    }
+    store(state_tile(s, s.slots[b], h));
+    return;
+  }
+
+  // The output and the loads.
+  if (n == 0) return;
+  const TcLayout tl(dk, dv);
+  const int ot = tid - kRec, rp = dk / 8, lrp = __ffs(rp) - 1;  // 16-byte pieces per row of dk (a power of two), its log2
+  auto issue = [&](int i) {  // chunk i into stage i % 3, one commit group per call; i ≥ n: an empty group
+    if (i < n) {
+      const int c = c_begin + i;
+      unsigned char* base = smem_raw + (i % kStages) * sl.bytes;
+      const bf16* src = tw.ws + (static_cast<int64_t>(c) * H + h) * tl.total;
+      for (int e = ot; e < kChunk * rp; e += kRec) {
+        const int r = e >> lrp, p = 8 * (e & (rp - 1));
+        cp_async16(base + 2 * (r * sl.ldk + p), src + tl.w + r * dk + p);
+        cp_async16(base + sl.q + 2 * (r * sl.ldk + p), src + tl.qd + r * dk + p);
+      }
+      for (int e = ot; e < dk * 8; e += kRec)
+        cp_async16(base + sl.kt + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.kdt + 8 * e);
+      for (int e = ot; e < kChunk * 8; e += kRec)
+        cp_async16(base + sl.a + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.aqk + 8 * e);
+      for (int e = ot; e < kBv * 8; e += kRec)
+        cp_async16(base + sl.u + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.ut + static_cast<int64_t>(vblk) * kChunk + 8 * e);
+      for (int e = ot; e < dk / 4; e += kRec)
+        cp_async16(base + sl.dl(e), tw.dl + (static_cast<int64_t>(c) * H + h) * dk + 4 * e);
+    }
+    cp_async_commit();
+  };
+  bf16* out = static_cast<bf16*>(s.out.p);
+  for (int i = 0; i < kStages; ++i) issue(i);
+  cp_async_wait<kStages - 1>();  // chunk 0
+  bar_arrive(kReady, kAll);
+  for (int i = 0; i < n; ++i) {
+    const int stage = i % kStages, c = c_begin + i;
+    if (i + 1 < n) {  // groups up to chunk i + 2's are committed: with one pending, chunk i + 1's is complete
+      cp_async_wait<kStages - 2>();
+      bar_arrive(kReady + (i + 1) % kStages, kAll);
+    }
+    const unsigned char* base = smem_raw + stage * sl.bytes;
+    const bf16* sQ = reinterpret_cast<const bf16*>(base + sl.q);
+    const bf16* sA = reinterpret_cast<const bf16*>(base + sl.a);
+    bar_sync(kFull + warp, 64);  // the partner's Sᵀ and Vnᵀ of chunk i
+    uint32_t sa[kMaxDk / 16][4], va[kChunk / 16][4];
 #pragma unroll
     for (int ks = 0; ks < kMaxDk / 16; ++ks)
       if (ks < nks) {
-        uint32_t bq[kChunk / 16][4];
-#pragma unroll
-        for (int np = 0; np < kChunk / 16; ++np) ldsm_x4(bq[np], sW + (16 * np + lrow) * sl.ldk + 16 * ks + lcol);
-#pragma unroll
-        for (int np = 0; np < kChunk / 16; ++np) {
-          mma_bf16(vn[2 * np], sa[ks], bq[np][0], bq[np][1]);
-          mma_bf16(vn[2 * np + 1], sa[ks], bq[np][2], bq[np][3]);
-        }
+        const uint4 x = hand[32 * ks];
+        sa[ks][0] = x.x, sa[ks][1] = x.y, sa[ks][2] = x.z, sa[ks][3] = x.w;
       }
-#pragma unroll
-    for (int nt = 0; nt < kChunk / 8; ++nt) {
-      const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g) * kLt + 8 * nt + 2 * t));
-      const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g + 8) * kLt + 8 * nt + 2 * t));
-      vn[nt][0] = u0.x - vn[nt][0], vn[nt][1] = u0.y - vn[nt][1];
-      vn[nt][2] = u1.x - vn[nt][2], vn[nt][3] = u1.y - vn[nt][3];
-    }
-    uint32_t va[kChunk / 16][4];  // Vnᵀ as bf16 A fragments
-    to_a_fragments(vn, va);
-    // Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd, before the output so the next chunk's chain starts early
-    // (the output reads sa, the bf16 copy of the chunk-start state).
-#pragma unroll
-    for (int nt = 0; nt < kMaxDk / 8; ++nt)
-      if (nt < nkt) {
-        const float d0 = sDl[8 * nt + 2 * t], d1 = sDl[8 * nt + 2 * t + 1];
-        S[nt][0] *= d0, S[nt][1] *= d1, S[nt][2] *= d0, S[nt][3] *= d1;
-      }
+    const uint4* hv = vn_at(stage);
 #pragma unroll
     for (int ks = 0; ks < kChunk / 16; ++ks) {
-      uint32_t bq[kMaxDk / 16][4];
-#pragma unroll
-      for (int np = 0; np < kMaxDk / 16; ++np)
-        if (np < nks) ldsm_x4(bq[np], sKT + (16 * np + lrow) * kLt + 16 * ks + lcol);
-#pragma unroll
-      for (int np = 0; np < kMaxDk / 16; ++np)
-        if (np < nks) {
-          mma_bf16(S[2 * np], va[ks], bq[np][0], bq[np][1]);
-          mma_bf16(S[2 * np + 1], va[ks], bq[np][2], bq[np][3]);
-        }
+      const uint4 x = hv[32 * ks];
+      va[ks][0] = x.x, va[ks][1] = x.y, va[ks][2] = x.z, va[ks][3] = x.w;
     }
+    if (i + 1 < n) bar_arrive(kEmpty + warp, 64);
     // Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ with the chunk-start state, written for the chunk's live rows.
     float o[kChunk / 8][4] = {};
 #pragma unroll
@@ -598,30 +696,31 @@ __global__ void __launch_bounds__(kWarps * 32) kda_tc_state_kernel(KdaStep s, Ch
         mma_bf16(o[2 * np + 1], va[ks], bq[np][2], bq[np][3]);
       }
     }
+    const int64_t row0 = cw.chunk_row[c];
+    const int L = cw.chunk_len[c];
     bf16* oc = out + (row0 * H + h) * dv + v0 + g;  // row 0 of the chunk, this lane's first column
     const int ostride = H * dv;
 #pragma unroll
     for (int nt = 0; nt < kChunk / 8; ++nt) {
-      const int i = 8 * nt + 2 * t;
-      bf16* o0 = oc + i * ostride;
-      if (i < L) o0[0] = __float2bfloat16_rn(o[nt][0]), o0[8] = __float2bfloat16_rn(o[nt][2]);
-      if (i + 1 < L) o0[ostride] = __float2bfloat16_rn(o[nt][1]), o0[ostride + 8] = __float2bfloat16_rn(o[nt][3]);
+      const int r = 8 * nt + 2 * t;
+      bf16* o0 = oc + r * ostride;
+      if (r < L) o0[0] = __float2bfloat16_rn(o[nt][0]), o0[8] = __float2bfloat16_rn(o[nt][2]);
+      if (r + 1 < L) o0[ostride] = __float2bfloat16_rn(o[nt][1]), o0[ostride + 8] = __float2bfloat16_rn(o[nt][3]);
     }
-    for_snapshots(s, cw, b, h, static_cast<int>(row0 + L - seq_row0), store);
-    __syncthreads();  // the next iteration's loads overwrite this stage
+    if (i + kStages < n) bar_sync(kFree + stage, kAll);  // every warp is done with chunk i's stage
+    issue(i + kStages);
   }
-  store(state_tile(s, s.slots[b], h));
 }
 
 template <int kWarps>
 void launch_state(cudaStream_t stream, const KdaStep& s, const ChunkWork& cw, const TcWork& tw, int64_t num_seqs,
                   const std::string& what) {
-  const size_t smem = kStages * static_cast<size_t>(StageLayout(s.dk, 16 * kWarps).bytes);
+  const size_t smem = state_smem_bytes(s.dk, kWarps);
   KL_CUDA(cudaFuncSetAttribute(kda_tc_state_kernel<kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(smem)),
           what);
   const dim3 grid(static_cast<unsigned>(s.dv / (16 * kWarps)), s.heads, static_cast<unsigned>(num_seqs));
-  kda_tc_state_kernel<kWarps><<<grid, 32 * kWarps, smem, stream>>>(s, cw, tw);
+  kda_tc_state_kernel<kWarps><<<grid, 64 * kWarps, smem, stream>>>(s, cw, tw);
   KL_LAUNCHED(what + " (tensor-core state pass, " + std::to_string(16 * kWarps) + " columns)");
 }
 
@@ -651,9 +750,10 @@ void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables&
     KL_LAUNCHED(what + " (tensor-core chunk prep)");
   }
   if (v.stages == KdaChunkStages::kPrepOnly) return;
-  // Value columns per state block: by default the widest that divides dv. A block holds a whole
-  // SM's shared memory (three chunks in flight), so more, narrower blocks only add waves and
-  // reread the workspace (measured on the H200: 64 columns fastest at B=1 and B=8).
+  // Value columns per state block (two warps per 16): by default the widest that divides dv. A
+  // block holds a whole SM's shared memory (three chunks in flight), so more, narrower blocks only
+  // add waves and reread the workspace (measured on the H200 before the warps were split in
+  // recurrence and output: 64 columns fastest at B=1 and B=8).
   int cols = v.state_cols == 0 ? 64 : v.state_cols;
   KL_CHECK(cols == 16 || cols == 32 || cols == 64, what + ": state_cols " + std::to_string(cols) + " (16, 32 or 64)");
   while (s.dv % cols != 0) cols /= 2;
