@@ -12,6 +12,10 @@
 #include "backend_cases.h"
 #include "io/safetensors.h"
 #include "test_util.h"
+#if KLINEAR_WITH_CUDA
+#include "backend/cuda/backend.h"
+#include "backend/cuda/kda_chunked.h"
+#endif
 
 namespace klinear {
 namespace {
@@ -213,6 +217,20 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
       EXPECT_TRUE(all_close(host(out), o_ref, t)) << form_name(form) << " out";
       EXPECT_TRUE(all_close(host(states), s_ref, t)) << form_name(form) << " states (untouched slots included)";
     }
+#if KLINEAR_WITH_CUDA
+    // The tensor-core prefill at every state-pass width (the op picks one by the grid's size).
+    auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be());
+    if (cuda != nullptr && act() == DType::kBF16 && (d == 16 || d == 32 || d == 64 || d == 128)) {
+      for (int cols : {16, 32, 64}) {
+        Tensor states = persistent(s0, DType::kF32);
+        Tensor out = poisoned(nhd);
+        cuda::kda_chunked_variant(*cuda, KdaArgs{dev(q), dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), states, out},
+                                  layout, cuda::KdaChunkedVariant{cols, cuda::KdaChunkStages::kBoth});
+        EXPECT_TRUE(all_close(host(out), o_ref, t)) << cols << " state columns: out";
+        EXPECT_TRUE(all_close(host(states), s_ref, t)) << cols << " state columns: states";
+      }
+    }
+#endif
   }
 }
 

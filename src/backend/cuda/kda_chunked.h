@@ -13,7 +13,7 @@ class CudaBackend;
 enum class KdaChunkStages { kBoth, kPrepOnly, kStateOnly };
 
 struct KdaChunkedVariant {
-  int state_cols = 0;  // value columns per state-pass block: 16, 32 or 64; 0: the default (64)
+  int state_cols = 0;  // value columns per state-pass block: 16, 32 or 64; 0: by the grid's size (the op's choice)
   KdaChunkStages stages = KdaChunkStages::kBoth;
 };
 
