@@ -115,8 +115,19 @@ void HttpServer::count(int status) {
 }
 
 Status HttpServer::start() {
+  // Debian's cpp-httplib (0.11, compiled) listens with a backlog of 5: a burst of connections
+  // (bench-serve at 256 streams) overflowed it and dropped clients read nothing. listen() again on
+  // the bound socket raises the backlog (Linux); the socket is the last one the options saw.
+  int listen_fd = -1;
+  http_->set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;
+  });
   port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host) : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+  http_->set_socket_options(httplib::default_socket_options);
   if (port_ < 0) return Status::IOError("cannot listen on " + options_.host + ":" + std::to_string(options_.port));
+  if (::listen(listen_fd, SOMAXCONN) != 0)
+    return Status::IOError("cannot raise the listen backlog on " + options_.host + ":" + std::to_string(port_));
   listener_ = std::thread([this] { http_->listen_after_bind(); });
   return Status();
 }

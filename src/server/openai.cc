@@ -362,6 +362,14 @@ Json ResponseBuilder::logprobs_json(const std::vector<TokenOutput>& tokens, size
   return j;
 }
 
+namespace {
+Json token_ids(const std::vector<TokenOutput>& tokens) {
+  Json ids = Json::array();
+  for (const TokenOutput& t : tokens) ids.push_back(t.id);
+  return ids;
+}
+}  // namespace
+
 std::vector<Json> ResponseBuilder::opening_chunks() const {
   std::vector<Json> out;
   if (kind_ != ApiKind::kChat) return out;
@@ -386,6 +394,7 @@ std::vector<Json> ResponseBuilder::chunks(const EngineEvent& e) {
   if (logprobs_ && !e.tokens.empty()) choice["logprobs"] = logprobs_json(e.tokens, offset);
   if (kind_ == ApiKind::kCompletion) {
     choice["text"] = e.text;
+    if (!tokenizer_) choice["token_ids"] = token_ids(e.tokens);  // no text without a tokenizer: the ids are the output
   } else {
     const ChatDelta d = chat_delta(c, e);
     Json delta = Json::object();
@@ -404,7 +413,8 @@ std::vector<Json> ResponseBuilder::chunks(const EngineEvent& e) {
   }
   if (c.finish) choice["finish_reason"] = finish_reason(c);
   const bool empty_delta = kind_ == ApiKind::kChat && choice["delta"].empty() && !c.finish && choice["logprobs"].is_null();
-  if (empty_delta || (kind_ == ApiKind::kCompletion && e.text.empty() && !e.finish && choice["logprobs"].is_null()))
+  const bool empty_text = kind_ == ApiKind::kCompletion && e.text.empty() && (tokenizer_ || e.tokens.empty());
+  if (empty_delta || (empty_text && !e.finish && choice["logprobs"].is_null()))
     return out;
   Json j = chunk_base();
   j["choices"].push_back(std::move(choice));
@@ -442,6 +452,7 @@ Json ResponseBuilder::response(const RequestStats& stats) const {
                 {"finish_reason", c.finish ? Json(finish_reason(c)) : Json(nullptr)}};
     if (kind_ == ApiKind::kCompletion) {
       choice["text"] = c.text;
+      if (!tokenizer_) choice["token_ids"] = token_ids(c.tokens);
     } else {
       Json message{{"role", "assistant"}, {"content", c.text}};
       std::vector<ToolCall> calls;

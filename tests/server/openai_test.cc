@@ -331,6 +331,27 @@ TEST(OpenAIResponse, CompletionChunksAndUsage) {
   EXPECT_EQ(r["choices"][0]["logprobs"]["text_offset"], Json({0, 1, 2}));
 }
 
+// A server without a tokenizer (token-id prompts only) has no text to send: each chunk carries the
+// event's token ids instead of being held back until the end, and the response all of them.
+TEST(OpenAIResponse, CompletionWithoutTokenizerCarriesTokenIds) {
+  std::string param;
+  ApiRequest req = parse_api_request(ApiKind::kCompletion, ChatFormat::kKimiK2, Json{{"prompt", {5, 6}}, {"stream", true}}, &param)
+                       .value();
+  ResponseBuilder b(req, ChatFormat::kKimiK2, "cmpl-1", "m", nullptr);
+  EngineEvent e1, e2;
+  e1.tokens = {TokenOutput{7, "", {}}, TokenOutput{8, "", {}}};
+  e2.tokens = {TokenOutput{9, "", {}}};
+  e2.finish = FinishReason::kLength;
+  const std::vector<Json> c1 = b.chunks(e1), c2 = b.chunks(e2);
+  ASSERT_EQ(c1.size(), 1u);
+  EXPECT_EQ(c1[0]["choices"][0]["token_ids"], Json({7, 8}));
+  EXPECT_TRUE(c1[0]["choices"][0]["finish_reason"].is_null());
+  ASSERT_EQ(c2.size(), 1u);
+  EXPECT_EQ(c2[0]["choices"][0]["token_ids"], Json({9}));
+  EXPECT_EQ(c2[0]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(b.response(RequestStats{2, 3, 0, 0, 0})["choices"][0]["token_ids"], Json({7, 8, 9}));
+}
+
 // A K3 assistant turn as the model writes it after the generation prompt (thinking on).
 std::vector<int32_t> k3_turn_ids(const std::string& reasoning, const std::string& content, const std::vector<ToolCall>& calls) {
   const Tokenizer& tok = k3_tokenizer();
