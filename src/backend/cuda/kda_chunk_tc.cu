@@ -111,6 +111,30 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
                : "r"(addr));
 }
 
+// acc (kNt n-tiles of 8 columns) += A·B over k-steps [0, ks_live): a holds the bf16 A fragments
+// of each k-step (kKs at most); B's column r at k-step ks is row r, columns 16ks .. 16ks + 15 of a
+// [n][ld] bf16 array in shared memory; n-tile pairs [0, np_live) (kNt / 2 at most). One k-step at a
+// time: its B fragments (ldmatrix, lanes as in ldsm_x4: lrow, lcol) are loaded together, then the
+// mma's run on independent accumulators.
+template <int kKs, int kNt>
+__device__ __forceinline__ void mma_steps(float (&acc)[kNt][4], const uint32_t (&a)[kKs][4], const bf16* b, int ld,
+                                          int ks_live, int np_live, int lrow, int lcol) {
+#pragma unroll
+  for (int ks = 0; ks < kKs; ++ks)
+    if (ks < ks_live) {
+      uint32_t bq[kNt / 2][4];
+#pragma unroll
+      for (int np = 0; np < kNt / 2; ++np)
+        if (np < np_live) ldsm_x4(bq[np], b + (16 * np + lrow) * ld + 16 * ks + lcol);
+#pragma unroll
+      for (int np = 0; np < kNt / 2; ++np)
+        if (np < np_live) {
+          mma_bf16(acc[2 * np], a[ks], bq[np][0], bq[np][1]);
+          mma_bf16(acc[2 * np + 1], a[ks], bq[np][2], bq[np][3]);
+        }
+    }
+}
+
 // Two 8×8 bf16 matrices from shared memory, transposed (lanes 0-15 give the addresses: lane l row
 // l % 8 of matrix l / 8): with rows = k and 8 consecutive n per row, r[0], r[1] are the m16n8k16 B
 // fragment of a row-major [k][n] operand at rows 16ks.., columns n..n+7.
@@ -551,22 +575,9 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
 
       uint32_t sa[kMaxDk / 16][4];  // Sᵀ as bf16 A fragments
       to_a_fragments(S, sa);
-      // Every product below takes one k-step at a time over all its n-tiles: the B fragments of the
-      // step are loaded together, then the mma's run on independent accumulators.
       // Vnᵀ = Uᵀ − Sᵀ·Wᵀ (16 value columns × 64 positions)
       float vn[kChunk / 8][4] = {};
-#pragma unroll
-      for (int ks = 0; ks < kMaxDk / 16; ++ks)
-        if (ks < nks) {
-          uint32_t bq[kChunk / 16][4];
-#pragma unroll
-          for (int np = 0; np < kChunk / 16; ++np) ldsm_x4(bq[np], sW + (16 * np + lrow) * sl.ldk + 16 * ks + lcol);
-#pragma unroll
-          for (int np = 0; np < kChunk / 16; ++np) {
-            mma_bf16(vn[2 * np], sa[ks], bq[np][0], bq[np][1]);
-            mma_bf16(vn[2 * np + 1], sa[ks], bq[np][2], bq[np][3]);
-          }
-        }
+      mma_steps(vn, sa, sW, sl.ldk, nks, kChunk / 16, lrow, lcol);
 #pragma unroll
       for (int nt = 0; nt < kChunk / 8; ++nt) {
         const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g) * kLt + 8 * nt + 2 * t));
@@ -595,19 +606,7 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
           const float2 d = *reinterpret_cast<const float2*>(dl + nt * sl.ldk);
           S[nt][0] *= d.x, S[nt][1] *= d.y, S[nt][2] *= d.x, S[nt][3] *= d.y;
         }
-#pragma unroll
-      for (int ks = 0; ks < kChunk / 16; ++ks) {
-        uint32_t bq[kMaxDk / 16][4];
-#pragma unroll
-        for (int np = 0; np < kMaxDk / 16; ++np)
-          if (np < nks) ldsm_x4(bq[np], sKT + (16 * np + lrow) * kLt + 16 * ks + lcol);
-#pragma unroll
-        for (int np = 0; np < kMaxDk / 16; ++np)
-          if (np < nks) {
-            mma_bf16(S[2 * np], va[ks], bq[np][0], bq[np][1]);
-            mma_bf16(S[2 * np + 1], va[ks], bq[np][2], bq[np][3]);
-          }
-      }
+      mma_steps(S, va, sKT, kLt, kChunk / 16, nks, lrow, lcol);
       if (i + kStages < n) bar_arrive(kFree + stage, kAll);
       if (cw.snaps > 0) {
         const int c = c_begin + i;
@@ -673,29 +672,8 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
     if (i + 1 < n) bar_arrive(kEmpty + warp, 64);
     // Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ with the chunk-start state, written for the chunk's live rows.
     float o[kChunk / 8][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < kMaxDk / 16; ++ks)
-      if (ks < nks) {
-        uint32_t bq[kChunk / 16][4];
-#pragma unroll
-        for (int np = 0; np < kChunk / 16; ++np) ldsm_x4(bq[np], sQ + (16 * np + lrow) * sl.ldk + 16 * ks + lcol);
-#pragma unroll
-        for (int np = 0; np < kChunk / 16; ++np) {
-          mma_bf16(o[2 * np], sa[ks], bq[np][0], bq[np][1]);
-          mma_bf16(o[2 * np + 1], sa[ks], bq[np][2], bq[np][3]);
-        }
-      }
-#pragma unroll
-    for (int ks = 0; ks < kChunk / 16; ++ks) {
-      uint32_t bq[kChunk / 16][4];
-#pragma unroll
-      for (int np = 0; np < kChunk / 16; ++np) ldsm_x4(bq[np], sA + (16 * np + lrow) * kLt + 16 * ks + lcol);
-#pragma unroll
-      for (int np = 0; np < kChunk / 16; ++np) {
-        mma_bf16(o[2 * np], va[ks], bq[np][0], bq[np][1]);
-        mma_bf16(o[2 * np + 1], va[ks], bq[np][2], bq[np][3]);
-      }
-    }
+    mma_steps(o, sa, sQ, sl.ldk, nks, kChunk / 16, lrow, lcol);
+    mma_steps(o, va, sA, kLt, kChunk / 16, kChunk / 16, lrow, lcol);
     const int64_t row0 = cw.chunk_row[c];
     const int L = cw.chunk_len[c];
     bf16* oc = out + (row0 * H + h) * dv + v0 + g;  // row 0 of the chunk, this lane's first column
