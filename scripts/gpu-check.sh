@@ -18,9 +18,12 @@
 # The CPU suite is CI's (scripts/test.sh); KLINEAR_GPU_CHECK_CPU=1 runs it here too.
 # KLINEAR_GPU_CHECK_SKIP names steps to leave out (space-separated: e.g. "fla_bench memcheck").
 # Every step runs even when an earlier one fails; the exit status is non-zero if any failed.
-# On the H200 (2026-12-01): build 90 s, GPU tests 10 s, generate 8 s, ops_bench 181 s, fla_bench
-# 273 s (Triton compiling), memcheck 3 + 48 s. Under a 10-minute limit per command, run it twice:
-# KLINEAR_GPU_CHECK_SKIP="ops_bench fla_bench", then KLINEAR_GPU_CHECK_SKIP="memcheck_ops memcheck_models".
+# On the H200 (2026-12-01): build 80-117 s, GPU tests 49-92 s (the bf16 consistency rows redraw
+# chaotic checkpoints), generate 8 s, e2e_48b 9 s, serve_48b ~4 min with the default matrix,
+# ops_bench 181 s (its kda group 70-78 s), fla_bench 257-273 s (Triton compiling), memcheck 3 + 48 s.
+# Under a 10-minute limit per command, run it in three calls, e.g.
+# KLINEAR_GPU_CHECK_SKIP="serve_48b ops_bench fla_bench", then "gpu_tests generate e2e_48b serve_48b
+# memcheck_ops memcheck_models" (the benchmarks beside FLA's), then the serve step alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/gpu-check.sh OUTDIR}
@@ -130,9 +133,10 @@ with open('/tmp/klinear-run.jsonl', 'w') as f:
   local pid=$!
   for _ in $(seq 300); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null && break; sleep 1; done
   # KLINEAR_SERVE_MATRIX: "streams:input:output:prefix ..." (the issue's matrix is 1/16/64/256 streams x
-  # 8k/1k and 1k/1k x prefix 0/4k; the default is what fits one call)
+  # 8k/1k and 1k/1k x prefix 0/4k; the default is what fits one call beside the run: ~3 minutes on
+  # the H200, where 256 x 8k/1k alone takes ~4.5)
   local cfg
-  for cfg in ${KLINEAR_SERVE_MATRIX:-1:1024:128:0 64:1024:1024:0 256:8192:1024:0 256:8192:1024:4096}; do
+  for cfg in ${KLINEAR_SERVE_MATRIX:-1:1024:1024:0 16:1024:1024:0 64:1024:1024:0 16:8192:1024:0 16:8192:1024:4096 256:1024:256:0}; do
     IFS=: read -r c l k p <<<"$cfg"
     echo "== bench-serve concurrency $c input $l output $k prefix $p"
     timeout 240 build-gpu/klinear bench-serve --url "http://127.0.0.1:$port" --concurrency "$c" --requests "$c" \
