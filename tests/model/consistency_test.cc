@@ -73,8 +73,14 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   // stayed over 0.15): the checkpoint is redrawn until em < 0.15, at most 16 times, and the
   // calmest draw is kept; em ≥ 0.5 (a bound near the size of the logits) fails.
   testing::RouteTrace::Record routes;
-  Tensor reference;
+  Tensor reference, emu_all;  // the fp32 reference and the bf16 emulation of the whole prompt
   double tol = kF32Tol;
+  // The prompt on the CPU with bf16 storage, under the reference's routing.
+  auto emulated = [&](const std::vector<int64_t>& cuts) {
+    testing::Bf16Storage bf16(**cpu);
+    testing::RouteTrace replay(bf16, testing::RouteTrace::Mode::kReplay, routes, moe_layers);
+    return run(replay, cuts);
+  };
   uint64_t calmest = 0;
   double calmest_em = INFINITY;
   for (int draw = 0;; ++draw) {
@@ -85,9 +91,8 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
     testing::RouteTrace record(**cpu, testing::RouteTrace::Mode::kRecord, routes, moe_layers);
     reference = run(record, {});
     if (row.dtype == DType::kF32) break;
-    testing::Bf16Storage bf16(**cpu);
-    testing::RouteTrace replay(bf16, testing::RouteTrace::Mode::kReplay, routes, moe_layers);
-    const double em = testing::error_stats(run(replay, {}), reference).worst();
+    emu_all = emulated({});
+    const double em = testing::error_stats(emu_all, reference).worst();
     if (em < calmest_em) calmest_em = em, calmest = seed;
     if (em < 0.15 || draw == 16) {
       std::printf("[ em ] %.4f (draw %d)\n", em, draw);
@@ -110,12 +115,7 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   if (row.dtype != DType::kF32) {
     // The bound is also three times what the bf16 emulation's own decode differs from its own
     // prefill, position by position (CPU, k3_block3_lowrank: 0.02-0.08).
-    auto emulated = [&](const std::vector<int64_t>& cuts) {
-      testing::Bf16Storage bf16(**cpu);
-      testing::RouteTrace replay(bf16, testing::RouteTrace::Mode::kReplay, routes, moe_layers);
-      return run(replay, cuts);
-    };
-    const Tensor emu_all = emulated({}), emu_dec = emulated(one_by_one);
+    const Tensor emu_dec = emulated(one_by_one);
     double ed = 0;
     for (int64_t i = 3; i < 75; ++i)
       ed = std::max(ed, testing::error_stats(emu_dec.rows(i, i + 1), emu_all.rows(i, i + 1)).worst());
