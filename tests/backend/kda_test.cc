@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstring>
+#include <functional>
 
 #include "backend_cases.h"
 #include "io/safetensors.h"
@@ -210,26 +211,24 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
     // so the tolerance measures the op and not the rounding of its inputs (see FixtureBothForms).
     const Tensor o_ref = reference(host(dev(q)), host(dev(k)), host(dev(v)), g, beta, s_ref, layout);
     const double t = case_tol();
-    for (Form form : {Form::kChunked, Form::kRecurrent}) {
+    // Runs `op` on fresh states and a poisoned output and compares both with the reference.
+    auto check = [&](const std::string& name, const std::function<void(const KdaArgs&)>& op) {
       Tensor states = persistent(s0, DType::kF32);
       Tensor out = poisoned(nhd);
-      run(form, KdaArgs{dev(q), dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), states, out}, layout);
-      EXPECT_TRUE(all_close(host(out), o_ref, t)) << form_name(form) << " out";
-      EXPECT_TRUE(all_close(host(states), s_ref, t)) << form_name(form) << " states (untouched slots included)";
-    }
+      op(KdaArgs{dev(q), dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), states, out});
+      EXPECT_TRUE(all_close(host(out), o_ref, t)) << name << " out";
+      EXPECT_TRUE(all_close(host(states), s_ref, t)) << name << " states (untouched slots included)";
+    };
+    for (Form form : {Form::kChunked, Form::kRecurrent})
+      check(form_name(form), [&](const KdaArgs& a) { run(form, a, layout); });
 #if KLINEAR_WITH_CUDA
     // The tensor-core prefill at every state-pass width (the op picks one by the grid's size).
     auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be());
-    if (cuda != nullptr && act() == DType::kBF16 && (d == 16 || d == 32 || d == 64 || d == 128)) {
-      for (int cols : {16, 32, 64}) {
-        Tensor states = persistent(s0, DType::kF32);
-        Tensor out = poisoned(nhd);
-        cuda::kda_chunked_variant(*cuda, KdaArgs{dev(q), dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), states, out},
-                                  layout, cuda::KdaChunkedVariant{cols, cuda::KdaChunkStages::kBoth});
-        EXPECT_TRUE(all_close(host(out), o_ref, t)) << cols << " state columns: out";
-        EXPECT_TRUE(all_close(host(states), s_ref, t)) << cols << " state columns: states";
-      }
-    }
+    if (cuda != nullptr && act() == DType::kBF16 && (d == 16 || d == 32 || d == 64 || d == 128))
+      for (int cols : {16, 32, 64})
+        check(std::to_string(cols) + " state columns:", [&](const KdaArgs& a) {
+          cuda::kda_chunked_variant(*cuda, a, layout, cuda::KdaChunkedVariant{cols, cuda::KdaChunkStages::kBoth});
+        });
 #endif
   }
 }
