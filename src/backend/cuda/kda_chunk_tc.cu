@@ -6,8 +6,9 @@
 // values, their L2 norms become row factors fq_i = scale/‖q_i‖, fk_i = 1/‖k_i‖ applied where the
 // rows are consumed; G = cumsum(g) in fp32 (segments of rows in registers, then their carries).
 //   The decayed dots Akk (β included: L) and Aqk:
-//   - the four diagonal 16×16 blocks exactly, the dots of raw rows against k_m ⊙ e^{G_i−G_m} (factors
-//     ≤ 1: strong decay underflows to 0, never overflows), times the row factors, all 16 warps;
+//   - the four diagonal 16×16 blocks exactly, the dots of raw rows against k_m ⊙ e^{G_i−G_m} as running
+//     products of e^{G_i−G_{i−1}} (factors ≤ 1: strong decay underflows to 0, never overflows; one exp
+//     per row and channel serves a lane's keys), times the row factors, all 16 warps;
 //   - the six blocks below them with tf32 mma.sync m16n8k8 about a reference row r (the first row of
 //     the later block): q_i·fq_i·e^{G_i−G_r} and k_m·fk_m·e^{G_r−G_m}, both factors ≤ 1; each block
 //     split over two warps by channel halves, on the warps with the least diagonal work.
@@ -251,49 +252,62 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   // Aqk is built in fp32 in T (zeroed: above the diagonal stays 0), L in X; the dots run on raw q, k
   // and take the row factors at the end.
   float* aqk = T;
-  // Diagonal blocks, exact: warps 0-7 the keys of rows 0-31, warps 8-15 those of rows 32-63; lanes
-  // (4 keys m × 8 channel slices), channels 4·(8jj + slice); dec = k_m ⊙ e^{G_i − G_m} for each row i
-  // of m's block from m on, k_m and G_m in registers (factors ≤ 1: strong decay underflows to 0,
-  // never overflows; e^0 = 1 taken exactly at i = m).
+  // Diagonal blocks, exact: warps 0-7 the keys of rows 0-31, warps 8-15 those of rows 32-63, four
+  // keys per warp. A lane holds kKpl consecutive keys m_x = mk + x on one slice of four channels
+  // (kSl slices: 32 at d = 128, 16 at 64, else 8; at d = 16 slices 4-7 idle) and walks the rows i of
+  // their block: dec_x = k_{m_x} ⊙ e^{G_i − G_{m_x}} as a running product (0 before m_x, k_{m_x} at
+  // i = m_x, then times e^{G_i − G_{i−1}}), the step factor (≤ 1: strong decay underflows to 0, never
+  // overflows) one exp per channel and row for all the lane's keys. The differences of G telescope:
+  // the product is e^{G_i − G_m} of the stored G up to the exps' rounding.
   {
-    constexpr int kJ = (D + 31) / 32;
-    const int mbase = (warp >> 3) * 32 + (warp & 7) * 4, m = mbase + (lane >> 3), slice = lane & 7,
-              end = (mbase | 15) + 1;
-    float4 km[kJ], gm[kJ];
+    constexpr int kSl = D >= 128 ? 32 : D >= 64 ? 16 : 8, kKpl = kSl / 8, kNv = 2 * kKpl;
+    const int mbase = (warp >> 3) * 32 + (warp & 7) * 4, end = (mbase | 15) + 1;
+    const int j = 4 * (lane % kSl), mk = mbase + (lane / kSl) * kKpl;
+    const bool live = j < dk;
+    float4 dec[kKpl], gprev = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int jj = 0; jj < kJ; ++jj) {
-      const int j = 4 * (8 * jj + slice);
-      km[jj] = gm[jj] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (j < dk) km[jj] = bf16x4(Ks + m * lr + j), gm[jj] = *reinterpret_cast<const float4*>(G + m * lg + j);
-    }
+    for (int x = 0; x < kKpl; ++x) dec[x] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (live) gprev = *reinterpret_cast<const float4*>(G + mbase * lg + j);
 #pragma unroll 2
-    for (int i = mbase; i < end; ++i) {  // warp-uniform; rows before m contribute nothing
-      float kk = 0.0f, qk = 0.0f;
-      if (i >= m) {
+    for (int i = mbase; i < end; ++i) {  // warp-uniform
+      float v[kNv] = {};                  // the partial dots: k_i·dec_x of the keys, then q_i·dec_x
+      if (live) {
+        const float4 gi = *reinterpret_cast<const float4*>(G + i * lg + j);
+        const float4 kv = bf16x4(Ks + i * lr + j), qv = bf16x4(Qs + i * lr + j);
+        const float4 e = make_float4(__expf(gi.x - gprev.x), __expf(gi.y - gprev.y), __expf(gi.z - gprev.z),
+                                     __expf(gi.w - gprev.w));
+        gprev = gi;
 #pragma unroll
-        for (int jj = 0; jj < kJ; ++jj) {
-          const int j = 4 * (8 * jj + slice);
-          if (j < dk) {
-            float4 dec = km[jj];
-            if (i > m) {
-              const float4 gi = *reinterpret_cast<const float4*>(G + i * lg + j);
-              dec.x *= __expf(gi.x - gm[jj].x), dec.y *= __expf(gi.y - gm[jj].y);
-              dec.z *= __expf(gi.z - gm[jj].z), dec.w *= __expf(gi.w - gm[jj].w);
-            }
-            const float4 kv = bf16x4(Ks + i * lr + j), qv = bf16x4(Qs + i * lr + j);
-            kk += kv.x * dec.x + kv.y * dec.y + kv.z * dec.z + kv.w * dec.w;
-            qk += qv.x * dec.x + qv.y * dec.y + qv.z * dec.z + qv.w * dec.w;
-          }
+        for (int x = 0; x < kKpl; ++x) {
+          float4& d = dec[x];
+          if (i == mk + x) d = kv;
+          else d.x *= e.x, d.y *= e.y, d.z *= e.z, d.w *= e.w;
+          v[x] = kv.x * d.x + kv.y * d.y + kv.z * d.z + kv.w * d.w;
+          v[kKpl + x] = qv.x * d.x + qv.y * d.y + qv.z * d.z + qv.w * d.w;
         }
       }
+      // Sums over the kSl lanes of the keys: halving steps (offsets kSl/2 .. 4: the lanes with the
+      // offset's bit keep the upper half of the values, their partners the lower) leave value
+      // (lane >> 2) % kNv in v[0], then offsets 2 and 1.
 #pragma unroll
-      for (int o = 1; o < 8; o <<= 1) {
-        kk += __shfl_xor_sync(0xffffffffu, kk, o);
-        qk += __shfl_xor_sync(0xffffffffu, qk, o);
+      for (int n = kNv; n > 1; n >>= 1) {
+        const int o = kSl * n / (2 * kNv);
+        const bool hi = (lane & o) != 0;
+#pragma unroll
+        for (int k = 0; k < n / 2; ++k) {
+          const float send = hi ? v[k] : v[k + n / 2], keep = hi ? v[k + n / 2] : v[k];
+          v[k] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
       }
-      if (slice == 0 && i >= m) {
-        if (i > m) X[i * kLx + m] = bsh[i] * (kk * fk[i] * fk[m]);
-        aqk[i * kLx + m] = qk * fq[i] * fk[m];
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], 2);
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
+      if ((lane & 3) == 0) {
+        const int idx = (lane >> 2) & (kNv - 1), m = mk + (idx & (kKpl - 1));
+        if (idx < kKpl) {
+          if (i > m) X[i * kLx + m] = bsh[i] * (v[0] * fk[i] * fk[m]);
+        } else if (i >= m) {
+          aqk[i * kLx + m] = v[0] * fq[i] * fk[m];
+        }
       }
     }
   }
