@@ -320,7 +320,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   if ((warp & 3) != 0) {
     const int item = 4 * (3 - (warp & 3)) + (warp >> 2 & 1) + 2 * (warp >> 3), blk = item >> 1;
     // blocks (1,0), (2,0), (2,1), (3,0), (3,1), (3,2) in order (arithmetic: a table would sit in local memory)
-    const int I = blk < 1 ? 1 : blk < 3 ? 2 : 3, M = blk - I * (I - 1) / 2, r = 16 * I, g = lane >> 2, t = lane & 3, ia = r + g, ib = ia + 8;
+    const int I = blk < 1 ? 1 : blk < 3 ? 2 : 3, M = blk - I * (I - 1) / 2;
+    const int r = 16 * I, g = lane >> 2, t = lane & 3, ia = r + g, ib = ia + 8;
     const float fka = fk[ia], fkb = fk[ib], fqa = fq[ia], fqb = fq[ib];
     const float fkm[2] = {fk[16 * M + g], fk[16 * M + 8 + g]};
     float ck[2][4] = {}, cq[2][4] = {};
@@ -389,13 +390,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
     const float* glast = G + (kChunk - 1) * lg;  // = G at row L−1 (padding has g = 0)
     for (int e = u; e < dk * kChunk / 8; e += kOthers) {
       const int j = e % dk, i0 = 8 * (e / dk);
+      auto kd_at = [&](int i) { return __bfloat162float(Ks[i * lr + j]) * (fk[i] * __expf(glast[j] - G[i * lg + j])); };
       uint32_t kd[4];
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int i = i0 + 2 * x;
-        kd[x] = pack_bf16(__bfloat162float(Ks[i * lr + j]) * (fk[i] * __expf(glast[j] - G[i * lg + j])),
-                          __bfloat162float(Ks[(i + 1) * lr + j]) * (fk[i + 1] * __expf(glast[j] - G[(i + 1) * lg + j])));
-      }
+      for (int x = 0; x < 4; ++x) kd[x] = pack_bf16(kd_at(i0 + 2 * x), kd_at(i0 + 2 * x + 1));
       *reinterpret_cast<uint4*>(ws + tl.kdt + j * kChunk + i0) = make_uint4(kd[0], kd[1], kd[2], kd[3]);
     }
     for (int j = u; j < dk; j += kOthers) tw.dl[(static_cast<int64_t>(chunk) * H + h) * dk + j] = __expf(glast[j]);
