@@ -1,21 +1,26 @@
 // The bf16 KDA chunked prefill on tensor cores (SPEC 4.6, chunk 64), two launches:
 //
-// prep, a block of 512 threads per (chunk, head), every chunk in parallel (dk = dv = 16, 32, 64 or
-// 128, a template argument). Every global read is issued at once; in fp32 shared memory:
-//   q, k L2-normalised, G = cumsum(g) (segments of rows in registers, then their carries), e^g.
+// prep, a block of 512 threads per (chunk, head), two blocks per SM (≤ 64 registers, 107,264 bytes of
+// shared memory at d = 128), every chunk in parallel (dk = dv = 16, 32, 64 or 128, a template
+// argument). q, k and g go straight to shared memory by cp.async; q and k stay their raw bf16
+// values, their L2 norms become row factors fq_i = scale/‖q_i‖, fk_i = 1/‖k_i‖ applied where the
+// rows are consumed; G = cumsum(g) in fp32 (segments of rows in registers, then their carries).
 //   The decayed dots Akk (β included: L) and Aqk:
-//   - the four diagonal 16×16 blocks exactly, as running products of e^g down each key's rows
-//     (factors ≤ 1: strong decay underflows to 0, never overflows), all 16 warps;
+//   - the four diagonal 16×16 blocks exactly, the dots of raw rows against k_m ⊙ e^{G_i−G_m} as running
+//     products of e^{G_i−G_{i−1}} (factors ≤ 1: strong decay underflows to 0, never overflows; one exp
+//     per row and channel serves a lane's keys), times the row factors, all 16 warps;
 //   - the six blocks below them with tf32 mma.sync m16n8k8 about a reference row r (the first row of
-//     the later block): q_i·e^{G_i−G_r} and k_m·e^{G_r−G_m}, both factors ≤ 1; each block split
-//     over two warps by channel halves, on the warps with the least diagonal work.
+//     the later block): q_i·fq_i·e^{G_i−G_r} and k_m·fk_m·e^{G_r−G_m}, both factors ≤ 1; each block
+//     split over two warps by channel halves, on the warps with the least diagonal work.
 //   (I + L)⁻¹ in fp32: forward substitution inside the diagonal blocks, then the block merge
 //   T_IM = −T_II·Σ_N L_IN·T_NM. W = T·diag(β)·(e^G ⊙ K) and U = T·diag(β)·V with bf16 m16n8k16
-//   (fp32 accumulate), the right-hand sides row-major in shared memory (ldmatrix.trans).
+//   (fp32 accumulate), the right-hand sides row-major in shared memory (ldmatrix.trans): e^G ⊙ K
+//   over raw q once q is spent, V (loaded during the merge) over raw k.
 //   It writes a bf16 workspace per (chunk, head): W [64, dk], Qd = Q⊙e^G [64, dk],
 //   Kdᵀ = (K⊙e^{G_last−G})ᵀ [dk, 64], Aqk [64, 64], Uᵀ [dv, 64]; and e^{G_last} [dk] in fp32.
-//   The block holds a whole SM's shared memory (208 KB at d = 128): 16 warps hide each other's
-//   latencies (the H200 profile of the 8-warp version: 30% issue use, 6.3 cycles per instruction).
+//   The phases follow each other with barriers between them; the second block on the SM fills the
+//   gaps (at one block per SM, 208 KB, the H200 profile showed 30% issue use, 6.3 cycles per
+//   instruction, the load latency at the start fully exposed).
 //
 // state, a block per (16·warps value columns, head, sequence), chunks in order, with two warps per
 // 16 value columns. The recurrence warp keeps Sᵀ (16 value columns × dk) as fp32 mma accumulators in
@@ -143,79 +148,66 @@ __device__ __forceinline__ void ldsm_x2_trans(uint32_t (&r)[2], const bf16* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 
+// Shared memory of the prep at d = dk = dv: G (fp32 [64][d+4]), X and T (fp32 [64][kLx]), Y (768),
+// β, fq, fk (64 each), then q and k as their bf16 inputs ([64][d+8] each). 107,264 bytes at d = 128:
+// two blocks per SM (2 × (107,264 + 1,024) ≤ 233,472).
 size_t prep_smem_bytes(int d) {
-  return sizeof(float) * (4 * kChunk * (d + 4) + 2 * kChunk * kLx + 3 * 256 + kChunk) +
+  return sizeof(float) * (kChunk * (d + 4) + 2 * kChunk * kLx + 3 * 256 + 3 * kChunk) +
          sizeof(bf16) * static_cast<size_t>(2 * kChunk) * (d + 8);
 }
 
-__device__ __forceinline__ uint4 load16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+// Rows 0..L−1 of a [rows, H, D] tensor (head h, rows from row0) into a [64][ld] shared array by
+// cp.async in 16-byte pieces (the caller commits), rows L..63 zeroed.
+template <int D, typename E>
+__device__ __forceinline__ void load_chunk_rows(E* dst, int ld, const E* src, int64_t row0, int L, int H, int h,
+                                                int tid) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(E)), kRow = D / kPer;  // elements per piece, pieces per row
+  for (int e = tid; e < kChunk * kRow; e += kPrepThreads) {
+    const int i = e / kRow, j = kPer * (e % kRow);
+    E* d = dst + i * ld + j;
+    if (i < L) cp_async16(d, src + ((row0 + i) * H + h) * D + j);
+    else *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+  }
+}
+__device__ __forceinline__ float4 bf16x4(const bf16* p) {  // four bf16 at an 8-byte aligned address
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
 
-// D = dk = dv (compile time: the loads are issued all at once, the index arithmetic is shifts).
+// D = dk = dv (compile time: the index arithmetic is shifts). Two blocks per SM: 64 registers.
 template <int D>
-__global__ void __launch_bounds__(kPrepThreads, 1) kda_tc_prep_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
+__global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int dk = D, dv = D, lg = D + 4, lr = D + 8, kWarpsP = kPrepThreads / 32;
-  float* qn = reinterpret_cast<float*>(smem_raw);  // [64][lg] normalised, scaled q
-  float* kn = qn + kChunk * lg;                    // [64][lg] normalised k
-  float* G = kn + kChunk * lg;                     // [64][lg] g, then its cumulative sum
-  float* eg = G + kChunk * lg;                     // [64][lg] e^g
-  float* X = eg + kChunk * lg;                     // [64][kLx] L = β_i·Akk, strictly lower
-  float* T = X + kChunk * kLx;                     // [64][kLx] Aqk in fp32 first, then (I + L)⁻¹
-  float* Y = T + kChunk * kLx;                     // [768] cumsum carries, then the block-merge sums
-  float* bsh = Y + 3 * 256;                        // [64] β
-  bf16* Ks = reinterpret_cast<bf16*>(bsh + kChunk);  // [64][lr] e^G ⊙ K (β goes into T)
-  bf16* Vs = Ks + kChunk * lr;                       // [64][lr] V
+  // Lifetimes (phases: 1 loads, 2 cumsum and norms, 3 Akk/Aqk, 4 Aqk out, 5 inverse with Qd, Kdᵀ,
+  // e^G ⊙ K, 6 block merge, 7 W/U):
+  float* G = reinterpret_cast<float*>(smem_raw);  // [64][lg] g, then its cumulative sum (1-5)
+  float* X = G + kChunk * lg;                     // [64][kLx] L = β_i·Akk, strictly lower (1-6)
+  float* T = X + kChunk * kLx;                    // [64][kLx] Aqk in fp32 (1-4), then (I + L)⁻¹ (5-7)
+  float* Y = T + kChunk * kLx;                    // [768] cumsum carries (2), then the block-merge sums (6)
+  float* bsh = Y + 3 * 256;                       // [64] β
+  float* fq = bsh + kChunk;                       // [64] scale / ‖q_i‖
+  float* fk = fq + kChunk;                        // [64] 1 / ‖k_i‖
+  bf16* Qs = reinterpret_cast<bf16*>(fk + kChunk);  // [64][lr] raw q (1-5); phase 5 writes e^G ⊙ K over it
+                                                    // in place (each thread its own q), read in 7
+  bf16* Ks = Qs + kChunk * lr;                      // [64][lr] raw k (1-5); V is loaded over it in 6 for 7
   const int chunk = blockIdx.x, h = blockIdx.y, H = s.heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t row0 = cw.chunk_row[chunk];
   const int L = cw.chunk_len[chunk];
   const TcLayout tl(dk, dv);
   bf16* ws = tw.ws + (static_cast<int64_t>(chunk) * H + h) * tl.total;
 
-  // Every global read of the block issued at once: q, k, v in 16-byte pieces (8 channels), g in
-  // float4s, β; zero past L.
-  constexpr int kP8 = kChunk * D / 8, kIt8 = (kP8 + kPrepThreads - 1) / kPrepThreads;
-  constexpr int kP4 = kChunk * D / 4, kIt4 = (kP4 + kPrepThreads - 1) / kPrepThreads;
-  uint4 qr[kIt8], kr[kIt8], vr[kIt8];
-  float4 gr[kIt4];
-#pragma unroll
-  for (int it = 0; it < kIt8; ++it) {
-    const int e = tid + it * kPrepThreads, i = e / (D / 8), j = 8 * (e % (D / 8));
-    qr[it] = kr[it] = vr[it] = make_uint4(0, 0, 0, 0);
-    if (e < kP8 && i < L) {
-      const int64_t src = ((row0 + i) * H + h) * D + j;
-      qr[it] = load16(static_cast<const bf16*>(s.q.p) + src);
-      kr[it] = load16(static_cast<const bf16*>(s.k.p) + src);
-      vr[it] = load16(static_cast<const bf16*>(s.v.p) + src);
-    }
-  }
-#pragma unroll
-  for (int it = 0; it < kIt4; ++it) {
-    const int e = tid + it * kPrepThreads, i = e / (D / 4), j = 4 * (e % (D / 4));
-    gr[it] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (e < kP4 && i < L) gr[it] = __ldg(reinterpret_cast<const float4*>(s.g + ((row0 + i) * H + h) * D + j));
-  }
+  // Phase 1: q, k, g straight into shared memory by cp.async (no registers held), β; zero past L.
+  load_chunk_rows<D>(Qs, lr, static_cast<const bf16*>(s.q.p), row0, L, H, h, tid);
+  load_chunk_rows<D>(Ks, lr, static_cast<const bf16*>(s.k.p), row0, L, H, h, tid);
+  load_chunk_rows<D>(G, lg, s.g, row0, L, H, h, tid);
+  cp_async_commit();
   if (tid < kChunk) bsh[tid] = tid < L ? s.beta[(row0 + tid) * H + h] : 0.0f;
-#pragma unroll
-  for (int it = 0; it < kIt8; ++it) {
-    const int e = tid + it * kPrepThreads, i = e / (D / 8), j = 8 * (e % (D / 8));
-    if (e < kP8) {
-      const bf16* qb = reinterpret_cast<const bf16*>(&qr[it]);
-      const bf16* kb = reinterpret_cast<const bf16*>(&kr[it]);
-#pragma unroll
-      for (int x = 0; x < 8; ++x) qn[i * lg + j + x] = __bfloat162float(qb[x]), kn[i * lg + j + x] = __bfloat162float(kb[x]);
-      *reinterpret_cast<uint4*>(Vs + i * lr + j) = vr[it];
-    }
-  }
-#pragma unroll
-  for (int it = 0; it < kIt4; ++it) {
-    const int e = tid + it * kPrepThreads, i = e / (D / 4), j = 4 * (e % (D / 4));
-    if (e < kP4) {
-      *reinterpret_cast<float4*>(G + i * lg + j) = gr[it];
-      *reinterpret_cast<float4*>(eg + i * lg + j) =
-          make_float4(__expf(gr[it].x), __expf(gr[it].y), __expf(gr[it].z), __expf(gr[it].w));
-    }
-  }
-  for (int e = tid; e < kChunk * kLx; e += kPrepThreads) X[e] = 0.0f, T[e] = 0.0f;
+  for (int e = tid; e < kChunk * kLx / 4; e += kPrepThreads)
+    reinterpret_cast<float4*>(X)[e] = reinterpret_cast<float4*>(T)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+  cp_async_wait<0>();
   __syncthreads();
   {  // G = cumsum(g) down each channel (padding has g = 0): kSeg segments of rows per channel summed
      // in registers, then each segment adds the totals of the segments above it, in order.
@@ -231,7 +223,8 @@ __global__ void __launch_bounds__(kPrepThreads, 1) kda_tc_prep_kernel(KdaStep s,
 #pragma unroll
     for (int r = 0; r < kRowsSeg; ++r) G[(sg * kRowsSeg + r) * lg + j] = run[r] + carry;
   }
-  {  // L2 norms, a warp per row; the warp's rows reduced together (independent shuffle chains)
+  {  // L2 norms into the row factors fq, fk (q and k stay raw), a warp per row; the warp's rows
+     // reduced together (independent shuffle chains)
     constexpr int kRows = kChunk / kWarpsP;
     float sq[kRows], sk[kRows];
 #pragma unroll
@@ -239,72 +232,98 @@ __global__ void __launch_bounds__(kPrepThreads, 1) kda_tc_prep_kernel(KdaStep s,
       const int i = warp + r * kWarpsP;
       sq[r] = sk[r] = 0.0f;
 #pragma unroll
-      for (int j = lane; j < dk; j += 32) sq[r] += qn[i * lg + j] * qn[i * lg + j], sk[r] += kn[i * lg + j] * kn[i * lg + j];
+      for (int j = 2 * lane; j < dk; j += 64) {
+        const float2 qq = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(Qs + i * lr + j));
+        const float2 kk = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(Ks + i * lr + j));
+        sq[r] += qq.x * qq.x + qq.y * qq.y, sk[r] += kk.x * kk.x + kk.y * kk.y;
+      }
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) sq[r] = warp_sum(sq[r]), sk[r] = warp_sum(sk[r]);
+    if (lane == 0)
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int i = warp + r * kWarpsP;
-      const float fq = s.scale / sqrtf(sq[r] + 1e-6f), fk = 1.0f / sqrtf(sk[r] + 1e-6f);
-#pragma unroll
-      for (int j = lane; j < dk; j += 32) qn[i * lg + j] *= fq, kn[i * lg + j] *= fk;
-    }
+      for (int r = 0; r < kRows; ++r) {
+        const int i = warp + r * kWarpsP;
+        fq[i] = s.scale / sqrtf(sq[r] + 1e-6f), fk[i] = 1.0f / sqrtf(sk[r] + 1e-6f);
+      }
   }
   __syncthreads();
 
-  // Aqk is built in fp32 in T (zeroed: above the diagonal stays 0), L in X.
+  // Aqk is built in fp32 in T (zeroed: above the diagonal stays 0), L in X; the dots run on raw q, k
+  // and take the row factors at the end.
   float* aqk = T;
-  // Diagonal blocks, exact: warps 0-7 the keys of rows 0-31, warps 8-15 those of rows 32-63; lanes
-  // (4 keys m × 8 channel slices), float4 channels 4·(8jj + slice); dec = k_m ⊙ e^{G_i − G_m} as a
-  // running product while i walks m's block.
+  // Diagonal blocks, exact: warps 0-7 the keys of rows 0-31, warps 8-15 those of rows 32-63, four
+  // keys per warp. A lane holds kKpl consecutive keys m_x = mk + x on one slice of four channels
+  // (kSl slices: 32 at d = 128, 16 at 64, else 8; at d = 16 slices 4-7 idle) and walks the rows i of
+  // their block: dec_x = k_{m_x} ⊙ e^{G_i − G_{m_x}} as a running product (0 before m_x, k_{m_x} at
+  // i = m_x, then times e^{G_i − G_{i−1}}), the step factor (≤ 1: strong decay underflows to 0, never
+  // overflows) one exp per channel and row for all the lane's keys. The differences of G telescope:
+  // the product is e^{G_i − G_m} of the stored G up to the exps' rounding.
   {
-    const int mbase = (warp >> 3) * 32 + (warp & 7) * 4, m = mbase + (lane >> 3), slice = lane & 7,
-              end = (mbase | 15) + 1;
-    float4 dec[kMaxDk / 32];
+    constexpr int kSl = D >= 128 ? 32 : D >= 64 ? 16 : 8, kKpl = kSl / 8, kNv = 2 * kKpl;
+    const int mbase = (warp >> 3) * 32 + (warp & 7) * 4, end = (mbase | 15) + 1;
+    const int j = 4 * (lane % kSl), mk = mbase + (lane / kSl) * kKpl;
+    const bool live = j < dk;
+    float4 dec[kKpl], gprev = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int jj = 0; jj < kMaxDk / 32; ++jj) {
-      const int j = 4 * (8 * jj + slice);
-      dec[jj] = j < dk ? *reinterpret_cast<const float4*>(kn + m * lg + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll 4
-    for (int i = mbase; i < end; ++i) {  // warp-uniform; rows before m contribute nothing
-      float kk = 0.0f, qk = 0.0f;
-      if (i >= m) {
+    for (int x = 0; x < kKpl; ++x) dec[x] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (live) gprev = *reinterpret_cast<const float4*>(G + mbase * lg + j);
+#pragma unroll 2
+    for (int i = mbase; i < end; ++i) {  // warp-uniform
+      float v[kNv] = {};                  // the partial dots: k_i·dec_x of the keys, then q_i·dec_x
+      if (live) {
+        const float4 gi = *reinterpret_cast<const float4*>(G + i * lg + j);
+        const float4 kv = bf16x4(Ks + i * lr + j), qv = bf16x4(Qs + i * lr + j);
+        const float4 e = make_float4(__expf(gi.x - gprev.x), __expf(gi.y - gprev.y), __expf(gi.z - gprev.z),
+                                     __expf(gi.w - gprev.w));
+        gprev = gi;
 #pragma unroll
-        for (int jj = 0; jj < kMaxDk / 32; ++jj) {
-          const int j = 4 * (8 * jj + slice);
-          if (j < dk) {
-            if (i > m) {
-              const float4 e = *reinterpret_cast<const float4*>(eg + i * lg + j);
-              dec[jj].x *= e.x, dec[jj].y *= e.y, dec[jj].z *= e.z, dec[jj].w *= e.w;
-            }
-            const float4 kv = *reinterpret_cast<const float4*>(kn + i * lg + j);
-            const float4 qv = *reinterpret_cast<const float4*>(qn + i * lg + j);
-            kk += kv.x * dec[jj].x + kv.y * dec[jj].y + kv.z * dec[jj].z + kv.w * dec[jj].w;
-            qk += qv.x * dec[jj].x + qv.y * dec[jj].y + qv.z * dec[jj].z + qv.w * dec[jj].w;
-          }
+        for (int x = 0; x < kKpl; ++x) {
+          float4& d = dec[x];
+          if (i == mk + x) d = kv;
+          else d.x *= e.x, d.y *= e.y, d.z *= e.z, d.w *= e.w;
+          v[x] = kv.x * d.x + kv.y * d.y + kv.z * d.z + kv.w * d.w;
+          v[kKpl + x] = qv.x * d.x + qv.y * d.y + qv.z * d.z + qv.w * d.w;
         }
       }
+      // Sums over the kSl lanes of the keys: halving steps (offsets kSl/2 .. 4: the lanes with the
+      // offset's bit keep the upper half of the values, their partners the lower) leave value
+      // (lane >> 2) % kNv in v[0], then offsets 2 and 1.
 #pragma unroll
-      for (int o = 1; o < 8; o <<= 1) {
-        kk += __shfl_xor_sync(0xffffffffu, kk, o);
-        qk += __shfl_xor_sync(0xffffffffu, qk, o);
+      for (int n = kNv; n > 1; n >>= 1) {
+        const int o = kSl * n / (2 * kNv);
+        const bool hi = (lane & o) != 0;
+#pragma unroll
+        for (int k = 0; k < n / 2; ++k) {
+          const float send = hi ? v[k] : v[k + n / 2], keep = hi ? v[k + n / 2] : v[k];
+          v[k] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
       }
-      if (slice == 0 && i >= m) {
-        if (i > m) X[i * kLx + m] = bsh[i] * kk;
-        aqk[i * kLx + m] = qk;
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], 2);
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
+      if ((lane & 3) == 0) {
+        const int idx = (lane >> 2) & (kNv - 1), m = mk + (idx & (kKpl - 1));
+        if (idx < kKpl) {
+          if (i > m) X[i * kLx + m] = bsh[i] * (v[0] * fk[i] * fk[m]);
+        } else if (i >= m) {
+          aqk[i * kLx + m] = v[0] * fq[i] * fk[m];
+        }
       }
     }
   }
   // The six blocks (I, M) below the diagonal ones on tf32 tensor cores about a reference row
   // r = 16I, each split over two warps by channel halves (the halves meet in shared-memory atomic
   // adds onto zero: two addends, so the sum is the same in either order). They go to the 12 warps
-  // with the least diagonal work (16 − 4·(warp % 4) rows): warp % 4 = 3 first, then 2, then 1.
+  // with the least diagonal work (16 − 4·(warp % 4) rows): warp % 4 = 3 first, then 2, then 1. The
+  // operands: raw q_i·fq_i·e^{G_i−G_r}, k_i·fk_i·e^{G_i−G_r} and k_m·fk_m·e^{G_r−G_m} (the row factor
+  // folded into the decay factor, both factors ≤ 1).
   if ((warp & 3) != 0) {
-    constexpr int kI[6] = {1, 2, 2, 3, 3, 3}, kM[6] = {0, 0, 1, 0, 1, 2};
     const int item = 4 * (3 - (warp & 3)) + (warp >> 2 & 1) + 2 * (warp >> 3), blk = item >> 1;
-    const int I = kI[blk], M = kM[blk], r = 16 * I, g = lane >> 2, t = lane & 3, ia = r + g, ib = ia + 8;
+    // blocks (1,0), (2,0), (2,1), (3,0), (3,1), (3,2) in order (arithmetic: a table would sit in local memory)
+    const int I = blk < 1 ? 1 : blk < 3 ? 2 : 3, M = blk - I * (I - 1) / 2;
+    const int r = 16 * I, g = lane >> 2, t = lane & 3, ia = r + g, ib = ia + 8;
+    const float fka = fk[ia], fkb = fk[ib], fqa = fq[ia], fqb = fq[ib];
+    const float fkm[2] = {fk[16 * M + g], fk[16 * M + 8 + g]};
     float ck[2][4] = {}, cq[2][4] = {};
     const int ks0 = (item & 1) * (dk / 16);
     for (int ks = ks0; ks < ks0 + dk / 16; ++ks) {
@@ -312,15 +331,19 @@ __global__ void __launch_bounds__(kPrepThreads, 1) kda_tc_prep_kernel(KdaStep s,
       const float gr0 = G[r * lg + j0], gr1 = G[r * lg + j1];
       const float e0 = __expf(G[ia * lg + j0] - gr0), e1 = __expf(G[ib * lg + j0] - gr0);
       const float e2 = __expf(G[ia * lg + j1] - gr1), e3 = __expf(G[ib * lg + j1] - gr1);
-      const uint32_t ak[4] = {tf32(kn[ia * lg + j0] * e0), tf32(kn[ib * lg + j0] * e1), tf32(kn[ia * lg + j1] * e2),
-                              tf32(kn[ib * lg + j1] * e3)};
-      const uint32_t aq[4] = {tf32(qn[ia * lg + j0] * e0), tf32(qn[ib * lg + j0] * e1), tf32(qn[ia * lg + j1] * e2),
-                              tf32(qn[ib * lg + j1] * e3)};
+      const float ka0 = __bfloat162float(Ks[ia * lr + j0]), kb0 = __bfloat162float(Ks[ib * lr + j0]);
+      const float ka1 = __bfloat162float(Ks[ia * lr + j1]), kb1 = __bfloat162float(Ks[ib * lr + j1]);
+      const float qa0 = __bfloat162float(Qs[ia * lr + j0]), qb0 = __bfloat162float(Qs[ib * lr + j0]);
+      const float qa1 = __bfloat162float(Qs[ia * lr + j1]), qb1 = __bfloat162float(Qs[ib * lr + j1]);
+      const uint32_t ak[4] = {tf32(ka0 * (fka * e0)), tf32(kb0 * (fkb * e1)), tf32(ka1 * (fka * e2)),
+                              tf32(kb1 * (fkb * e3))};
+      const uint32_t aq[4] = {tf32(qa0 * (fqa * e0)), tf32(qb0 * (fqb * e1)), tf32(qa1 * (fqa * e2)),
+                              tf32(qb1 * (fqb * e3))};
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int mm = 16 * M + 8 * nt + g;
-        const uint32_t b0 = tf32(kn[mm * lg + j0] * __expf(gr0 - G[mm * lg + j0]));
-        const uint32_t b1 = tf32(kn[mm * lg + j1] * __expf(gr1 - G[mm * lg + j1]));
+        const uint32_t b0 = tf32(__bfloat162float(Ks[mm * lr + j0]) * (fkm[nt] * __expf(gr0 - G[mm * lg + j0])));
+        const uint32_t b1 = tf32(__bfloat162float(Ks[mm * lr + j1]) * (fkm[nt] * __expf(gr1 - G[mm * lg + j1])));
         mma_tf32(ck[nt], ak, b0, b1);
         mma_tf32(cq[nt], aq, b0, b1);
       }
@@ -359,35 +382,37 @@ __global__ void __launch_bounds__(kPrepThreads, 1) kda_tc_prep_kernel(KdaStep s,
       T[(o + i) * kLx + o + c] = x[i];
     }
   } else {
-    // The other threads write Qd and the right-hand side e^G ⊙ K (four channels of a row each),
-    // Kdᵀ (eight positions of a channel each) and e^{G_last}.
+    // The other threads write Kdᵀ (eight positions of a channel each) and e^{G_last}, then Qd and
+    // the right-hand side e^G ⊙ K (four channels of a row each; e^G ⊙ K over the thread's own raw
+    // q: no other thread reads q in this phase).
     const int u = tid - kChunk;
     constexpr int kOthers = kPrepThreads - kChunk;
     const float* glast = G + (kChunk - 1) * lg;  // = G at row L−1 (padding has g = 0)
-    for (int e = u; e < kChunk * dk / 4; e += kOthers) {  // a warp reads whole rows of float4s
-      const int i = e / (dk / 4), j = 4 * (e % (dk / 4));
-      const float4 gg = *reinterpret_cast<const float4*>(G + i * lg + j);
-      const float4 qq = *reinterpret_cast<const float4*>(qn + i * lg + j);
-      const float4 kk = *reinterpret_cast<const float4*>(kn + i * lg + j);
-      const float e0 = __expf(gg.x), e1 = __expf(gg.y), e2 = __expf(gg.z), e3 = __expf(gg.w);
-      *reinterpret_cast<uint2*>(ws + tl.qd + i * dk + j) =
-          make_uint2(pack_bf16(qq.x * e0, qq.y * e1), pack_bf16(qq.z * e2, qq.w * e3));
-      *reinterpret_cast<uint2*>(Ks + i * lr + j) = make_uint2(pack_bf16(kk.x * e0, kk.y * e1), pack_bf16(kk.z * e2, kk.w * e3));
-    }
     for (int e = u; e < dk * kChunk / 8; e += kOthers) {
       const int j = e % dk, i0 = 8 * (e / dk);
+      auto kd_at = [&](int i) { return __bfloat162float(Ks[i * lr + j]) * (fk[i] * __expf(glast[j] - G[i * lg + j])); };
       uint32_t kd[4];
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int i = i0 + 2 * x;
-        kd[x] = pack_bf16(kn[i * lg + j] * __expf(glast[j] - G[i * lg + j]),
-                          kn[(i + 1) * lg + j] * __expf(glast[j] - G[(i + 1) * lg + j]));
-      }
+      for (int x = 0; x < 4; ++x) kd[x] = pack_bf16(kd_at(i0 + 2 * x), kd_at(i0 + 2 * x + 1));
       *reinterpret_cast<uint4*>(ws + tl.kdt + j * kChunk + i0) = make_uint4(kd[0], kd[1], kd[2], kd[3]);
     }
     for (int j = u; j < dk; j += kOthers) tw.dl[(static_cast<int64_t>(chunk) * H + h) * dk + j] = __expf(glast[j]);
+    for (int e = u; e < kChunk * dk / 4; e += kOthers) {  // a warp reads whole rows
+      const int i = e / (dk / 4), j = 4 * (e % (dk / 4));
+      const float4 gg = *reinterpret_cast<const float4*>(G + i * lg + j);
+      const float4 qq = bf16x4(Qs + i * lr + j), kk = bf16x4(Ks + i * lr + j);
+      const float qf = fq[i], kf = fk[i];
+      const float e0 = __expf(gg.x), e1 = __expf(gg.y), e2 = __expf(gg.z), e3 = __expf(gg.w);
+      *reinterpret_cast<uint2*>(ws + tl.qd + i * dk + j) =
+          make_uint2(pack_bf16(qq.x * (qf * e0), qq.y * (qf * e1)), pack_bf16(qq.z * (qf * e2), qq.w * (qf * e3)));
+      *reinterpret_cast<uint2*>(Qs + i * lr + j) =
+          make_uint2(pack_bf16(kk.x * (kf * e0), kk.y * (kf * e1)), pack_bf16(kk.z * (kf * e2), kk.w * (kf * e3)));
+    }
   }
   __syncthreads();
+  // k is dead: V over it (from global; the load flies during the merge), waited for before W/U.
+  load_chunk_rows<D>(Ks, lr, static_cast<const bf16*>(s.v.p), row0, L, H, h, tid);
+  cp_async_commit();
   // Block merge, block row by block row: T_IM = −T_II·Σ_{M≤N<I} L_IN·T_NM; a thread per four
   // consecutive columns b of one row a (a broadcast scalar and a float4 per step: the merge is
   // shared-memory bound).
@@ -416,11 +441,14 @@ __global__ void __launch_bounds__(kPrepThreads, 1) kda_tc_prep_kernel(KdaStep s,
       }
       *reinterpret_cast<float4*>(T + (16 * I + a) * kLx + 16 * M + b) = make_float4(-acc.x, -acc.y, -acc.z, -acc.w);
     }
+    if (I == 3) cp_async_wait<0>();  // V (this thread's pieces), visible to all after the barrier
     __syncthreads();
   }
   // [W | U] = T·diag(β) · [e^G ⊙ K | V] on bf16 tensor cores: warp → 16 rows (warp % 4) and a
   // quarter of the n-tiles; B fragments of the row-major right-hand sides by ldmatrix.trans.
   {
+    const bf16* Es = Qs;  // e^G ⊙ K (phase 5)
+    const bf16* Vs = Ks;  // V (phase 6)
     constexpr int kPer = (dk + dv) / 32;  // n-tiles per warp
     const int mt = warp & 3, g = lane >> 2, t = lane & 3, nt0 = (warp >> 2) * kPer;
     const int brow = (lane & 7) + 8 * ((lane >> 3) & 1);  // lanes 0-15: rows of the two 8×8 matrices
@@ -440,7 +468,7 @@ __global__ void __launch_bounds__(kPrepThreads, 1) kda_tc_prep_kernel(KdaStep s,
 #pragma unroll
     for (int q = 0; q < kPer; ++q) {
       const int n = 8 * (nt0 + q);  // the n-tile's first column: in e^G ⊙ K below dk, in V above
-      const bf16* rhs = n < dk ? Ks + n : Vs + (n - dk);
+      const bf16* rhs = n < dk ? Es + n : Vs + (n - dk);
       float c[4] = {};
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -724,6 +752,9 @@ void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables&
                            : kda_tc_prep_kernel<128>;
     const size_t smem = prep_smem_bytes(s.dk);
     KL_CUDA(cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), what);
+    // All of the unified L1 as shared memory, so that two blocks fit on an SM (the loads bypass L1).
+    KL_CUDA(cudaFuncSetAttribute(prep, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+            what);
     prep<<<dim3(static_cast<unsigned>(ct.chunks), s.heads), kPrepThreads, smem, be.stream()>>>(s, ct.work, tw);
     KL_LAUNCHED(what + " (tensor-core chunk prep)");
   }
