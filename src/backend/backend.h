@@ -102,6 +102,19 @@ struct KdaArgs {
   }
 };
 
+// The affine summary of each sequence's new rows (docs/CONTEXT-PARALLEL.md, SPEC 4.5): per head,
+// with M_t = (I − β_t k_t k_tᵀ)·diag(e^{g_t}) (k L2-normalised as in KdaArgs), the rows map any
+// start state to S_end = A·S_start + B, A = M_T···M_1 and B = S_end from S_start = 0. A sequence
+// with no new rows has A = I, B = 0. Summaries of consecutive segments compose: (A2·A1, A2·B1 + B2).
+struct KdaSummaryArgs {
+  Tensor k;     // [N, H, dk] raw conv outputs: L2-normalised per head inside
+  Tensor v;     // [N, H, dv]
+  Tensor g;     // [N, H, dk] F32 log decay
+  Tensor beta;  // [N, H] F32
+  Tensor a;     // [B, H, dk, dk] F32 out: the transition A
+  Tensor b;     // [B, H, dk, dv] F32 out: the zero-start end state B
+};
+
 // MLA attention over a step (SPEC 5). Queries are the new tokens; keys and values are every
 // token of the sequence (cached and new), read from the paged latent cache.
 struct MlaArgs {
@@ -257,6 +270,9 @@ class Backend {
   // sequence's first new row), kda_recurrent by the token loop (SPEC 4.5). Equal up to rounding.
   virtual void kda_chunked(const KdaArgs& a, const SeqLayout& layout) = 0;
   virtual void kda_recurrent(const KdaArgs& a, const SeqLayout& layout) = 0;
+  // (A, B) of every sequence of the layout (its cu_seqlens; slots and snapshots are not used), by
+  // the chunks of SPEC 4.6 counted from each sequence's first new row, in fp32.
+  virtual void kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) = 0;
 
   // ---- MLA (SPEC 5)
   // Writes rows [N, c+r] (latent ‖ k_r of each new token) into `pages` at the positions the

@@ -2,8 +2,8 @@
 // T=200 not a multiple of 64, non-zero initial state, run as a batch of its sequences), and both
 // forms against a plain double-precision recurrence over a case table of mixed batches (lengths
 // around the chunk size and up to 1000, head dims up to 128, decode rows, both gate forms with
-// strong decay, zero and non-zero states, slots out of order), and the gate forms on hand-checked
-// values.
+// strong decay, zero and non-zero states, slots out of order), the affine segment summary against
+// kda_chunked and against itself composed, and the gate forms on hand-checked values.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -277,6 +277,152 @@ TEST_P(KdaOps, SnapshotsAtChunkBoundariesAndEnds) {
   }
 }
 
+// The affine summary of a segment (kda_summary, docs/CONTEXT-PARALLEL.md) on random cases: per
+// sequence and head, A·S_start + B equals kda_chunked's end state from a random non-zero S_start
+// (and B its end state from zero), and the summaries of a sequence cut in two at a random row
+// compose, (A2·A1, A2·B1 + B2), into the summary of the whole. Strong decay (the gate op's) drives
+// A of a long sequence to 0, so the cases also run it with g scaled by 1/100, where A stays of
+// order 1 over 200 rows. A and B are compared as the rows [A | B] of the augmented map (the error
+// of A measured at the scale of the map's effect on a unit start state, never vacuous).
+struct SummaryCase {
+  std::vector<int32_t> lens;  // per sequence: new rows
+  int64_t heads, d;           // dk = dv = d
+  KdaGate gate;
+  float decay;                // g = decay · the gate op's g
+};
+
+class KdaSummary : public KdaOps {
+ public:
+  static const std::vector<SummaryCase>& cases() {
+    static const std::vector<SummaryCase> c = {
+        {{1}, 2, 16, KdaGate::kSoftplus, 1.0f},
+        {{63}, 2, 32, KdaGate::kLowerBound, 1.0f},
+        {{64}, 2, 128, KdaGate::kSoftplus, 1.0f},
+        {{65}, 1, 128, KdaGate::kLowerBound, 0.01f},
+        {{200}, 2, 32, KdaGate::kSoftplus, 1.0f},
+        {{200}, 2, 32, KdaGate::kLowerBound, 0.01f},
+        {{200}, 1, 128, KdaGate::kLowerBound, 1.0f},
+        {{200}, 1, 128, KdaGate::kSoftplus, 0.01f},
+        // Mixed batches, an empty sequence among them (A = I, B = 0).
+        {{65, 1, 0, 200, 7, 64}, 2, 32, KdaGate::kLowerBound, 1.0f},
+        {{130, 3, 64, 1}, 2, 16, KdaGate::kSoftplus, 0.01f},
+        {{64, 200, 1, 63}, 2, 128, KdaGate::kSoftplus, 0.01f},
+        // A head dim that is not a multiple of 16.
+        {{70, 3, 200}, 2, 24, KdaGate::kLowerBound, 1.0f},
+        {{200, 65}, 2, 24, KdaGate::kSoftplus, 0.01f},
+    };
+    return c;
+  }
+
+  // (A, B) of the layout's sequences on this backend, outputs poisoned first; host [B, H, d, d] each.
+  std::pair<Tensor, Tensor> summary(const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                                    SeqLayout& layout, int64_t H, int64_t d) {
+    be().upload_layout(layout);
+    const Shape shape{layout.num_seqs(), H, d, d};
+    Tensor a = poisoned(shape, DType::kF32), b = poisoned(shape, DType::kF32);
+    be().kda_summary(KdaSummaryArgs{dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), a, b}, layout);
+    return {host(a), host(b)};
+  }
+  // kda_chunked's end states from `s0` [B, H, d, d] (sequence b in slot b).
+  Tensor chunked_end(const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, SeqLayout& layout,
+                     const Tensor& s0, std::mt19937_64& rng) {
+    be().upload_layout(layout);
+    const Shape nhd{layout.num_rows(), s0.dim(1), s0.dim(2)};
+    Tensor states = persistent(s0, DType::kF32), out = poisoned(nhd);
+    be().kda_chunked(KdaArgs{dev(testing::random_tensor(rng, nhd)), dev(k), dev(v), dev(g, DType::kF32),
+                             dev(beta, DType::kF32), states, out},
+                     layout);
+    return host(states);
+  }
+};
+
+// Per (sequence, head) block of d rows: y ← x·y + z in double (x, y, z [..., d, d]; z may be empty).
+Tensor affine(const Tensor& x, const Tensor& y, const Tensor* z) {
+  const int64_t d = x.dim(-1), blocks = x.numel() / (d * d);
+  Tensor r = Tensor::empty(DType::kF32, y.shape());
+  for (int64_t blk = 0; blk < blocks; ++blk)
+    for (int64_t i = 0; i < d; ++i)
+      for (int64_t c = 0; c < d; ++c) {
+        double acc = z != nullptr ? z->f32()[(blk * d + i) * d + c] : 0.0;
+        for (int64_t j = 0; j < d; ++j) acc += double(x.f32()[(blk * d + i) * d + j]) * y.f32()[(blk * d + j) * d + c];
+        r.f32()[(blk * d + i) * d + c] = float(acc);
+      }
+  return r;
+}
+
+// The rows [A | B] of (A, B) [S, H, d, d], as [S·H·d, 2d].
+Tensor augmented(const Tensor& a, const Tensor& b) {
+  const int64_t d = a.dim(-1), rows = a.numel() / d;
+  Tensor r = Tensor::empty(DType::kF32, {rows, 2 * d});
+  for (int64_t i = 0; i < rows; ++i) {
+    std::copy(a.f32() + i * d, a.f32() + (i + 1) * d, r.f32() + i * 2 * d);
+    std::copy(b.f32() + i * d, b.f32() + (i + 1) * d, r.f32() + i * 2 * d + d);
+  }
+  return r;
+}
+
+TEST_P(KdaSummary, AppliesAsTheChunkedStateAndComposes) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  const double t = case_tol();
+  double worst_apply = 0, worst_zero = 0, worst_compose = 0;
+  for (const SummaryCase& c : KdaSummary::cases()) {
+    const int64_t seqs = static_cast<int64_t>(c.lens.size()), H = c.heads, d = c.d;
+    std::vector<int32_t> in_order(static_cast<size_t>(seqs));
+    std::iota(in_order.begin(), in_order.end(), 0);
+    SeqLayout whole = testing::make_layout(c.lens, std::vector<int32_t>(seqs, 0), in_order, 64, 64, rng);
+    const int64_t n = whole.num_rows();
+    std::string what = "H " + std::to_string(H) + " d " + std::to_string(d) + " lens";
+    for (int32_t l : c.lens) what += " " + std::to_string(l);
+    SCOPED_TRACE(what + (c.gate == KdaGate::kSoftplus ? " softplus" : " lower-bound") + " decay ×" +
+                 std::to_string(c.decay));
+
+    const Tensor k = testing::random_tensor(rng, {n, H, d}), v = testing::random_tensor(rng, {n, H, d});
+    Tensor g = gates(rng, n, H, d, c.gate);
+    for (int64_t i = 0; i < g.numel(); ++i) g.f32()[i] *= c.decay;
+    const Tensor beta = testing::random_tensor(rng, {n, H}, 0.0f, 1.0f);
+    const auto [A, B] = summary(k, v, g, beta, whole, H, d);
+
+    // Applied to a random start state, and to zero.
+    const Tensor s0 = testing::random_tensor(rng, {seqs, H, d, d}, -0.5f, 0.5f);
+    const testing::ErrorStats apply = testing::error_stats(affine(A, s0, &B), chunked_end(k, v, g, beta, whole, s0, rng));
+    const testing::ErrorStats zero = testing::error_stats(B, chunked_end(k, v, g, beta, whole, Tensor::zeros(DType::kF32, s0.shape()), rng));
+    EXPECT_TRUE(apply.problem.empty() && apply.worst() <= t)
+        << "A·S_start + B vs kda_chunked: " << apply.problem << " error " << apply.worst();
+    EXPECT_TRUE(zero.problem.empty() && zero.worst() <= t)
+        << "B vs kda_chunked from zero: " << zero.problem << " error " << zero.worst();
+
+    // Each sequence cut at a random row (0 and its length included: an empty segment composes as
+    // the identity); the segments are sequences 2b and 2b+1 of a layout over the same rows.
+    std::vector<int32_t> cut_lens;
+    for (int32_t len : c.lens) {
+      const int32_t p = std::uniform_int_distribution<int32_t>(0, len)(rng);
+      cut_lens.insert(cut_lens.end(), {p, len - p});
+    }
+    std::vector<int32_t> cut_slots(cut_lens.size());
+    std::iota(cut_slots.begin(), cut_slots.end(), 0);
+    SeqLayout cut = testing::make_layout(cut_lens, std::vector<int32_t>(cut_lens.size(), 0), cut_slots, 64, 64, rng);
+    const auto [A12, B12] = summary(k, v, g, beta, cut, H, d);
+    Tensor a1 = Tensor::empty(DType::kF32, A.shape()), a2 = Tensor::empty(DType::kF32, A.shape());
+    Tensor b1 = Tensor::empty(DType::kF32, B.shape()), b2 = Tensor::empty(DType::kF32, B.shape());
+    const int64_t per = H * d * d;
+    for (int64_t b = 0; b < seqs; ++b) {
+      std::copy(A12.f32() + 2 * b * per, A12.f32() + (2 * b + 1) * per, a1.f32() + b * per);
+      std::copy(A12.f32() + (2 * b + 1) * per, A12.f32() + (2 * b + 2) * per, a2.f32() + b * per);
+      std::copy(B12.f32() + 2 * b * per, B12.f32() + (2 * b + 1) * per, b1.f32() + b * per);
+      std::copy(B12.f32() + (2 * b + 1) * per, B12.f32() + (2 * b + 2) * per, b2.f32() + b * per);
+    }
+    const testing::ErrorStats compose =
+        testing::error_stats(augmented(affine(a2, a1, nullptr), affine(a2, b1, &b2)), augmented(A, B));
+    EXPECT_TRUE(compose.problem.empty() && compose.worst() <= t)
+        << "[A2·A1 | A2·B1 + B2] vs [A | B] of the whole: " << compose.problem << " error " << compose.worst();
+    worst_apply = std::max(worst_apply, apply.worst());
+    worst_zero = std::max(worst_zero, zero.worst());
+    worst_compose = std::max(worst_compose, compose.worst());
+  }
+  std::printf("[ errors ] A·S+B vs chunked %.3g, B vs chunked from 0 %.3g, composed vs whole %.3g (tolerance %.3g)\n",
+              worst_apply, worst_zero, worst_compose, t);
+}
+
 // The gate forms themselves (SPEC 4.3) on hand-checked values.
 TEST_P(KdaOps, GateForms) {
   Tensor f = Tensor::from_f32({1, 2}, {0.5f, 30.0f});
@@ -297,6 +443,7 @@ TEST_P(KdaOps, GateForms) {
 
 KL_BACKEND_SUITE(KdaOps);
 KL_BACKEND_SUITE(KdaCases);
+KL_BACKEND_SUITE(KdaSummary);
 
 }  // namespace
 }  // namespace klinear

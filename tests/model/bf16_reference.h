@@ -77,6 +77,7 @@ class ForwardingBackend : public Backend {
   }
   void kda_chunked(const KdaArgs& a, const SeqLayout& l) override { in_.kda_chunked(a, l), stored(a.out); }
   void kda_recurrent(const KdaArgs& a, const SeqLayout& l) override { in_.kda_recurrent(a, l), stored(a.out); }
+  void kda_summary(const KdaSummaryArgs& a, const SeqLayout& l) override { in_.kda_summary(a, l); }
   void mla_cache_write(const Tensor& r, const Tensor& p, const SeqLayout& l) override {
     in_.mla_cache_write(r, p, l), stored(p);
   }

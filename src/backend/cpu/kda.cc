@@ -1,6 +1,6 @@
-// CPU KDA (SPEC 4.3-4.6): the decay gate, the token-by-token recurrence (the oracle) and the
-// chunk-64 algorithm used for prefill. State layout [H, dk, dv] (FLA's default, K-first): row j of
-// a head's state is scaled by exp(g[j]).
+// CPU KDA (SPEC 4.3-4.6): the decay gate, the token-by-token recurrence (the oracle), the
+// chunk-64 algorithm used for prefill and the affine summary of a segment built from its chunks.
+// State layout [H, dk, dv] (FLA's default, K-first): row j of a head's state is scaled by exp(g[j]).
 //
 // Both core forms normalise q and k per head inside (q, k / sqrt(Σx² + 1e-6), SPEC 4.4, D8) and
 // scale q by dk^-1/2, so callers pass the raw conv outputs.
@@ -109,10 +109,83 @@ void recurrent_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   }
 }
 
-// SPEC 4.6, per head and chunk of L ≤ 64 tokens (a short last chunk equals zero padding):
-//   G = cumsum(g); Lm[i,m] = β_i Σ_j k_i k_m e^{G_i−G_m} (m < i); (I + Lm)·[W | U] = β ⊙ [e^G⊙K | V]
-//   Vn = U − W·S;  O = (Q⊙e^G)·S + Aqk·Vn with Aqk[i,m] = Σ_j q_i k_m e^{G_i−G_m} (m ≤ i)
-//   S ← diag(e^{G_last})·S + (K⊙e^{G_last−G})ᵀ·Vn
+// One chunk of one head as SPEC 4.6 reads it: L ≤ 64 rows (a short last chunk equals zero padding).
+struct HeadChunk {
+  const float* kn;    // [L, dk] normalised keys
+  const float* qn;    // [L, dk] normalised, scaled queries; null when Aqk is not wanted
+  const float* g;     // [L, H, dk] rows of the step, head h at offset h·dk
+  const float* v;     // [L, H, dv]
+  const float* beta;  // [L, H]
+  int64_t L, heads, h, dk, dv;
+};
+
+// What the state pass of a chunk needs (SPEC 4.6 steps 1-5), fp32 scratch for 64 rows:
+//   G = cumsum(g); Lm[i,m] = β_i Σ_j k_i k_m e^{G_i−G_m} (m < i); (I + Lm)·[W | U] = β ⊙ [e^G⊙K | V];
+//   Aqk[i,m] = Σ_j q_i k_m e^{G_i−G_m} (m ≤ i); Kd = (K⊙e^{G_last−G})ᵀ [dk, 64]; γ = e^{G_last}.
+// The chunk then maps a state S to γ⊙S + Kd·(U − W·S).
+struct ChunkFactors {
+  ChunkFactors(int64_t dk, int64_t dv)
+      : G(kChunk * dk), eg(kChunk * dk), lm(kChunk * kChunk), aqk(kChunk * kChunk), W(kChunk * dk), U(kChunk * dv),
+        kd(dk * kChunk), gamma(dk), dec(dk) {}
+  std::vector<float> G, eg, lm, aqk, W, U, kd, gamma, dec;
+};
+
+void chunk_factors(const HeadChunk& c, ChunkFactors& f) {
+  const int64_t L = c.L, dk = c.dk, dv = c.dv;
+  auto g_at = [&](int64_t i) { return c.g + (i * c.heads + c.h) * dk; };
+  auto beta_at = [&](int64_t i) { return c.beta[i * c.heads + c.h]; };
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t j = 0; j < dk; ++j) {
+      f.G[i * dk + j] = g_at(i)[j] + (i > 0 ? f.G[(i - 1) * dk + j] : 0.0f);
+      f.eg[i * dk + j] = std::exp(g_at(i)[j]);
+    }
+  // Decayed dots over pairs m ≤ i. e^{G_i − G_m} = Π_{m<t≤i} e^{g_t} is built as a running
+  // product down the column (factors ≤ 1, so it underflows gracefully and never overflows).
+  std::fill(f.lm.begin(), f.lm.end(), 0.0f);
+  std::fill(f.aqk.begin(), f.aqk.end(), 0.0f);
+  for (int64_t m = 0; m < L; ++m) {
+    const float* km = c.kn + m * dk;
+    for (int64_t j = 0; j < dk; ++j) f.dec[j] = km[j];  // k_m ⊙ e^{G_i − G_m}, starting at i = m
+    for (int64_t i = m; i < L; ++i) {
+      if (i > m)
+        for (int64_t j = 0; j < dk; ++j) f.dec[j] *= f.eg[i * dk + j];
+      float kk = 0.0f, qk = 0.0f;
+      for (int64_t j = 0; j < dk; ++j) kk += c.kn[i * dk + j] * f.dec[j];
+      if (c.qn != nullptr)
+        for (int64_t j = 0; j < dk; ++j) qk += c.qn[i * dk + j] * f.dec[j];
+      if (i > m) f.lm[i * kChunk + m] = beta_at(i) * kk;
+      f.aqk[i * kChunk + m] = qk;
+    }
+  }
+  // Forward substitution: row i of [W | U] = β_i·[e^{G_i}⊙k_i | v_i] − Σ_{m<i} Lm[i,m]·row m.
+  for (int64_t i = 0; i < L; ++i) {
+    const float bi = beta_at(i);
+    const float* vi = c.v + (i * c.heads + c.h) * dv;
+    for (int64_t j = 0; j < dk; ++j) f.W[i * dk + j] = bi * std::exp(f.G[i * dk + j]) * c.kn[i * dk + j];
+    for (int64_t col = 0; col < dv; ++col) f.U[i * dv + col] = bi * vi[col];
+    for (int64_t m = 0; m < i; ++m) {
+      const float l = f.lm[i * kChunk + m];
+      for (int64_t j = 0; j < dk; ++j) f.W[i * dk + j] -= l * f.W[m * dk + j];
+      for (int64_t col = 0; col < dv; ++col) f.U[i * dv + col] -= l * f.U[m * dv + col];
+    }
+  }
+  // The decayed keys stored transposed, and the chunk's total decay.
+  const float* glast = f.G.data() + (L - 1) * dk;
+  for (int64_t j = 0; j < dk; ++j) {
+    f.gamma[j] = std::exp(glast[j]);
+    for (int64_t m = 0; m < L; ++m) f.kd[j * kChunk + m] = c.kn[m * dk + j] * std::exp(glast[j] - f.G[m * dk + j]);
+  }
+}
+
+// S [dk, n] (leading dimension n) ← γ⊙S + Kd·Vn for Vn [L, n]: the state step of a chunk.
+void chunk_state_step(const ChunkFactors& f, int64_t L, int64_t dk, int64_t n, const float* vn, float* S) {
+  for (int64_t j = 0; j < dk; ++j)
+    for (int64_t c = 0; c < n; ++c) S[j * n + c] *= f.gamma[j];
+  gemm(dk, n, L, f.kd.data(), kChunk, vn, n, /*b_transposed=*/false, S, n, /*beta=*/1.0f);
+}
+
+// SPEC 4.6, per head and chunk (chunk_factors), then
+//   Vn = U − W·S;  O = (Q⊙e^G)·S + Aqk·Vn;  S ← γ⊙S + Kd·Vn
 void chunked_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                  const Tensor& state, const Tensor& out, const Snapshots& snaps) {
   const KdaShapes s = check_kda(q, k, v, g, beta, state, out);
@@ -123,67 +196,26 @@ void chunked_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     std::vector<float> qn(s.t_len * dk), kn(s.t_len * dk);
     normalized_head(q.f32(), s.t_len, s.heads, h, dk, scale, qn.data());
     normalized_head(k.f32(), s.t_len, s.heads, h, dk, 1.0f, kn.data());
-    std::vector<float> G(kChunk * dk), lm(kChunk * kChunk), aqk(kChunk * kChunk), W(kChunk * dk), U(kChunk * dv),
-        vn(kChunk * dv), kdec(dk * kChunk), qdec(kChunk * dk), eg(kChunk * dk), dec(dk);
+    ChunkFactors f(dk, dv);
+    std::vector<float> vn(kChunk * dv), qdec(kChunk * dk);
     float* S = state.f32() + h * dk * dv;
     for (int64_t c0 = 0; c0 < s.t_len; c0 += kChunk) {
       const int64_t L = std::min(kChunk, s.t_len - c0);
-      const float* kc = kn.data() + c0 * dk;
       const float* qc = qn.data() + c0 * dk;
-      for (int64_t i = 0; i < L; ++i)
-        for (int64_t j = 0; j < dk; ++j)
-          G[i * dk + j] = g.f32()[((c0 + i) * s.heads + h) * dk + j] + (i > 0 ? G[(i - 1) * dk + j] : 0.0f);
-      // Decayed dots over pairs m ≤ i. e^{G_i − G_m} = Π_{m<t≤i} e^{g_t} is built as a running
-      // product down the column (factors ≤ 1, so it underflows gracefully and never overflows).
-      std::fill(lm.begin(), lm.end(), 0.0f);
-      std::fill(aqk.begin(), aqk.end(), 0.0f);
-      for (int64_t i = 0; i < L; ++i)
-        for (int64_t j = 0; j < dk; ++j) eg[i * dk + j] = std::exp(g.f32()[((c0 + i) * s.heads + h) * dk + j]);
-      for (int64_t m = 0; m < L; ++m) {
-        const float* km = kc + m * dk;
-        for (int64_t j = 0; j < dk; ++j) dec[j] = km[j];  // k_m ⊙ e^{G_i − G_m}, starting at i = m
-        for (int64_t i = m; i < L; ++i) {
-          if (i > m)
-            for (int64_t j = 0; j < dk; ++j) dec[j] *= eg[i * dk + j];
-          float kk = 0.0f, qk = 0.0f;
-          for (int64_t j = 0; j < dk; ++j) {
-            kk += kc[i * dk + j] * dec[j];
-            qk += qc[i * dk + j] * dec[j];
-          }
-          if (i > m) lm[i * kChunk + m] = beta.f32()[(c0 + i) * s.heads + h] * kk;
-          aqk[i * kChunk + m] = qk;
-        }
-      }
-      // Forward substitution: row i of [W | U] = β_i·[e^{G_i}⊙k_i | v_i] − Σ_{m<i} Lm[i,m]·row m.
-      for (int64_t i = 0; i < L; ++i) {
-        const float bi = beta.f32()[(c0 + i) * s.heads + h];
-        const float* vi = v.f32() + ((c0 + i) * s.heads + h) * dv;
-        for (int64_t j = 0; j < dk; ++j) W[i * dk + j] = bi * std::exp(G[i * dk + j]) * kc[i * dk + j];
-        for (int64_t c = 0; c < dv; ++c) U[i * dv + c] = bi * vi[c];
-        for (int64_t m = 0; m < i; ++m) {
-          const float l = lm[i * kChunk + m];
-          for (int64_t j = 0; j < dk; ++j) W[i * dk + j] -= l * W[m * dk + j];
-          for (int64_t c = 0; c < dv; ++c) U[i * dv + c] -= l * U[m * dv + c];
-        }
-      }
+      chunk_factors({kn.data() + c0 * dk, qc, g.f32() + c0 * s.heads * dk, v.f32() + c0 * s.heads * dv,
+                     beta.f32() + c0 * s.heads, L, s.heads, h, dk, dv},
+                    f);
       // Vn = U − W·S
-      std::copy(U.begin(), U.begin() + L * dv, vn.begin());
-      gemm(L, dv, dk, W.data(), dk, S, dv, /*b_transposed=*/false, vn.data(), dv, /*beta=*/1.0f, /*alpha=*/-1.0f);
+      std::copy(f.U.begin(), f.U.begin() + L * dv, vn.begin());
+      gemm(L, dv, dk, f.W.data(), dk, S, dv, /*b_transposed=*/false, vn.data(), dv, /*beta=*/1.0f, /*alpha=*/-1.0f);
       // O = (Q⊙e^G)·S + Aqk·Vn
       for (int64_t i = 0; i < L; ++i)
-        for (int64_t j = 0; j < dk; ++j) qdec[i * dk + j] = qc[i * dk + j] * std::exp(G[i * dk + j]);
+        for (int64_t j = 0; j < dk; ++j) qdec[i * dk + j] = qc[i * dk + j] * std::exp(f.G[i * dk + j]);
       float* oc = out.f32() + (c0 * s.heads + h) * dv;
       const int64_t ldo = s.heads * dv;
       gemm(L, dv, dk, qdec.data(), dk, S, dv, /*b_transposed=*/false, oc, ldo);
-      gemm(L, dv, L, aqk.data(), kChunk, vn.data(), dv, /*b_transposed=*/false, oc, ldo, /*beta=*/1.0f);
-      // S ← diag(e^{G_last})·S + (K⊙e^{G_last−G})ᵀ·Vn, with the decayed keys stored transposed.
-      const float* glast = G.data() + (L - 1) * dk;
-      for (int64_t j = 0; j < dk; ++j) {
-        const float d = std::exp(glast[j]);
-        for (int64_t c = 0; c < dv; ++c) S[j * dv + c] *= d;
-        for (int64_t m = 0; m < L; ++m) kdec[j * kChunk + m] = kc[m * dk + j] * std::exp(glast[j] - G[m * dk + j]);
-      }
-      gemm(dk, dv, L, kdec.data(), kChunk, vn.data(), dv, /*b_transposed=*/false, S, dv, /*beta=*/1.0f);
+      gemm(L, dv, L, f.aqk.data(), kChunk, vn.data(), dv, /*b_transposed=*/false, oc, ldo, /*beta=*/1.0f);
+      chunk_state_step(f, L, dk, dv, vn.data(), S);
       take_snapshots(snaps, c0 + L, h, S, dk, dv);
     }
   }
@@ -210,5 +242,51 @@ void per_sequence(const KdaArgs& a, const SeqLayout& layout, OneSequence one) {
 
 void CpuBackend::kda_recurrent(const KdaArgs& a, const SeqLayout& layout) { per_sequence(a, layout, recurrent_one); }
 void CpuBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) { per_sequence(a, layout, chunked_one); }
+
+// The summary (A, B) of each sequence, per head, by the chunks of kda_chunked: a chunk maps a
+// state S to γ⊙S + Kd·(U − W·S) = (diag(γ) − Kd·W)·S + Kd·U, so the augmented state X = [A | B]
+// [dk, dk + dv], started at [I | 0], takes the same state step with the right-hand side [0 | U]:
+// Vn = [0 | U] − W·X, X ← γ⊙X + Kd·Vn. Every factor of γ and Kd is at most 1 (exp of sums of
+// g ≤ 0), so strong decay underflows to 0 and never overflows. Cost per chunk and head:
+// 2·64·dk·(dk + dv) for the two products, beside the chunk factors of kda_chunked.
+void CpuBackend::kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) {
+  const int64_t n = layout.num_rows(), heads = a.k.dim(1), dk = a.k.dim(2), dv = a.v.dim(2), seqs = layout.num_seqs();
+  KL_CHECK(a.k.rank() == 3 && a.k.dim(0) == n && a.g.shape() == a.k.shape() && a.v.rank() == 3 && a.v.dim(0) == n &&
+               a.v.dim(1) == heads && a.beta.numel() == n * heads && a.a.shape() == Shape({seqs, heads, dk, dk}) &&
+               a.b.shape() == Shape({seqs, heads, dk, dv}),
+           "kda_summary: k " + shape_to_string(a.k.shape()) + " v " + shape_to_string(a.v.shape()) + " A " +
+               shape_to_string(a.a.shape()) + " B " + shape_to_string(a.b.shape()) + " for " + std::to_string(seqs) +
+               " sequences of " + std::to_string(n) + " rows");
+  const int64_t w = dk + dv;
+  for (int64_t b = 0; b < seqs; ++b) {
+    const int64_t r0 = layout.cu_seqlens[b], t_len = layout.new_tokens(b);
+#pragma omp parallel for
+    for (int64_t h = 0; h < heads; ++h) {
+      std::vector<float> kn(t_len * dk), X(dk * w, 0.0f), vn(kChunk * w);
+      normalized_head(a.k.f32() + r0 * heads * dk, t_len, heads, h, dk, 1.0f, kn.data());
+      for (int64_t j = 0; j < dk; ++j) X[j * w + j] = 1.0f;
+      ChunkFactors f(dk, dv);
+      for (int64_t c0 = 0; c0 < t_len; c0 += kChunk) {
+        const int64_t L = std::min(kChunk, t_len - c0), r = r0 + c0;
+        chunk_factors({kn.data() + c0 * dk, nullptr, a.g.f32() + r * heads * dk, a.v.f32() + r * heads * dv,
+                       a.beta.f32() + r * heads, L, heads, h, dk, dv},
+                      f);
+        for (int64_t i = 0; i < L; ++i) {
+          std::fill(vn.begin() + i * w, vn.begin() + i * w + dk, 0.0f);
+          std::copy(f.U.begin() + i * dv, f.U.begin() + (i + 1) * dv, vn.begin() + i * w + dk);
+        }
+        gemm(L, w, dk, f.W.data(), dk, X.data(), w, /*b_transposed=*/false, vn.data(), w, /*beta=*/1.0f,
+             /*alpha=*/-1.0f);
+        chunk_state_step(f, L, dk, w, vn.data(), X.data());
+      }
+      float* A = a.a.f32() + (b * heads + h) * dk * dk;
+      float* B = a.b.f32() + (b * heads + h) * dk * dv;
+      for (int64_t j = 0; j < dk; ++j) {
+        std::copy(X.begin() + j * w, X.begin() + j * w + dk, A + j * dk);
+        std::copy(X.begin() + j * w + dk, X.begin() + (j + 1) * w, B + j * dv);
+      }
+    }
+  }
+}
 
 }  // namespace klinear::cpu

@@ -15,6 +15,10 @@
 //   chunk_state, one block per (column tile, head, sequence), chunks in order: Vn = U − W·S,
 //     O = Qd·S + Aqk·Vn, S ← e^{G_last}⊙S + Kdᵀ·Vn, and the layout's snapshots at chunk ends.
 // No per-chunk state goes to memory.
+//
+// kda_summary (the affine map of each sequence's rows, for splitting a sequence: docs/
+// CONTEXT-PARALLEL.md) runs the same chunk_prep without q, then a state pass over the augmented
+// state [A | B] (kda_summary_state_kernel), in fp32 whatever the activation dtype.
 #include <cmath>
 #include <vector>
 
@@ -132,6 +136,7 @@ struct WsLayout {
 constexpr int kPrepThreads = 256;
 constexpr int kPad = 1;  // row padding of the [64][dk] shared arrays (bank spread)
 
+// Without q (s.q.p null: the summary) Aqk and Qd come out 0.
 __global__ void __launch_bounds__(kPrepThreads) kda_chunk_prep_kernel(KdaStep s, ChunkWork cw, Fp32Ws fw) {
   extern __shared__ float sm[];
   const int dk = s.dk, ld = dk + kPad;
@@ -151,7 +156,7 @@ __global__ void __launch_bounds__(kPrepThreads) kda_chunk_prep_kernel(KdaStep s,
     const int i = e / dk, j = e % dk;
     const bool live = i < L;
     const int64_t src = ((row0 + i) * s.heads + h) * dk + j;
-    qn[i * ld + j] = live ? s.q[src] : 0.0f;
+    qn[i * ld + j] = live && s.q.p != nullptr ? s.q[src] : 0.0f;
     kn[i * ld + j] = live ? s.k[src] : 0.0f;
     const float gv = live ? s.g[src] : 0.0f;
     G[i * ld + j] = gv;
@@ -244,6 +249,50 @@ __global__ void __launch_bounds__(kPrepThreads) kda_chunk_prep_kernel(KdaStep s,
   for (int j = tid; j < dk; j += blockDim.x) ws[wl.dl + j] = expf(glast[j]);
 }
 
+// The state passes' pieces. A block holds 32 columns of a state X [dk, ·] in registers (thread
+// (warp w, lane) column blockIdx.x·32 + lane, reg[r] = row 32w + r); `part` is [4][64][32] shared.
+
+// part[w][i][lane] ← Σ_{rows j of warp w} a[i][j]·X[j][col] for a [64][dk] in shared memory.
+__device__ __forceinline__ void rows_times_state(const float* a, int dk, const float (&reg)[kRowsPerWarp], float* part) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int i = 0; i < kChunk; ++i) {
+    float p = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int j = warp * kRowsPerWarp + r;
+      if (j < dk) p += a[i * dk + j] * reg[r];
+    }
+    part[(warp * kChunk + i) * kCols + lane] = p;
+  }
+}
+
+// (a·X)[i][cc] for the tile's column cc: the four warps' parts of rows_times_state summed.
+__device__ __forceinline__ float rows_times_state_at(const float* part, int i, int cc) {
+  return part[(0 * kChunk + i) * kCols + cc] + part[(1 * kChunk + i) * kCols + cc] +
+         part[(2 * kChunk + i) * kCols + cc] + part[(3 * kChunk + i) * kCols + cc];
+}
+
+// The state step of a chunk of L rows: X[·][col] ← γ⊙X[·][col] + Σ_{m<L} kd[m][·]·vn[m][lane]
+// (kd [64][dk], γ [dk], vn [64][32] in shared memory).
+__device__ __forceinline__ void chunk_state_step(const float* kd, const float* gamma, const float* vn, int L, int dk,
+                                                 float (&reg)[kRowsPerWarp]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int j = warp * kRowsPerWarp + r;
+    if (j < dk) {
+      float acc = gamma[j] * reg[r];
+      for (int m = 0; m < L; ++m) acc += kd[m * dk + j] * vn[m * kCols + lane];
+      reg[r] = acc;
+    }
+  }
+}
+
+// dst[0, n) ← src[0, n), by the block's threads.
+__device__ __forceinline__ void block_load(float* dst, const float* src, int n) {
+  for (int e = threadIdx.x; e < n; e += blockDim.x) dst[e] = src[e];
+}
+
 __global__ void __launch_bounds__(kStateThreads) kda_chunk_state_kernel(KdaStep s, ChunkWork cw, Fp32Ws fw) {
   extern __shared__ float sm[];
   const int dk = s.dk;
@@ -252,7 +301,7 @@ __global__ void __launch_bounds__(kStateThreads) kda_chunk_state_kernel(KdaStep 
   float* vn = aqk + kChunk * kChunk;       // [64][32]
   float* part = vn + kChunk * kCols;       // [4][64][32]
   float* dl = part + 4 * kChunk * kCols;   // [dk]
-  const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, tid = threadIdx.x;
+  const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32, tid = threadIdx.x;
   const int col = blockIdx.x * kCols + lane;
   const int c_begin = cw.seq_chunk[b], c_end = cw.seq_chunk[b + 1];
   const WsLayout wl(dk, s.dv);
@@ -263,65 +312,94 @@ __global__ void __launch_bounds__(kStateThreads) kda_chunk_state_kernel(KdaStep 
   for_snapshots(s, cw, b, h, 0, snapshot);
   if (c_begin == c_end) return;
 
-  // part[w][i][lane] ← Σ_{own rows j} a[i][j]·S[j][col] for a = buf [64][dk].
-  auto rows_times_state = [&]() {
-    for (int i = 0; i < kChunk; ++i) {
-      float p = 0.0f;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const int j = warp * kRowsPerWarp + r;
-        if (j < dk) p += buf[i * dk + j] * reg[r];
-      }
-      part[(warp * kChunk + i) * kCols + lane] = p;
-    }
-  };
-  auto load = [&](float* dst, const float* src, int n) {
-    for (int e = tid; e < n; e += blockDim.x) dst[e] = src[e];
-  };
-
   for (int c = c_begin; c < c_end; ++c) {
     const float* ws = fw.ws + (static_cast<int64_t>(c) * s.heads + h) * fw.per_head;
     const int64_t row0 = cw.chunk_row[c];
     const int L = cw.chunk_len[c];
-    load(buf, ws + wl.w, kChunk * dk);
-    load(aqk, ws + wl.aqk, kChunk * kChunk);
-    load(dl, ws + wl.dl, dk);
+    block_load(buf, ws + wl.w, kChunk * dk);
+    block_load(aqk, ws + wl.aqk, kChunk * kChunk);
+    block_load(dl, ws + wl.dl, dk);
     __syncthreads();
-    rows_times_state();  // W·S
+    rows_times_state(buf, dk, reg, part);  // W·S
     __syncthreads();
     for (int e = tid; e < kChunk * kCols; e += blockDim.x) {
       const int i = e / kCols, cc = e % kCols, gc = blockIdx.x * kCols + cc;
-      const float ws_sum = part[(0 * kChunk + i) * kCols + cc] + part[(1 * kChunk + i) * kCols + cc] +
-                           part[(2 * kChunk + i) * kCols + cc] + part[(3 * kChunk + i) * kCols + cc];
-      vn[e] = gc < s.dv ? ws[wl.u + static_cast<int64_t>(i) * s.dv + gc] - ws_sum : 0.0f;
+      vn[e] = gc < s.dv ? ws[wl.u + static_cast<int64_t>(i) * s.dv + gc] - rows_times_state_at(part, i, cc) : 0.0f;
     }
-    load(buf, ws + wl.qd, kChunk * dk);
+    block_load(buf, ws + wl.qd, kChunk * dk);
     __syncthreads();
-    rows_times_state();  // Qd·S
+    rows_times_state(buf, dk, reg, part);  // Qd·S
     __syncthreads();
     for (int e = tid; e < L * kCols; e += blockDim.x) {
       const int i = e / kCols, cc = e % kCols, gc = blockIdx.x * kCols + cc;
-      float o = part[(0 * kChunk + i) * kCols + cc] + part[(1 * kChunk + i) * kCols + cc] +
-                part[(2 * kChunk + i) * kCols + cc] + part[(3 * kChunk + i) * kCols + cc];
+      float o = rows_times_state_at(part, i, cc);
       for (int m = 0; m <= i; ++m) o += aqk[i * kChunk + m] * vn[m * kCols + cc];
       if (gc < s.dv) s.out.set(((row0 + i) * s.heads + h) * s.dv + gc, o);
     }
     __syncthreads();
-    load(buf, ws + wl.kd, kChunk * dk);
+    block_load(buf, ws + wl.kd, kChunk * dk);
     __syncthreads();
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int j = warp * kRowsPerWarp + r;
-      if (j < dk) {
-        float acc = dl[j] * reg[r];
-        for (int m = 0; m < L; ++m) acc += buf[m * dk + j] * vn[m * kCols + lane];
-        reg[r] = acc;
-      }
-    }
+    chunk_state_step(buf, dl, vn, L, dk, reg);
     for_snapshots(s, cw, b, h, static_cast<int>(row0 + L - s.cu[b]), snapshot);
     __syncthreads();
   }
   store_state(s, st, col, reg);
+}
+
+// ---- segment summary
+
+// Where the summary goes: A [B, H, dk, dk] and B [B, H, dk, dv], F32.
+struct SummaryOut {
+  float* a;
+  float* b;
+};
+
+// The summary's state pass (the math is the CPU's, backend/cpu/kda.cc kda_summary): a chunk maps
+// X to γ⊙X + Kd·(rhs − W·X), so the augmented state X = [A | B] [dk, dk + dv], started at [I | 0],
+// takes the prefill's state step with rhs = [0 | U]. Column c < dk of X is column c of A, column
+// dk + c is column c of B. One block per (32-column tile of X, head, sequence), chunks in order,
+// every product in fp32 (A multiplies over all the chunks of a segment); the chunk factors W, U,
+// Kd, γ come from kda_chunk_prep_kernel run without q. Cost per (chunk, head): 2·64·dk·(dk + dv)
+// FMAs on the CUDA cores, and W, U, Kd read once per column tile.
+__global__ void __launch_bounds__(kStateThreads) kda_summary_state_kernel(KdaStep s, ChunkWork cw, Fp32Ws fw,
+                                                                          SummaryOut o) {
+  extern __shared__ float sm[];
+  const int dk = s.dk, dv = s.dv;
+  float* buf = sm;                        // [64][dk]: W, then Kd
+  float* vn = buf + kChunk * dk;          // [64][32]
+  float* part = vn + kChunk * kCols;      // [4][64][32]
+  float* gamma = part + 4 * kChunk * kCols;  // [dk]
+  const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, tid = threadIdx.x;
+  const int col = blockIdx.x * kCols + lane;
+  const WsLayout wl(dk, dv);
+  float reg[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) reg[r] = warp * kRowsPerWarp + r == col ? 1.0f : 0.0f;
+  for (int c = cw.seq_chunk[b]; c < cw.seq_chunk[b + 1]; ++c) {
+    const float* ws = fw.ws + (static_cast<int64_t>(c) * s.heads + h) * fw.per_head;
+    block_load(buf, ws + wl.w, kChunk * dk);
+    block_load(gamma, ws + wl.dl, dk);
+    __syncthreads();
+    rows_times_state(buf, dk, reg, part);  // W·X
+    __syncthreads();
+    for (int e = tid; e < kChunk * kCols; e += blockDim.x) {
+      const int i = e / kCols, cc = e % kCols, gc = blockIdx.x * kCols + cc;
+      const float rhs = gc >= dk && gc < dk + dv ? ws[wl.u + static_cast<int64_t>(i) * dv + (gc - dk)] : 0.0f;
+      vn[e] = rhs - rows_times_state_at(part, i, cc);
+    }
+    block_load(buf, ws + wl.kd, kChunk * dk);
+    __syncthreads();
+    chunk_state_step(buf, gamma, vn, cw.chunk_len[c], dk, reg);
+    __syncthreads();  // buf, gamma and vn are rewritten by the next chunk
+  }
+  const int64_t head = static_cast<int64_t>(b) * s.heads + h;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int j = warp * kRowsPerWarp + r;
+    if (j >= dk) continue;
+    if (col < dk) o.a[(head * dk + j) * dk + col] = reg[r];
+    else if (col < dk + dv) o.b[(head * dk + j) * dv + (col - dk)] = reg[r];
+  }
 }
 
 }  // namespace
@@ -364,6 +442,30 @@ void CudaBackend::kda_recurrent(const KdaArgs& a, const SeqLayout& layout) {
     kda_recurrent_rows(a.rows(r0, r1), part);
   });
 }
+
+namespace {
+
+// The fp32 chunk factors of every (chunk, head) of the tables into a step workspace (one launch of
+// kda_chunk_prep_kernel over all chunks).
+Fp32Ws chunk_prep(CudaBackend& be, const KdaStep& s, const ChunkTables& ct, const std::string& what) {
+  const WsLayout wl(s.dk, s.dv);
+  const int64_t per_head = wl.total(s.dk);
+  const Tensor ws = be.alloc(DType::kF32, {std::max<int64_t>(ct.chunks, 1), s.heads, per_head});
+  const Fp32Ws fw{ws.data_as<float>(), per_head};
+  if (ct.chunks > 0) {
+    const int ld = s.dk + kPad;
+    const size_t prep_smem = sizeof(float) * (4 * kChunk * ld + kChunk * (kChunk + 1) + kChunk);
+    KL_CUDA(cudaFuncSetAttribute(kda_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(prep_smem)),
+            what);
+    kda_chunk_prep_kernel<<<dim3(static_cast<unsigned>(ct.chunks), s.heads), kPrepThreads, prep_smem, be.stream()>>>(
+        s, ct.work, fw);
+    KL_LAUNCHED(what + " (chunk prep)");
+  }
+  return fw;
+}
+
+}  // namespace
 
 ChunkTables chunk_tables(CudaBackend& be, const SeqLayout& layout, int64_t slots) {
   const int64_t num_seqs = layout.num_seqs();
@@ -412,20 +514,7 @@ void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
     kda_chunked_tc_launch(*this, s, ct, num_seqs, KdaChunkedVariant{}, what);
     return;
   }
-  const WsLayout wl(s.dk, s.dv);
-  const int64_t per_head = wl.total(s.dk);
-  const Tensor ws = alloc(DType::kF32, {std::max<int64_t>(ct.chunks, 1), s.heads, per_head});
-  const Fp32Ws fw{ws.data_as<float>(), per_head};
-  if (ct.chunks > 0) {
-    const int ld = s.dk + kPad;
-    const size_t prep_smem = sizeof(float) * (4 * kChunk * ld + kChunk * (kChunk + 1) + kChunk);
-    KL_CUDA(cudaFuncSetAttribute(kda_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(prep_smem)),
-            what);
-    kda_chunk_prep_kernel<<<dim3(static_cast<unsigned>(ct.chunks), s.heads), kPrepThreads, prep_smem, stream_>>>(
-        s, ct.work, fw);
-    KL_LAUNCHED(what + " (chunk prep)");
-  }
+  const Fp32Ws fw = chunk_prep(*this, s, ct, what);
   const size_t state_smem = sizeof(float) * (kChunk * s.dk + kChunk * kChunk + kChunk * kCols + 4 * kChunk * kCols + s.dk);
   KL_CUDA(cudaFuncSetAttribute(kda_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(state_smem)),
@@ -433,6 +522,38 @@ void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
   const dim3 grid((s.dv + kCols - 1) / kCols, s.heads, static_cast<unsigned>(num_seqs));
   kda_chunk_state_kernel<<<grid, kStateThreads, state_smem, stream_>>>(s, ct.work, fw);
   KL_LAUNCHED(what + " (chunk state)");
+}
+
+void CudaBackend::kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) {
+  const int64_t n = layout.num_rows(), heads = a.k.dim(1), dk = a.k.dim(2), dv = a.v.dim(2), seqs = layout.num_seqs();
+  KL_CHECK(a.k.rank() == 3 && a.k.dim(0) == n && a.g.shape() == a.k.shape() && a.v.rank() == 3 && a.v.dim(0) == n &&
+               a.v.dim(1) == heads && a.beta.numel() == n * heads && a.g.dtype() == DType::kF32 &&
+               a.beta.dtype() == DType::kF32 && a.a.dtype() == DType::kF32 && a.b.dtype() == DType::kF32 &&
+               a.a.shape() == Shape({seqs, heads, dk, dk}) && a.b.shape() == Shape({seqs, heads, dk, dv}),
+           "kda_summary: k " + shapes(a.k) + " v " + shapes(a.v) + " g " + shapes(a.g) + " A " + shapes(a.a) + " B " +
+               shapes(a.b) + " for " + std::to_string(seqs) + " sequences of " + std::to_string(n) + " rows");
+  KL_CHECK(dk >= 1 && dk <= kMaxDk, "kda_summary: key head dim " + std::to_string(dk) + " is over " +
+                                        std::to_string(kMaxDk) + " (not supported by the CUDA kernels)");
+  if (seqs == 0) return;
+  const std::string what = "kda_summary k " + shapes(a.k) + " seqs " + std::to_string(seqs);
+  // The summary reads the rows of the layout only (no slots, no snapshots).
+  SeqLayout rows_only;
+  rows_only.cu_seqlens = layout.cu_seqlens;
+  rows_only.cached = layout.cached;
+  const ChunkTables ct = chunk_tables(*this, rows_only, 0);
+  const KdaStep s{In{nullptr, false}, in(a.k, "kda_summary"), in(a.v, "kda_summary"), a.g.data_as<const float>(),
+                  a.beta.data_as<const float>(), nullptr, Out{nullptr, false}, nullptr, nullptr,
+                  static_cast<int>(heads), static_cast<int>(dk), static_cast<int>(dv), 1.0f};
+  const Fp32Ws fw = chunk_prep(*this, s, ct, what);
+  const size_t smem = sizeof(float) * (kChunk * dk + kChunk * kCols + 4 * kChunk * kCols + dk);
+  KL_CUDA(cudaFuncSetAttribute(kda_summary_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem)),
+          what);
+  const dim3 grid(static_cast<unsigned>((dk + dv + kCols - 1) / kCols), static_cast<unsigned>(heads),
+                  static_cast<unsigned>(seqs));
+  kda_summary_state_kernel<<<grid, kStateThreads, smem, stream_>>>(s, ct.work, fw,
+                                                                   SummaryOut{a.a.data_as<float>(), a.b.data_as<float>()});
+  KL_LAUNCHED(what + " (summary state)");
 }
 
 void kda_chunked_variant(CudaBackend& be, const KdaArgs& a, const SeqLayout& layout, const KdaChunkedVariant& v) {
