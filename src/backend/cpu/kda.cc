@@ -212,3 +212,9 @@ void CpuBackend::kda_recurrent(const KdaArgs& a, const SeqLayout& layout) { per_
 void CpuBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) { per_sequence(a, layout, chunked_one); }
 
 }  // namespace klinear::cpu
+
+namespace klinear::cpu {
+
+void CpuBackend::kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) { kda_decode_by_ops(*this, a, decode); }
+
+}  // namespace klinear::cpu
