@@ -189,6 +189,41 @@ double graph_ms(cuda::CudaBackend& be, const std::function<void()>& fn, int reps
 // (q'·k over 576, p·v over 512); eager (step rewind + the op) and replayed as a CUDA graph.
 // Prefill: 8k new tokens, FLOP = the causal attention products of the expanded form (q·k over 192,
 // p·v over 128, half the square); the time also holds the page gather and the kv_b expansion GEMM.
+// The fused decode step of a KDA layer after its projections (kda_decode): conv step, gate, β, the
+// state pass and the gated norm in one launch, at the real shape.
+void bench_kda_decode_fused(cuda::CudaBackend& be, std::mt19937_64& gen) {
+  const int64_t H = 32, D = 128, P = H * D, C = 3 * P, Kc = 4;
+  for (int B : {1, 64, 256}) {
+    be.begin_step();
+    SeqLayout layout = layout_for(std::vector<int>(B, 1), std::vector<int>(B, 100), 64);
+    const Tensor qkv = be.upload(random_host({B, C}, gen), DType::kBF16);
+    const Tensor conv_w = be.upload(random_host({C, Kc}, gen), DType::kBF16);
+    const Tensor conv_states = be.upload(random_host({B, Kc - 1, C}, gen), DType::kBF16);
+    const Tensor f = be.upload(random_host({B, P}, gen, -3, 3), DType::kF32);
+    const Tensor dt = be.upload(random_host({P}, gen), DType::kF32);
+    const Tensor alog = be.upload(random_host({H}, gen, 0.0f, std::log(16.0f)), DType::kF32);
+    const Tensor beta = be.upload(random_host({B, H}, gen, -3, 3), DType::kF32);
+    const Tensor og = be.upload(random_host({B, P}, gen, -3, 3), DType::kBF16);
+    const Tensor o_norm = be.upload(random_host({D}, gen, 0.5f, 1.5f), DType::kBF16);
+    const Tensor states = be.upload(random_host({B, H, D, D}, gen, -0.1f, 0.1f), DType::kF32);
+    const Tensor y = be.alloc_persistent(DType::kBF16, {B, P});
+    const KdaDecodeArgs args{qkv, conv_w, conv_states, f, dt, alog, KdaGateParams{KdaGate::kSoftplus, 0.0f}, beta, og,
+                             o_norm, 1e-5f, states, -1, y};
+    persistent_layout(be, layout);
+    auto step = [&] { be.kda_decode(args, layout); };
+    const double ms = time_ms(be, step), graphed = graph_ms(be, step);
+    // bytes: the state read and written; qkv, og, y bf16; the conv window read and written (bf16);
+    // f and β fp32; the weights. FLOP: decay, Sᵀk, the rank-1 update and Sᵀq, ~7·D·D per head.
+    const double bytes = 2.0 * B * H * D * D * 4 + B * (C + 2.0 * P) * 2 + 2.0 * B * (Kc - 1) * C * 2 +
+                         B * (P + H) * 4.0 + C * Kc * 2.0 + P * 4.0 + D * 2.0;
+    const double flop = 7.0 * B * H * D * D;
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "B=%d H=32 D=128 softplus", B);
+    row("kda_decode (fused)", shape, ms, flop, bytes);
+    row("  as a graph replay", shape, graphed, flop, bytes);
+  }
+}
+
 void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const int64_t H = 32, n = 128, r = 64, c = 512, vd = 128, ps = 64;
   const Tensor kvb = be.upload(random_host({H * (n + vd), c}, gen, -0.05f, 0.05f), DType::kBF16);
@@ -316,6 +351,7 @@ int main(int argc, char** argv) {
   std::printf("| op | shape | ms (median) | FLOP | bytes | floor ms | of floor |\n|---|---|---|---|---|---|---|\n");
   if (what == "all" || what == "kda") bench_kda(*be.value(), gen, false);
   if (what == "all" || what == "kda_decode") bench_kda(*be.value(), gen, true);
+  if (what == "all" || what == "kda_decode") bench_kda_decode_fused(*be.value(), gen);
   if (what == "all" || what == "mla") bench_mla(*be.value(), gen);
   if (what == "all" || what == "moe") bench_moe(*be.value(), gen);
   return 0;

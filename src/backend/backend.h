@@ -115,6 +115,27 @@ struct KdaSummaryArgs {
   Tensor b;     // [B, H, dk, dv] F32 out: the zero-start end state B
 };
 
+// One decode step of a KDA layer after its projections (SPEC 4.8): every sequence of the layout has
+// one row. Equal, up to rounding, to short_conv → split q, k, v → kda_gate → σ(β) → kda_recurrent
+// → gated_rms_norm over the same rows (what the CPU runs). Sequences in `pad_slot` are the padding
+// of a fixed-size step: their pools are neither read nor written and their rows of y are zero.
+struct KdaDecodeArgs {
+  Tensor qkv;          // [N, C] pre-conv q̂ ‖ k̂ ‖ v̂, C = 2·H·dk + H·dv
+  Tensor conv_w;       // [C, Kc]
+  Tensor conv_states;  // [slots, Kc−1, C] pool (as ConvArgs::states), read and written in place
+  Tensor f;            // [N, H·dk] F32 gate pre-activation (after f_b)
+  Tensor dt_bias;      // [H·dk] F32
+  Tensor a_log;        // [H] F32
+  KdaGateParams gate;
+  Tensor beta_logits;  // [N, H] F32, σ taken inside
+  Tensor og;           // [N, H·dv] output gate (σ taken inside)
+  Tensor o_norm;       // [dv]
+  float eps = 0.0f;    // of the gated RMSNorm
+  Tensor states;       // [slots, H, dk, dv] F32 pool (K-first), read and written in place
+  int64_t pad_slot = -1;  // −1: no padding
+  Tensor y;            // [N, H·dv] gated-norm output (what o_proj reads)
+};
+
 // MLA attention over a step (SPEC 5). Queries are the new tokens; keys and values are every
 // token of the sequence (cached and new), read from the paged latent cache.
 struct MlaArgs {
@@ -273,6 +294,8 @@ class Backend {
   // (A, B) of every sequence of the layout (its cu_seqlens; slots and snapshots are not used), by
   // the chunks of SPEC 4.6 counted from each sequence's first new row, in fp32.
   virtual void kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) = 0;
+  // One decode step of a KDA layer over `decode` (one row per sequence, no snapshots): see KdaDecodeArgs.
+  virtual void kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) = 0;
 
   // ---- MLA (SPEC 5)
   // Writes rows [N, c+r] (latent ‖ k_r of each new token) into `pages` at the positions the
@@ -302,6 +325,17 @@ class Backend {
   // ---- sampling (see SampleArgs)
   virtual void sample(const SampleArgs& a) = 0;
 };
+
+// kda_decode as the composition of the other ops on `be` (the CPU's kda_decode, and the reference
+// the fused kernels are tested against): the runs of sequences between padded ones go through
+// short_conv, copy_columns, kda_gate, sigmoid, kda_recurrent and gated_rms_norm.
+void kda_decode_by_ops(Backend& be, const KdaDecodeArgs& a, const SeqLayout& decode);
+// The sizes of a kda_decode call; aborts naming the op, the shapes and the layout unless they agree
+// (one row per sequence, no snapshots, dtypes as KdaDecodeArgs says).
+struct KdaDecodeDims {
+  int64_t rows, heads, dk, dv, channels, kc;
+};
+KdaDecodeDims check_kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode);
 
 // What make_backend builds: the device and the dtype of weights and activations (F32 or BF16;
 // the CPU computes in F32 only).

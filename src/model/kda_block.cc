@@ -1,6 +1,8 @@
 // The KDA mixer (SPEC 4): fused q/k/v projection → short conv + SiLU → decay gate and β →
 // chunked (prefill) or recurrent (decode) delta rule → gated RMSNorm → o_proj. Every sequence of
-// the step continues from its slot of the layer's conv and recurrent state pools.
+// the step continues from its slot of the layer's conv and recurrent state pools. Decode rows take
+// one fused op after the projections (kda_decode); prefill rows, and decode rows that snapshot
+// their state, the ops one by one.
 #include "model/model.h"
 
 namespace klinear {
@@ -9,34 +11,20 @@ Tensor Model::kda(const KdaWeights& w, const Tensor& x, int64_t layer, const Bat
   Backend& be = backend_;
   const ModelConfig& c = config_;
   const int64_t N = x.dim(0), H = c.kda_heads, d = c.kda_head_dim, P = c.kda_proj();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const KdaGateParams gate{c.kda_gate, c.gate_lower_bound};
 
   Tensor qkv = act({N, 3 * P});
   be.linear(x, w.qkv_proj, qkv);
-  Tensor conv = act({N, 3 * P});
-  be.short_conv(ConvArgs{qkv, w.conv, cache.conv_states(layer), conv}, batch.layout);
-  Tensor q = act({N, H, d}), k = act({N, H, d}), v = act({N, H, d});
-  be.copy_columns(conv, 0, q.view({N, P}), 0, P);
-  be.copy_columns(conv, P, k.view({N, P}), 0, P);
-  be.copy_columns(conv, 2 * P, v.view({N, P}), 0, P);
-
-  // Decay gate: f = f_b(f_a(x)), no activation between (SPEC 4.1, 4.3); g and β in F32.
+  // Decay gate pre-activation f = f_b(f_a(x)), no activation between (SPEC 4.1, 4.3), and β
+  // logits, in F32.
   Tensor fa = act({N, d});
   be.linear(x, w.f_a, fa);
   Tensor f = be.alloc(DType::kF32, {N, P});
   be.linear(fa, w.f_b, f);
-  Tensor g = be.alloc(DType::kF32, {N, H, d});
-  be.kda_gate(f, w.dt_bias, w.a_log, KdaGateParams{c.kda_gate, c.gate_lower_bound}, g);
   Tensor beta = be.alloc(DType::kF32, {N, H});
   be.linear(x, w.b_proj, beta);
-  be.sigmoid(beta, beta);
-
-  Tensor o = act({N, H, d});
-  const KdaArgs args{q, k, v, g, beta, cache.kda_states(layer), o};
-  const int64_t split = batch.decode.num_rows();
-  if (batch.decode.num_seqs() > 0) be.kda_recurrent(args.rows(0, split), batch.decode);
-  if (batch.prefill.num_seqs() > 0) be.kda_chunked(args.rows(split, N), batch.prefill);
-
-  // Output gate (full-rank g_proj, or low-rank g_b(g_a(x))), then RMSNorm ⊙ σ(gate) (SPEC 4.7).
+  // Output gate: full-rank g_proj, or low-rank g_b(g_a(x)) (SPEC 4.7).
   Tensor og = act({N, P});
   if (w.g_proj.defined()) {
     be.linear(x, w.g_proj, og);
@@ -45,10 +33,37 @@ Tensor Model::kda(const KdaWeights& w, const Tensor& x, int64_t layer, const Bat
     be.linear(x, w.g_a, ga);
     be.linear(ga, w.g_b, og);
   }
-  Tensor y = act({N * H, d});
-  be.gated_rms_norm(o.view({N * H, d}), w.o_norm, og.view({N * H, d}), static_cast<float>(c.rms_norm_eps), y);
+
+  Tensor y = act({N, P});
+  const int64_t split = batch.decode.num_rows();
+  const bool fused = batch.decode.num_seqs() > 0 && batch.decode.snap_seq.empty();
+  if (fused)
+    be.kda_decode(KdaDecodeArgs{qkv.rows(0, split), w.conv, cache.conv_states(layer), f.rows(0, split), w.dt_bias,
+                                w.a_log, gate, beta.rows(0, split), og.rows(0, split), w.o_norm, eps,
+                                cache.kda_states(layer), cache.scratch_slot(), y.rows(0, split)},
+                  batch.decode);
+  const int64_t r0 = fused ? split : 0, n = N - r0;
+  if (n > 0) {
+    const SeqLayout& layout = fused ? batch.prefill : batch.layout;
+    Tensor conv = act({n, 3 * P});
+    be.short_conv(ConvArgs{qkv.rows(r0, N), w.conv, cache.conv_states(layer), conv}, layout);
+    Tensor q = act({n, H, d}), k = act({n, H, d}), v = act({n, H, d});
+    be.copy_columns(conv, 0, q.view({n, P}), 0, P);
+    be.copy_columns(conv, P, k.view({n, P}), 0, P);
+    be.copy_columns(conv, 2 * P, v.view({n, P}), 0, P);
+    Tensor g = be.alloc(DType::kF32, {n, H, d});
+    be.kda_gate(f.rows(r0, N), w.dt_bias, w.a_log, gate, g);
+    Tensor b = beta.rows(r0, N);
+    be.sigmoid(b, b);
+    Tensor o = act({n, H, d});
+    const KdaArgs args{q, k, v, g, b, cache.kda_states(layer), o};
+    if (!fused && batch.decode.num_seqs() > 0) be.kda_recurrent(args.rows(0, split), batch.decode);
+    if (batch.prefill.num_seqs() > 0) be.kda_chunked(args.rows(split - r0, n), batch.prefill);
+    be.gated_rms_norm(o.view({n * H, d}), w.o_norm, og.rows(r0, N).view({n * H, d}), eps,
+                      y.rows(r0, N).view({n * H, d}));
+  }
   Tensor out = act({N, c.hidden_size});
-  be.linear(y.view({N, P}), w.o_proj, out);
+  be.linear(y, w.o_proj, out);
   return out;
 }
 

@@ -78,6 +78,9 @@ class ForwardingBackend : public Backend {
   void kda_chunked(const KdaArgs& a, const SeqLayout& l) override { in_.kda_chunked(a, l), stored(a.out); }
   void kda_recurrent(const KdaArgs& a, const SeqLayout& l) override { in_.kda_recurrent(a, l), stored(a.out); }
   void kda_summary(const KdaSummaryArgs& a, const SeqLayout& l) override { in_.kda_summary(a, l); }
+  void kda_decode(const KdaDecodeArgs& a, const SeqLayout& l) override {
+    in_.kda_decode(a, l), stored(a.y), stored(a.states), stored(a.conv_states);
+  }
   void mla_cache_write(const Tensor& r, const Tensor& p, const SeqLayout& l) override {
     in_.mla_cache_write(r, p, l), stored(p);
   }
@@ -124,6 +127,8 @@ class Bf16Storage final : public ForwardingBackend {
   Tensor to_device(const Tensor& h, DType d) override {
     return d == DType::kBF16 ? track(round(in_.to_device(h, DType::kF32)), step_) : in_.to_device(h, d);
   }
+  // The composition on this backend, so its intermediates (conv output, o) are stored as bf16 too.
+  void kda_decode(const KdaDecodeArgs& a, const SeqLayout& l) override { kda_decode_by_ops(*this, a, l); }
 
  private:
   using Ranges = std::vector<std::pair<const char*, const char*>>;

@@ -290,3 +290,9 @@ void CpuBackend::kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) {
 }
 
 }  // namespace klinear::cpu
+
+namespace klinear::cpu {
+
+void CpuBackend::kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) { kda_decode_by_ops(*this, a, decode); }
+
+}  // namespace klinear::cpu

@@ -108,6 +108,7 @@ class CudaBackend final : public Backend {
   void kda_chunked(const KdaArgs& a, const SeqLayout& layout) override;
   void kda_recurrent(const KdaArgs& a, const SeqLayout& layout) override;
   void kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) override;
+  void kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) override;
 
   void mla_cache_write(const Tensor& rows, const Tensor& pages, const SeqLayout& layout) override;
   void mla_prefill(const MlaArgs& a, const SeqLayout& layout) override;
