@@ -78,6 +78,9 @@ __global__ void __launch_bounds__(kStateThreads) kda_recurrent_kernel(KdaStep s)
     const int64_t qk_base = (row * s.heads + h) * s.dk;
     const float qv = tid < s.dk ? s.q[qk_base + tid] : 0.0f;
     const float kv = tid < s.dk ? s.k[qk_base + tid] : 0.0f;
+    // Warp 0's v and β with the other loads (not after the barriers that need none of them).
+    const float vv = warp == 0 && col < s.dv ? s.v[(row * s.heads + h) * s.dv + col] : 0.0f;
+    const float bt = warp == 0 ? s.beta[row * s.heads + h] : 0.0f;
     const float ssq = block_sum(qv * qv, scratch), ssk = block_sum(kv * kv, scratch);
     qn[tid] = qv * (s.scale / sqrtf(ssq + 1e-6f));
     kn[tid] = kv * (1.0f / sqrtf(ssk + 1e-6f));
@@ -94,8 +97,7 @@ __global__ void __launch_bounds__(kStateThreads) kda_recurrent_kernel(KdaStep s)
     __syncthreads();
     if (warp == 0) {
       const float kS = part[0][lane] + part[1][lane] + part[2][lane] + part[3][lane];
-      const float vv = col < s.dv ? s.v[(row * s.heads + h) * s.dv + col] : 0.0f;
-      u_sh[lane] = s.beta[row * s.heads + h] * (vv - kS);
+      u_sh[lane] = bt * (vv - kS);
     }
     __syncthreads();
     const float u = u_sh[lane];

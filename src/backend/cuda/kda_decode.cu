@@ -73,18 +73,34 @@ __global__ void __launch_bounds__(kThreads, 2) kda_decode_kernel(DecodeStep s) {
                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 
+  // Everything else a thread reads, before the first store or barrier, so that all of the block's
+  // loads are in flight together (a load placed after a store to the conv pool could not be
+  // hoisted above it).
+  float fx = 0.0f, dtb = 0.0f, ogx = 0.0f, onw = 0.0f;
+  if (tid < s.dk) {
+    const int64_t c = int64_t{h} * s.dk + tid;
+    fx = s.f[row * s.heads * s.dk + c], dtb = s.dt_bias[c];
+  }
+  if (tid < s.dv) ogx = s.og[yrow + tid], onw = s.o_norm[tid];
+  const float a_log = s.a_log[h], beta_logit = s.beta[row * s.heads + h];
+
   // Conv step of the head's channels: q [h·dk, +dk), k H·dk + the same, v 2·H·dk + [h·dv, +dv).
+  // The outputs first (loads only), the shift of the conv pool after the last barrier.
   const int64_t hist = s.kc - 1;
+  auto channel = [&](int i) {
+    return i < s.dk       ? int64_t{h} * s.dk + i
+           : i < 2 * s.dk ? int64_t{s.heads + h} * s.dk + (i - s.dk)
+                          : int64_t{2} * s.heads * s.dk + int64_t{h} * s.dv + (i - 2 * s.dk);
+  };
+  // Row r of channel ch's window [conv state ; x].
+  auto window = [&](int64_t ch, int64_t r) {
+    return r < hist ? s.conv_states[(static_cast<int64_t>(slot) * hist + r) * s.channels + ch]
+                    : s.qkv[row * s.channels + ch];
+  };
   for (int i = tid; i < 2 * s.dk + s.dv; i += kThreads) {
-    const int64_t ch = i < s.dk ? int64_t{h} * s.dk + i
-                       : i < 2 * s.dk ? int64_t{s.heads + h} * s.dk + (i - s.dk)
-                                      : int64_t{2} * s.heads * s.dk + int64_t{h} * s.dv + (i - 2 * s.dk);
-    const int64_t base = static_cast<int64_t>(slot) * hist * s.channels + ch;
-    auto window = [&](int64_t r) { return r < hist ? s.conv_states[base + r * s.channels] : s.qkv[row * s.channels + ch]; };
+    const int64_t ch = channel(i);
     float acc = 0.0f;
-    for (int64_t j = 0; j < s.kc; ++j) acc += s.conv_w[ch * s.kc + j] * window(j);
-    // Shift: new row r = window row r + 1, read before row r + 1 is written.
-    for (int64_t r = 0; r < hist; ++r) s.conv_states.set(base + r * s.channels, window(r + 1));
+    for (int64_t j = 0; j < s.kc; ++j) acc += s.conv_w[ch * s.kc + j] * window(ch, j);
     const float x = stored(acc * sigmoid_f(acc), s.qkv.bf16);
     if (i < s.dk) qn[i] = x;
     else if (i < 2 * s.dk) kn[i - s.dk] = x;
@@ -96,16 +112,14 @@ __global__ void __launch_bounds__(kThreads, 2) kda_decode_kernel(DecodeStep s) {
   if (tid < kMaxD) {
     float e = 0.0f;
     if (tid < s.dk) {
-      const int64_t c = int64_t{h} * s.dk + tid;
-      const float x = s.f[row * s.heads * s.dk + c] + s.dt_bias[c];
-      const float a = expf(s.a_log[h]);
+      const float x = fx + dtb, a = expf(a_log);
       e = expf(s.gate == KdaGate::kSoftplus ? -a * softplus(x) : s.lower_bound * sigmoid_f(a * x));
     }
     qn[tid] = qx * (s.scale / sqrtf(ssq + 1e-6f));  // zero past dk, so the row loops need no bound
     kn[tid] = kx * (1.0f / sqrtf(ssk + 1e-6f));
     eg[tid] = e;
   }
-  const float beta = sigmoid_f(s.beta[row * s.heads + h]);
+  const float beta = sigmoid_f(beta_logit);
   __syncthreads();
 
   // S ← diag(e^g)S; Sᵀk over the thread's rows.
@@ -148,7 +162,15 @@ __global__ void __launch_bounds__(kThreads, 2) kda_decode_kernel(DecodeStep s) {
     ov = stored(ov, s.y.bf16);
   }
   const float inv = rsqrtf(block_sum(ov * ov, scratch) / static_cast<float>(s.dv) + s.eps);
-  if (tid < s.dv) s.y.set(yrow + tid, ov * inv * s.o_norm[tid] * sigmoid_f(s.og[yrow + tid]));
+  if (tid < s.dv) s.y.set(yrow + tid, ov * inv * onw * sigmoid_f(ogx));
+
+  // Shift the conv pool: new row r = window row r + 1, read before row r + 1 is written (each
+  // channel is one thread's, so the reads see the rows the outputs above were computed from).
+  for (int i = tid; i < 2 * s.dk + s.dv; i += kThreads) {
+    const int64_t ch = channel(i);
+    for (int64_t r = 0; r < hist; ++r)
+      s.conv_states.set((static_cast<int64_t>(slot) * hist + r) * s.channels + ch, window(ch, r + 1));
+  }
 }
 
 }  // namespace
