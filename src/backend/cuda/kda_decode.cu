@@ -39,20 +39,26 @@
 // memory would, but 3 × 256 threads × 128 registers exceeds the 64 K register file).
 // Cost per item at d = 128 on an H200: 64 KB read + 64 KB written; an SM's share of 4.2 TB/s is
 // ~32 GB/s, so ~2 µs to read a tile and ~2 µs to write one, ~4 µs of DRAM time per item per SM.
-// The chain per item (the small inputs' DRAM latency ~1 µs, 11 barriers, ~200 FMA per thread) is
+// The chain per item (the small inputs' DRAM latency ~1 µs, 11 barriers, ~250 FMA per thread) is
 // ~3 µs per block, so two blocks per SM ask for ~2 × 128 KB per ~3 µs ≈ 85 GB/s, more than the
 // share: the SMs are bandwidth-bound, the tile of item i + grid lands during item i, and the
 // time is the bytes plus one tile's start-up (~3 µs) and the tail of the last wave. Predicted
 // (H = 32, d = 128): batch 64 (2048 items, 264 blocks, 7.8 items each) ≈ 0.067 + 0.005 ≈ 0.072 ms;
 // batch 256 (8192 items) ≈ 0.268 + 0.005 ≈ 0.275 ms; batch 1 (32 items, one per block) as
 // kBlockPerHead plus the cp.async round trip, ~0.016 ms, which is why the default below keeps
-// kBlockPerHead there. The small per-item inputs are loaded at the top of each item (before the
-// tile wait), in flight together; their latency is in the chain, which the second block covers.
+// kBlockPerHead there. The small per-item inputs (q/k/v channels and their conv pool rows, f, og,
+// β: ~4 KB) are loaded at the top of their item, before the tile wait, all in flight together;
+// their DRAM latency is in the chain, which the second block on the SM covers. They are not
+// carried one item ahead: with reg[] live through the whole item there is no room in the 128
+// registers (holding them, or even warming L2 for them with prefetch.global.L2 from the loop,
+// made ptxas spill 76 to 136 bytes).
 //
 // Default: kPipelined when every resident block gets at least two items (items ≥ 2 × 2 × SMs,
 // 528 on the H200, i.e. from batch 17 at H = 32): below that the persistent grid has nothing to
 // prefetch for most blocks and kBlockPerHead starts every item at once.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "backend/cuda/device.cuh"
 #include "backend/cuda/kda_decode.h"
@@ -135,10 +141,11 @@ __device__ __forceinline__ SlotMap slot_map(const DecodeStep& s) {
   return SlotMap{warp * s.dv + 4 * lane, kWarps * s.dv, 4 * lane < s.dv ? (s.dk - warp + kWarps - 1) / kWarps : 0};
 }
 
-// The head's state tile in the pool (not for padding) and the element of slot i in it.
+// The head's state tile in the pool (not for padding).
 __device__ __forceinline__ float* state_tile(const DecodeStep& s, const Item& it) {
   return s.states + (static_cast<int64_t>(it.slot) * s.heads + it.h) * s.dk * s.dv;
 }
+
 __device__ __forceinline__ ItemScalars load_scalars(const DecodeStep& s, const Item& it) {
   ItemScalars x{0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   const int tid = threadIdx.x;
@@ -189,7 +196,7 @@ __device__ __forceinline__ void shift_conv_pool(const DecodeStep& s, const Item&
   }
 }
 
-// The decay factor e^g of key column c from its gate pre-activation x = f + dt_bias.
+// The decay factor e^g of a key row from its gate pre-activation x = f + dt_bias.
 __device__ __forceinline__ float decay(const DecodeStep& s, float x, float a_log) {
   const float a = expf(a_log);
   return expf(s.gate == KdaGate::kSoftplus ? -a * softplus(x) : s.lower_bound * sigmoid_f(a * x));
@@ -280,7 +287,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) kda_decode_kernel(Deco
   float4 reg[kRowsPerThread];
 #pragma unroll
   for (int i = 0; i < kRowsPerThread; ++i)
-    reg[i] = i < m.live ? *reinterpret_cast<const float4*>(st + m.offset + i * m.stride) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    reg[i] = i < m.live ? *reinterpret_cast<const float4*>(st + m.offset + i * m.stride)
+                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   const ItemScalars x = load_scalars(s, it);
   conv_outputs(s, it, sh);
   finish_item(s, it, x, reg, sh);
@@ -340,6 +348,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) kda_decode_pipelined_k
 
 }  // namespace
 
+// The rule and its numbers: the header above.
 KdaDecodeTiling default_kda_decode_tiling(int64_t items, int num_sms) {
   return items >= int64_t{2} * kBlocksPerSm * num_sms ? KdaDecodeTiling::kPipelined : KdaDecodeTiling::kBlockPerHead;
 }
@@ -379,7 +388,8 @@ void kda_decode_tiled(CudaBackend& be, const KdaDecodeArgs& a, const SeqLayout& 
                      1.0f / std::sqrt(static_cast<float>(d.dk))};
   const std::string what = "kda_decode qkv " + shapes(a.qkv) + " states " + shapes(a.states);
   if (tiling == KdaDecodeTiling::kBlockPerHead) {
-    kda_decode_kernel<<<dim3(static_cast<unsigned>(d.heads), static_cast<unsigned>(d.rows)), kThreads, 0, be.stream()>>>(s);
+    const dim3 grid(static_cast<unsigned>(d.heads), static_cast<unsigned>(d.rows));
+    kda_decode_kernel<<<grid, kThreads, 0, be.stream()>>>(s);
     KL_LAUNCHED(what);
     return;
   }
