@@ -16,7 +16,6 @@
 
 #include "backend/cuda/backend.h"
 #include "backend/cuda/kda_chunked.h"
-#include "backend/cuda/kda_decode.h"
 #include "backend/cuda/moe.h"
 
 namespace klinear {
@@ -191,8 +190,7 @@ double graph_ms(cuda::CudaBackend& be, const std::function<void()>& fn, int reps
 // Prefill: 8k new tokens, FLOP = the causal attention products of the expanded form (q·k over 192,
 // p·v over 128, half the square); the time also holds the page gather and the kv_b expansion GEMM.
 // The fused decode step of a KDA layer after its projections (kda_decode): conv step, gate, β, the
-// state pass and the gated norm in one launch, at the real shape, under each tiling (a block per
-// head and sequence, or persistent pipelined blocks; the op's choice marked *).
+// state pass and the gated norm in one launch, at the real shape.
 void bench_kda_decode_fused(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const int64_t H = 32, D = 128, P = H * D, C = 3 * P, Kc = 4;
   for (int B : {1, 64, 256}) {
@@ -212,6 +210,8 @@ void bench_kda_decode_fused(cuda::CudaBackend& be, std::mt19937_64& gen) {
     const KdaDecodeArgs args{qkv, conv_w, conv_states, f, dt, alog, KdaGateParams{KdaGate::kSoftplus, 0.0f}, beta, og,
                              o_norm, 1e-5f, states, -1, y};
     persistent_layout(be, layout);
+    auto step = [&] { be.kda_decode(args, layout); };
+    const double ms = time_ms(be, step), graphed = graph_ms(be, step);
     // bytes: the state read and written; qkv, og, y bf16; the conv window read and written (bf16);
     // f and β fp32; the weights. FLOP: decay, Sᵀk, the rank-1 update and Sᵀq, ~7·D·D per head.
     const double bytes = 2.0 * B * H * D * D * 4 + B * (C + 2.0 * P) * 2 + 2.0 * B * (Kc - 1) * C * 2 +
@@ -219,16 +219,8 @@ void bench_kda_decode_fused(cuda::CudaBackend& be, std::mt19937_64& gen) {
     const double flop = 7.0 * B * H * D * D;
     char shape[64];
     std::snprintf(shape, sizeof shape, "B=%d H=32 D=128 softplus", B);
-    const cuda::KdaDecodeTiling chosen = cuda::default_kda_decode_tiling(int64_t{B} * H, be.num_sms());
-    for (cuda::KdaDecodeTiling tiling : {cuda::KdaDecodeTiling::kBlockPerHead, cuda::KdaDecodeTiling::kPipelined}) {
-      auto step = [&] { cuda::kda_decode_tiled(be, args, layout, tiling); };
-      const double ms = time_ms(be, step), graphed = graph_ms(be, step);
-      std::string name =
-          tiling == cuda::KdaDecodeTiling::kBlockPerHead ? "kda_decode per head" : "kda_decode pipelined";
-      if (tiling == chosen) name += " *";
-      row(name, shape, ms, flop, bytes);
-      row("  as a graph replay", shape, graphed, flop, bytes);
-    }
+    row("kda_decode (fused)", shape, ms, flop, bytes);
+    row("  as a graph replay", shape, graphed, flop, bytes);
   }
 }
 
