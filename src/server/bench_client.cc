@@ -100,7 +100,9 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
 
   // Token ids below 256 exist in every vocabulary klinear serves (byte tokens of the Kimi
   // tokenizer, and the test checkpoints' vocabularies are larger).
-  std::mt19937_64 rng(o.seed);
+  BenchResult result;
+  result.seed = o.seed ? *o.seed : (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  std::mt19937_64 rng(result.seed);
   auto random_ids = [&](int n) {
     std::vector<int32_t> v(static_cast<size_t>(n));
     for (int32_t& id : v) id = static_cast<int32_t>(rng() % 256);
@@ -115,7 +117,6 @@ Result<BenchResult> run_bench(const BenchOptions& o) {
     prompts.push_back(std::move(p));
   }
 
-  BenchResult result;
   std::mutex mu;
   std::atomic<int> next{0};
   const Clock::time_point start = Clock::now();
@@ -149,12 +150,14 @@ std::string bench_report(const BenchOptions& o, const BenchResult& r) {
   char buf[2048];
   auto ms = [](const std::vector<double>& v, double p) { return 1e3 * percentile(v, p); };
   std::snprintf(buf, sizeof(buf),
-                "requests %d ok, %d failed (concurrency %d, input %d tokens with a %d-token shared prefix, output %d)\n"
+                "requests %d ok, %d failed (concurrency %d, input %d tokens with a %d-token shared prefix, output %d, "
+                "seed %llu)\n"
                 "time %.2f s; output %.1f tokens/s; total (input + output) %.1f tokens/s\n"
                 "TTFT ms         p50 %9.1f  p90 %9.1f  p99 %9.1f\n"
                 "ITL ms          p50 %9.1f  p90 %9.1f  p99 %9.1f\n"
                 "end-to-end ms   p50 %9.1f  p90 %9.1f  p99 %9.1f\n",
-                r.completed, r.failed, o.concurrency, o.input_len, o.prefix_len, o.output_len, r.seconds,
+                r.completed, r.failed, o.concurrency, o.input_len, o.prefix_len, o.output_len,
+                static_cast<unsigned long long>(r.seed), r.seconds,
                 static_cast<double>(r.output_tokens) / r.seconds,
                 static_cast<double>(r.input_tokens + r.output_tokens) / r.seconds, ms(r.ttft_s, 0.5), ms(r.ttft_s, 0.9),
                 ms(r.ttft_s, 0.99), ms(r.itl_s, 0.5), ms(r.itl_s, 0.9), ms(r.itl_s, 0.99), ms(r.e2e_s, 0.5),

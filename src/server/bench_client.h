@@ -1,10 +1,13 @@
 // bench-serve: load generator for an OpenAI-compatible server. `concurrency` workers send
 // `requests` streaming /v1/completions requests of `input_len` random token ids (the first
 // `prefix_len` shared by all requests, to exercise prefix caching) asking for exactly
-// `output_len` tokens (ignore_eos), and time every streamed chunk.
+// `output_len` tokens (ignore_eos), and time every streamed chunk. The prompts come from `seed`,
+// a fresh one per run unless given: two runs against one server must not share prompts, or the
+// second is served from the first one's prefix cache.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,10 +20,11 @@ struct BenchOptions {
   std::string api_key;
   int concurrency = 1, requests = 16;
   int input_len = 128, output_len = 128, prefix_len = 0;
-  uint64_t seed = 0;
+  std::optional<uint64_t> seed;  // unset: drawn from std::random_device
 };
 
 struct BenchResult {
+  uint64_t seed = 0;  // of the prompts
   int completed = 0, failed = 0;
   std::string first_error;
   double seconds = 0;

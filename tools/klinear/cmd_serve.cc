@@ -385,7 +385,7 @@ void add_serve_commands(CLI::App& app, int& exit_code) {
     sub->add_option("--input-len", a->input_len, "prompt tokens per request")->capture_default_str();
     sub->add_option("--output-len", a->output_len, "generated tokens per request")->capture_default_str();
     sub->add_option("--prefix-len", a->prefix_len, "leading prompt tokens shared by all requests")->capture_default_str();
-    sub->add_option("--seed", a->seed, "seed of the random prompts")->capture_default_str();
+    sub->add_option("--seed", a->seed, "seed of the random prompts (default: a fresh one per run, printed)");
     sub->callback([a, &exit_code] { exit_code = run_bench_serve(*a); });
   }
 }
