@@ -337,6 +337,12 @@ struct KdaDecodeDims {
 };
 KdaDecodeDims check_kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode);
 
+// The sizes of a kda_summary call; aborts naming the shapes and the layout unless they agree.
+struct KdaSummaryDims {
+  int64_t rows, seqs, heads, dk, dv;
+};
+KdaSummaryDims check_kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout);
+
 // What make_backend builds: the device and the dtype of weights and activations (F32 or BF16;
 // the CPU computes in F32 only).
 struct BackendOptions {

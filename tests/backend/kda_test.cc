@@ -402,15 +402,15 @@ TEST_P(KdaSummary, AppliesAsTheChunkedStateAndComposes) {
     std::iota(cut_slots.begin(), cut_slots.end(), 0);
     SeqLayout cut = testing::make_layout(cut_lens, std::vector<int32_t>(cut_lens.size(), 0), cut_slots, 64, 64, rng);
     const auto [A12, B12] = summary(k, v, g, beta, cut, H, d);
-    Tensor a1 = Tensor::empty(DType::kF32, A.shape()), a2 = Tensor::empty(DType::kF32, A.shape());
-    Tensor b1 = Tensor::empty(DType::kF32, B.shape()), b2 = Tensor::empty(DType::kF32, B.shape());
+    // Segment `part` (0: first, 1: second) of every sequence, from the cut layout's [2·seqs, H, d, d].
     const int64_t per = H * d * d;
-    for (int64_t b = 0; b < seqs; ++b) {
-      std::copy(A12.f32() + 2 * b * per, A12.f32() + (2 * b + 1) * per, a1.f32() + b * per);
-      std::copy(A12.f32() + (2 * b + 1) * per, A12.f32() + (2 * b + 2) * per, a2.f32() + b * per);
-      std::copy(B12.f32() + 2 * b * per, B12.f32() + (2 * b + 1) * per, b1.f32() + b * per);
-      std::copy(B12.f32() + (2 * b + 1) * per, B12.f32() + (2 * b + 2) * per, b2.f32() + b * per);
-    }
+    auto segment = [&](const Tensor& both, int64_t part) {
+      Tensor r = Tensor::empty(DType::kF32, A.shape());
+      for (int64_t b = 0; b < seqs; ++b)
+        std::copy(both.f32() + (2 * b + part) * per, both.f32() + (2 * b + part + 1) * per, r.f32() + b * per);
+      return r;
+    };
+    const Tensor a1 = segment(A12, 0), a2 = segment(A12, 1), b1 = segment(B12, 0), b2 = segment(B12, 1);
     const testing::ErrorStats compose =
         testing::error_stats(augmented(affine(a2, a1, nullptr), affine(a2, b1, &b2)), augmented(A, B));
     EXPECT_TRUE(compose.problem.empty() && compose.worst() <= t)

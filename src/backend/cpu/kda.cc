@@ -250,13 +250,8 @@ void CpuBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) { per_se
 // g ≤ 0), so strong decay underflows to 0 and never overflows. Cost per chunk and head:
 // 2·64·dk·(dk + dv) for the two products, beside the chunk factors of kda_chunked.
 void CpuBackend::kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) {
-  const int64_t n = layout.num_rows(), heads = a.k.dim(1), dk = a.k.dim(2), dv = a.v.dim(2), seqs = layout.num_seqs();
-  KL_CHECK(a.k.rank() == 3 && a.k.dim(0) == n && a.g.shape() == a.k.shape() && a.v.rank() == 3 && a.v.dim(0) == n &&
-               a.v.dim(1) == heads && a.beta.numel() == n * heads && a.a.shape() == Shape({seqs, heads, dk, dk}) &&
-               a.b.shape() == Shape({seqs, heads, dk, dv}),
-           "kda_summary: k " + shape_to_string(a.k.shape()) + " v " + shape_to_string(a.v.shape()) + " A " +
-               shape_to_string(a.a.shape()) + " B " + shape_to_string(a.b.shape()) + " for " + std::to_string(seqs) +
-               " sequences of " + std::to_string(n) + " rows");
+  const KdaSummaryDims d = check_kda_summary(a, layout);
+  const int64_t heads = d.heads, dk = d.dk, dv = d.dv, seqs = d.seqs;
   const int64_t w = dk + dv;
   for (int64_t b = 0; b < seqs; ++b) {
     const int64_t r0 = layout.cu_seqlens[b], t_len = layout.new_tokens(b);
@@ -288,10 +283,6 @@ void CpuBackend::kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) {
     }
   }
 }
-
-}  // namespace klinear::cpu
-
-namespace klinear::cpu {
 
 void CpuBackend::kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) { kda_decode_by_ops(*this, a, decode); }
 

@@ -527,13 +527,8 @@ void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
 }
 
 void CudaBackend::kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) {
-  const int64_t n = layout.num_rows(), heads = a.k.dim(1), dk = a.k.dim(2), dv = a.v.dim(2), seqs = layout.num_seqs();
-  KL_CHECK(a.k.rank() == 3 && a.k.dim(0) == n && a.g.shape() == a.k.shape() && a.v.rank() == 3 && a.v.dim(0) == n &&
-               a.v.dim(1) == heads && a.beta.numel() == n * heads && a.g.dtype() == DType::kF32 &&
-               a.beta.dtype() == DType::kF32 && a.a.dtype() == DType::kF32 && a.b.dtype() == DType::kF32 &&
-               a.a.shape() == Shape({seqs, heads, dk, dk}) && a.b.shape() == Shape({seqs, heads, dk, dv}),
-           "kda_summary: k " + shapes(a.k) + " v " + shapes(a.v) + " g " + shapes(a.g) + " A " + shapes(a.a) + " B " +
-               shapes(a.b) + " for " + std::to_string(seqs) + " sequences of " + std::to_string(n) + " rows");
+  const KdaSummaryDims d = check_kda_summary(a, layout);
+  const int64_t heads = d.heads, dk = d.dk, dv = d.dv, seqs = d.seqs;
   KL_CHECK(dk >= 1 && dk <= kMaxDk, "kda_summary: key head dim " + std::to_string(dk) + " is over " +
                                         std::to_string(kMaxDk) + " (not supported by the CUDA kernels)");
   if (seqs == 0) return;
