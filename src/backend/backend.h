@@ -326,9 +326,15 @@ class Backend {
   virtual void sample(const SampleArgs& a) = 0;
 };
 
+// A KDA layer's rows after its projections, op by op over `layout` (the rows of a's tensors, any
+// number per sequence; pad_slot unused): short_conv, the q/k/v split (copy_columns), kda_gate,
+// sigmoid(β), `delta_rule` (kda_recurrent and/or kda_chunked over the rows' KdaArgs) and
+// gated_rms_norm into a.y.
+void kda_rows_by_ops(Backend& be, const KdaDecodeArgs& a, const SeqLayout& layout,
+                     const std::function<void(const KdaArgs&)>& delta_rule);
 // kda_decode as the composition of the other ops on `be` (the CPU's kda_decode, and the reference
 // the fused kernels are tested against): the runs of sequences between padded ones go through
-// short_conv, copy_columns, kda_gate, sigmoid, kda_recurrent and gated_rms_norm.
+// kda_rows_by_ops with kda_recurrent.
 void kda_decode_by_ops(Backend& be, const KdaDecodeArgs& a, const SeqLayout& decode);
 // The sizes of a kda_decode call; aborts naming the op, the shapes and the layout unless they agree
 // (one row per sequence, no snapshots, dtypes as KdaDecodeArgs says).

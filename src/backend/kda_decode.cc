@@ -1,5 +1,6 @@
 // kda_decode's checks and its composition from the other ops (SPEC 4.8), which is the CPU's
-// kda_decode and the reference of the fused CUDA kernel.
+// kda_decode and the reference of the fused CUDA kernel; the composition is also what the model
+// runs for the rows kda_decode does not take (kda_rows_by_ops).
 #include "backend/backend.h"
 
 namespace klinear {
@@ -39,29 +40,40 @@ KdaDecodeDims check_kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) 
   return d;
 }
 
+void kda_rows_by_ops(Backend& be, const KdaDecodeArgs& a, const SeqLayout& layout,
+                     const std::function<void(const KdaArgs&)>& delta_rule) {
+  const int64_t n = a.qkv.dim(0), H = a.a_log.numel(), dk = a.dt_bias.numel() / H, dv = a.o_norm.numel();
+  const int64_t qk = H * dk, vw = H * dv;
+  const DType act = be.activation_dtype();
+  Tensor conv = be.alloc(act, {n, a.qkv.dim(1)});
+  be.short_conv(ConvArgs{a.qkv, a.conv_w, a.conv_states, conv}, layout);
+  Tensor q = be.alloc(act, {n, H, dk}), k = be.alloc(act, {n, H, dk}), v = be.alloc(act, {n, H, dv});
+  be.copy_columns(conv, 0, q.view({n, qk}), 0, qk);
+  be.copy_columns(conv, qk, k.view({n, qk}), 0, qk);
+  be.copy_columns(conv, 2 * qk, v.view({n, vw}), 0, vw);
+  Tensor g = be.alloc(DType::kF32, {n, H, dk});
+  be.kda_gate(a.f.view({n, qk}), a.dt_bias, a.a_log, a.gate, g.view({n, qk}));
+  Tensor beta = be.alloc(DType::kF32, {n, H});
+  be.sigmoid(a.beta_logits.view({n, H}), beta);
+  Tensor o = be.alloc(act, {n, H, dv});
+  delta_rule(KdaArgs{q, k, v, g, beta, a.states, o});
+  be.gated_rms_norm(o.view({n * H, dv}), a.o_norm, a.og.view({n * H, dv}), a.eps, a.y.view({n * H, dv}));
+}
+
 void kda_decode_by_ops(Backend& be, const KdaDecodeArgs& a, const SeqLayout& decode) {
   const KdaDecodeDims d = check_kda_decode(a, decode);
   const int64_t H = d.heads, qk = H * d.dk, vw = H * d.dv;
-  const DType act = be.activation_dtype();
   // Sequences [b0, b1) hold rows [b0, b1) (one row each).
   auto run = [&](int64_t b0, int64_t b1) {
     SeqLayout part = decode.part(b0, b1);
     be.upload_layout(part);
-    const int64_t n = b1 - b0;
-    Tensor conv = be.alloc(act, {n, d.channels});
-    be.short_conv(ConvArgs{a.qkv.rows(b0, b1), a.conv_w, a.conv_states, conv}, part);
-    Tensor q = be.alloc(act, {n, H, d.dk}), k = be.alloc(act, {n, H, d.dk}), v = be.alloc(act, {n, H, d.dv});
-    be.copy_columns(conv, 0, q.view({n, qk}), 0, qk);
-    be.copy_columns(conv, qk, k.view({n, qk}), 0, qk);
-    be.copy_columns(conv, 2 * qk, v.view({n, vw}), 0, vw);
-    Tensor g = be.alloc(DType::kF32, {n, H, d.dk});
-    be.kda_gate(a.f.view({d.rows, qk}).rows(b0, b1), a.dt_bias, a.a_log, a.gate, g.view({n, qk}));
-    Tensor beta = be.alloc(DType::kF32, {n, H});
-    be.sigmoid(a.beta_logits.view({d.rows, H}).rows(b0, b1), beta);
-    Tensor o = be.alloc(act, {n, H, d.dv});
-    be.kda_recurrent(KdaArgs{q, k, v, g, beta, a.states, o}, part);
-    be.gated_rms_norm(o.view({n * H, d.dv}), a.o_norm, a.og.view({d.rows, vw}).rows(b0, b1).view({n * H, d.dv}),
-                      a.eps, a.y.view({d.rows, vw}).rows(b0, b1).view({n * H, d.dv}));
+    KdaDecodeArgs rows = a;
+    rows.qkv = a.qkv.rows(b0, b1);
+    rows.f = a.f.view({d.rows, qk}).rows(b0, b1);
+    rows.beta_logits = a.beta_logits.view({d.rows, H}).rows(b0, b1);
+    rows.og = a.og.view({d.rows, vw}).rows(b0, b1);
+    rows.y = a.y.view({d.rows, vw}).rows(b0, b1);
+    kda_rows_by_ops(be, rows, part, [&](const KdaArgs& k) { be.kda_recurrent(k, part); });
   };
   auto padded = [&](int64_t b) { return decode.slots[b] == a.pad_slot; };
   int64_t b0 = 0;

@@ -44,23 +44,13 @@ Tensor Model::kda(const KdaWeights& w, const Tensor& x, int64_t layer, const Bat
                   batch.decode);
   const int64_t r0 = fused ? split : 0, n = N - r0;
   if (n > 0) {
-    const SeqLayout& layout = fused ? batch.prefill : batch.layout;
-    Tensor conv = act({n, 3 * P});
-    be.short_conv(ConvArgs{qkv.rows(r0, N), w.conv, cache.conv_states(layer), conv}, layout);
-    Tensor q = act({n, H, d}), k = act({n, H, d}), v = act({n, H, d});
-    be.copy_columns(conv, 0, q.view({n, P}), 0, P);
-    be.copy_columns(conv, P, k.view({n, P}), 0, P);
-    be.copy_columns(conv, 2 * P, v.view({n, P}), 0, P);
-    Tensor g = be.alloc(DType::kF32, {n, H, d});
-    be.kda_gate(f.rows(r0, N), w.dt_bias, w.a_log, gate, g);
-    Tensor b = beta.rows(r0, N);
-    be.sigmoid(b, b);
-    Tensor o = act({n, H, d});
-    const KdaArgs args{q, k, v, g, b, cache.kda_states(layer), o};
-    if (!fused && batch.decode.num_seqs() > 0) be.kda_recurrent(args.rows(0, split), batch.decode);
-    if (batch.prefill.num_seqs() > 0) be.kda_chunked(args.rows(split - r0, n), batch.prefill);
-    be.gated_rms_norm(o.view({n * H, d}), w.o_norm, og.rows(r0, N).view({n * H, d}), eps,
-                      y.rows(r0, N).view({n * H, d}));
+    const KdaDecodeArgs rows{qkv.rows(r0, N), w.conv, cache.conv_states(layer), f.rows(r0, N), w.dt_bias, w.a_log,
+                             gate, beta.rows(r0, N), og.rows(r0, N), w.o_norm, eps, cache.kda_states(layer), -1,
+                             y.rows(r0, N)};
+    kda_rows_by_ops(be, rows, fused ? batch.prefill : batch.layout, [&](const KdaArgs& args) {
+      if (!fused && batch.decode.num_seqs() > 0) be.kda_recurrent(args.rows(0, split), batch.decode);
+      if (batch.prefill.num_seqs() > 0) be.kda_chunked(args.rows(split - r0, n), batch.prefill);
+    });
   }
   Tensor out = act({N, c.hidden_size});
   be.linear(y, w.o_proj, out);
