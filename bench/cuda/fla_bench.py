@@ -3,14 +3,22 @@
 the same table, so scripts/gpu-check.sh can put each klinear figure beside FLA's from one run.
 
 chunk_kda gets the gate in the kernel (use_gate_in_kernel, as vLLM/SGLang call it) with the
-in-kernel L2 norm, fp32 initial state and final state out; fused_recurrent_kda the same for decode,
-updating the state in place. Median of timed repeats with CUDA events after warm-up; random inputs.
+in-kernel L2 norm, fp32 initial state and final state out. The decode calls the recurrent kernel as
+vLLM does: fused_recurrent_kda_fwd updating an fp32 state pool in place through slot indices (the
+public fused_recurrent_kda writes its final state to a fresh tensor instead), the same work as
+klinear's kda_recurrent row; then the whole decode layer after the projections as FLA's modules
+compose it (a conv update for each of q, k and v with SiLU, the recurrent kernel, the sigmoid-gated
+RMSNorm), the same work as klinear's fused kda_decode row. Median of timed repeats with CUDA events
+after warm-up; random inputs.
 """
 import math
 import sys
 
 import torch
-from fla.ops.kda import chunk_kda, fused_recurrent_kda
+from fla.modules.causal_conv1d import causal_conv1d_update
+from fla.modules.norm.fused_norm_gate import rms_norm_gated
+from fla.ops.kda import chunk_kda
+from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
 BW, FLOPS = 4.2e12, 770e12
 
@@ -73,19 +81,44 @@ def main():
                 row("FLA chunk_kda", f"B={b} T={n // b} H=32 D=128 {'softplus' if lb is None else 'lower-bound'}",
                     ms, flop, nbytes)
     if what in ("all", "kda_decode"):
+        taps = 4
         for b in (1, 64, 256):
             q, k, v, f, beta, a_log, dt_bias = inputs(b, 1, h, d, dev)
-            state = torch.rand(b, h, d, d, device=dev, dtype=torch.float32) * 0.2 - 0.1
+            pool = torch.rand(b, h, d, d, device=dev, dtype=torch.float32) * 0.2 - 0.1
+            slots = torch.arange(b, device=dev, dtype=torch.int32)
 
-            def run():
-                return fused_recurrent_kda(q, k, v, f, beta, A_log=a_log, dt_bias=dt_bias, initial_state=state,
-                                           output_final_state=True, use_qk_l2norm_in_kernel=True,
-                                           use_gate_in_kernel=True)
+            def recurrent(q, k, v):
+                return fused_recurrent_kda_fwd(q, k, v, f, beta, A_log=a_log, dt_bias=dt_bias, initial_state=pool,
+                                               inplace_final_state=True, ssm_state_indices=slots,
+                                               use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)[0]
 
             with torch.inference_mode():
-                ms = time_ms(run)
+                ms = time_ms(lambda: recurrent(q, k, v))
             nbytes = b * h * d * (2.0 * 4 + 4) + b * h * 4.0 + 2.0 * b * h * d * d * 4
             row("FLA fused_recurrent", f"B={b} T=1 H=32 D=128 softplus", ms, b * h * 4.0 * d * d, nbytes)
+
+            # The layer: x rows of q, k, v before their convs, FLA's conv caches [B, channels, taps] (bf16).
+            p = h * d
+            xs = [torch.rand(b, p, device=dev, dtype=torch.bfloat16) * 2 - 1 for _ in range(3)]
+            conv_w = [torch.rand(p, taps, device=dev, dtype=torch.bfloat16) - 0.5 for _ in range(3)]
+            caches = [torch.rand(b, p, taps, device=dev, dtype=torch.bfloat16) * 2 - 1 for _ in range(3)]
+            og = torch.rand(b * h, d, device=dev, dtype=torch.bfloat16) * 6 - 3
+            o_norm = torch.rand(d, device=dev, dtype=torch.bfloat16) + 0.5
+
+            def layer():
+                qc, kc, vc = (causal_conv1d_update(x, c, weight=w, activation="silu")[0].view(b, 1, h, d)
+                               for x, c, w in zip(xs, caches, conv_w))
+                o = recurrent(qc, kc, vc)
+                return rms_norm_gated(o.view(b * h, d), og, o_norm, None, activation="sigmoid", eps=1e-5)
+
+            with torch.inference_mode():
+                ms = time_ms(layer)
+            # As ops_bench's kda_decode row counts them: the state read and written, qkv, og and y,
+            # the conv window read and written, f and β, the weights; ~7·D·D FLOP per head.
+            ch = 3 * p
+            nbytes = (2.0 * b * h * d * d * 4 + b * (ch + 2.0 * p) * 2 + 2.0 * b * (taps - 1) * ch * 2 + b * (p + h) * 4.0 +
+                      ch * taps * 2.0 + p * 4.0 + d * 2.0)
+            row("FLA decode layer", f"B={b} H=32 D=128 softplus", ms, 7.0 * b * h * d * d, nbytes)
 
 
 if __name__ == "__main__":
