@@ -27,6 +27,10 @@
 #include "backend/backend.h"
 #include "model/model.h"
 
+#if KLINEAR_WITH_CUDA
+#include <nvtx3/nvToolsExt.h>
+#endif
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -54,6 +58,24 @@ CacheOptions options_for(const CacheSizes& unit, int batch, int64_t positions) {
   const uint64_t pages = static_cast<uint64_t>((positions + 63) / 64 + 1);
   return CacheOptions{batch, 64, static_cast<uint64_t>(batch) * (unit.bytes_per_slot + pages * unit.bytes_per_page)};
 }
+
+// An NVTX range over the timed steps ("prefill", "decode b64"), so a profiler can take exactly them
+// (scripts/gpu-check.sh's profile_48b: ncu --nvtx --nvtx-include "decode b64/"); nothing without one.
+class Range {
+ public:
+  explicit Range([[maybe_unused]] const std::string& name) {
+#if KLINEAR_WITH_CUDA
+    nvtxRangePushA(name.c_str());
+#endif
+  }
+  ~Range() {
+#if KLINEAR_WITH_CUDA
+    nvtxRangePop();
+#endif
+  }
+  Range(const Range&) = delete;
+  Range& operator=(const Range&) = delete;
+};
 
 // Waits for the step that made `logits` (a one-row copy).
 void finish(Backend& be, const Tensor& logits) { be.to_host(logits.rows(0, 1)); }
@@ -84,6 +106,7 @@ double time_decode(Model& m, Backend& be, const CacheSizes& unit, const std::vec
     }
   }
   std::vector<int32_t> next(static_cast<size_t>(batch));
+  const Range range("decode b" + std::to_string(batch));
   const auto t0 = Clock::now();
   for (int i = 0; i < decode; ++i) {
     std::vector<SeqStep> steps;
@@ -151,6 +174,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < runs; ++r) {
       auto cache = value_or_die(Cache::create(model->config(), *backend, options_for(unit, 1, prefill)));
       const SeqId s = value_or_die(cache->open());
+      const Range range("prefill");
       const auto t0 = Clock::now();
       prefill_in_chunks(*model, *cache, s, ids, chunk);
       best_prefill = std::min(best_prefill, seconds_since(t0));

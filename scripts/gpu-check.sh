@@ -9,8 +9,10 @@
 # 4. runs `klinear generate --device cuda` on the fixture models: float32 must give the CPU's
 #    greedy ids, bfloat16 must run (its ids are logged beside the CPU's); then the
 #    Kimi-Linear-48B-A3B config with dummy weights: info, generate, and model_bench (prefill 8k,
-#    decode at batch 1, 64 and 256 with 4k positions of context each), and `klinear run` over
-#    1,000 lines plus `klinear bench-serve` against `klinear serve` on it (serve_48b);
+#    decode at batch 1, 64 and 256 with 4k positions of context each), where one prefill step and
+#    one decode step spend their kernel time (profile_48b: ncu, tools/ncu_kernel_times.py), and
+#    `klinear run` over 1,000 lines plus `klinear bench-serve` against `klinear serve` on it
+#    (serve_48b);
 # 5. runs the benchmarks: bench/cuda/ops_bench (klinear) and bench/cuda/fla_bench.py (FLA) on the
 #    same shapes;
 # 6. runs compute-sanitizer memcheck over the GPU tests (capped: see memcheck below);
@@ -115,6 +117,22 @@ e2e_48b() {  # the Kimi-Linear-48B-A3B config with dummy weights made on the GPU
 }
 step e2e_48b e2e_48b
 
+profile_48b() {  # where a 48B step's GPU time goes: ncu's duration of each kernel of one prefill step
+  # (2,048 tokens) and of one decode step at batch 64 (4k context), summed by kernel
+  local dir=/tmp/klinear-48b range csv rc=0
+  [ -f "$dir/config.json" ] || build-gpu/klinear init --preset kimi-linear-48b-a3b --config-only --out "$dir" || return 1
+  for range in "prefill" "decode b64"; do
+    csv="$out/profile_48b_${range// /_}.csv"
+    timeout 300 ncu --nvtx --nvtx-include "$range/" --metrics gpu__time_duration.sum --csv --print-kernel-base function \
+      --log-file "$csv" build-gpu/model_bench --device cuda --load-format dummy --prefill 2048 --decode 1 --runs 1 \
+      --batch 64 --context 4096 "$dir" || rc=1
+    echo "### $range"
+    python3 tools/ncu_kernel_times.py "$csv" --top 15 || rc=1
+  done
+  return $rc
+}
+step profile_48b profile_48b
+
 serve_48b() {  # issue 8 on the 48B dummy: `klinear run` over 1,000 lines, then bench-serve against `klinear serve`
   local dir=/tmp/klinear-48b port=18080 rc=0
   [ -f "$dir/config.json" ] || build-gpu/klinear init --preset kimi-linear-48b-a3b --config-only --out "$dir" || return 1
@@ -184,6 +202,9 @@ step memcheck_models memcheck '*cuda_f32:*cuda_bf16-Backends/*'
   echo
   echo "## Kimi-Linear-48B-A3B dummy (model_bench)"
   grep -A4 '^model ' "$out/e2e_48b.log" 2>/dev/null || echo "(no table)"
+  echo
+  echo "## Kernel time of a 48B step (profile_48b, ncu)"
+  grep -E '^(###|\||[0-9]+ kernels)' "$out/profile_48b.log" 2>/dev/null || echo "(no table)"
   echo
   echo "## klinear run + bench-serve on the 48B dummy"
   cat "$out/serve_48b.log" 2>/dev/null | grep -v '^\s*$' | tail -60
