@@ -106,7 +106,9 @@ TEST_P(KdaDecode, MatchesTheCompositionOfOps) {
     const auto [y, s, conv] = run(be(), in, c, pad_slot, layout);
     EXPECT_TRUE(all_close(y, y_ref, tol())) << "y";
     EXPECT_TRUE(all_close(s, s_ref, tol())) << "KDA state pool";
-    if (c.kc > 1) EXPECT_TRUE(all_close(conv, conv_ref, tol())) << "conv state pool";  // Kc = 1: no pool
+    if (c.kc > 1) {  // Kc = 1: no pool
+      EXPECT_TRUE(all_close(conv, conv_ref, tol())) << "conv state pool";
+    }
     if (c.padded) {  // the padding's slot exactly as it was, its rows of y zero
       EXPECT_EQ(std::memcmp(s.rows(pad_slot, slots).data(), in.states.rows(pad_slot, slots).data(),
                             static_cast<size_t>(H * d * d) * sizeof(float)),

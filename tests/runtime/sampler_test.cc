@@ -4,6 +4,7 @@
 // log-probabilities match their formulas.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -130,6 +131,12 @@ TEST(Sampler, TruncationNeverEmitsAnExcludedId) {
   std::normal_distribution<float> normal(0.0f, 2.0f);
   std::vector<float> logits(1000);
   for (float& l : logits) l = normal(rng);
+  // Eight ids within 0.3 of the top, so that every case keeps several ids whatever the draw (alone,
+  // the top of 1,000 normal draws can stand far enough above the rest that top_p 0.5 or min_p 0.2
+  // keep it alone, which the guard below rejects: about 1 draw in 18).
+  const float top = *std::max_element(logits.begin(), logits.end());
+  std::uniform_real_distribution<float> near(-0.3f, 0.0f);
+  for (int i = 0; i < 8; ++i) logits[(rng() % 125) * 8 + i] = top + near(rng);
   for (const Case& c : cases) {
     SamplingParams p = c.p;
     p.seed = rng();
