@@ -31,6 +31,8 @@
 
 struct cublasLtContext;
 using cublasLtHandle_t = cublasLtContext*;
+struct cublasContext;
+using cublasHandle_t = cublasContext*;
 
 namespace klinear::cuda {
 
@@ -128,6 +130,10 @@ class CudaBackend final : public Backend {
   int num_sms() const { return num_sms_; }
   // Runs one (batched) GEMM through cuBLASLt on the stream; `what` names the op for errors.
   void gemm(const GemmArgs& g, const char* what);
+  // Runs many GEMMs of different shapes in one cuBLAS launch (cublasGemmGroupedBatchedEx), each
+  // C[m, n] ← A[m, k] · Bᵀ with B stored [n, k]: single problems (batch 1), no accumulation, one A/B
+  // dtype and one C dtype for all. Not capturable (it uploads the operand pointers).
+  void gemm_grouped(std::span<const GemmArgs> problems, const char* what);
   // Waits for the stream; `what` names the op for errors.
   void sync(const char* what);
   // True (and `what` recorded as the op that broke it) while a graph capture runs: the caller
@@ -161,7 +167,8 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
-  void* lt_workspace_ = nullptr;
+  cublasHandle_t blas_ = nullptr;  // for gemm_grouped only (the grouped API is not in cuBLASLt)
+  void* lt_workspace_ = nullptr;   // shared by both handles: they run on the one stream
   size_t lt_workspace_bytes_ = 0;
   std::unordered_map<std::string, std::shared_ptr<GemmPlan>> gemm_plans_;
   std::unique_ptr<Arena> arena_;

@@ -1,8 +1,15 @@
-// CUDA GEMMs: every matrix product goes through cuBLASLt here. Row-major problems are mapped to
-// cuBLASLt's column-major view (Cᵀ = op(B)ᵀ·Aᵀ); fp32 compute (CUBLAS_COMPUTE_32F: no TF32 for F32
-// operands, fp32 accumulation for BF16 ones). Descriptors and the heuristic's algorithm are cached
-// per problem shape, so a step run again does no host-side planning.
+// CUDA GEMMs: every matrix product goes through cuBLAS here, cuBLASLt for one (batched) problem
+// and cublasGemmGroupedBatchedEx for many problems of different shapes in one launch (an MoE
+// layer's experts at prefill: 257 experts were 514 cuBLASLt launches and host plans per layer,
+// ~3.9 ms at 256-1,024 tokens on the H200 against a 0.87 ms floor of the weight bytes).
+// Row-major problems are mapped to cuBLAS's column-major view (Cᵀ = op(B)ᵀ·Aᵀ); fp32 compute
+// (CUBLAS_COMPUTE_32F: no TF32 for F32 operands, fp32 accumulation for BF16 ones). cuBLASLt
+// descriptors and the heuristic's algorithm are cached per problem shape, so a step run again does
+// no host-side planning.
 #include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include <climits>
 
 #include <sstream>
 
@@ -119,6 +126,43 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   g.ab_dtype = x.dtype();
   g.c_dtype = y.dtype();
   gemm(g, "linear");
+}
+
+void CudaBackend::gemm_grouped(std::span<const GemmArgs> problems, const char* what) {
+  if (problems.empty()) return;
+  const int groups = static_cast<int>(problems.size());
+  const DType ab = problems[0].ab_dtype, c = problems[0].c_dtype;
+  std::vector<int> m(groups), n(groups), k(groups), lda(groups), ldb(groups), ldc(groups);
+  std::vector<int64_t> ptrs(3 * static_cast<size_t>(groups));  // A, B, C of cuBLAS's view, group by group
+  for (int i = 0; i < groups; ++i) {
+    const GemmArgs& g = problems[i];
+    KL_CHECK(g.batch == 1 && g.b_transposed && !g.accumulate && g.ab_dtype == ab && g.c_dtype == c && g.m > 0 &&
+                 g.n > 0 && g.k > 0 && g.m <= INT_MAX && g.n <= INT_MAX && g.k <= INT_MAX && g.lda <= INT_MAX &&
+                 g.ldb <= INT_MAX && g.ldc <= INT_MAX,
+             std::string(what) + ": grouped gemm problem " + std::to_string(i) + " m=" + std::to_string(g.m) +
+                 " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
+                 " (single, Bᵀ, not accumulating, one dtype pair, sizes in int)");
+    // Column-major: Cᵀ[n, m] = B[n, k] · Aᵀ[k, m], B stored [n, k] row-major = [k, n] column-major, op T.
+    m[i] = static_cast<int>(g.n), n[i] = static_cast<int>(g.m), k[i] = static_cast<int>(g.k);
+    lda[i] = static_cast<int>(g.ldb), ldb[i] = static_cast<int>(g.lda), ldc[i] = static_cast<int>(g.ldc);
+    ptrs[i] = reinterpret_cast<int64_t>(g.b);
+    ptrs[groups + i] = reinterpret_cast<int64_t>(g.a);
+    ptrs[2 * groups + i] = reinterpret_cast<int64_t>(g.c);
+  }
+  const std::string shape = std::string(what) + " grouped gemm of " + std::to_string(groups) + " problems, n=" +
+                            std::to_string(problems[0].n) + " k=" + std::to_string(problems[0].k);
+  const Tensor dev = to_device(Tensor::wrap(DType::kI64, {3 * static_cast<int64_t>(groups)}, ptrs.data(), nullptr,
+                                            Device::kCpu),
+                               DType::kI64);
+  const auto* p = dev.data_as<const void* const>();
+  const std::vector<cublasOperation_t> ta(groups, CUBLAS_OP_T), tb(groups, CUBLAS_OP_N);
+  const std::vector<float> alpha(groups, 1.0f), beta(groups, 0.0f);
+  const std::vector<int> one(groups, 1);
+  KL_CUBLAS(cublasGemmGroupedBatchedEx(blas_, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), p,
+                                       lt_type(ab), lda.data(), p + groups, lt_type(ab), ldb.data(), beta.data(),
+                                       const_cast<void* const*>(p + 2 * groups), lt_type(c), ldc.data(), groups,
+                                       one.data(), CUBLAS_COMPUTE_32F),
+            shape);
 }
 
 }  // namespace klinear::cuda

@@ -1,6 +1,7 @@
 // CUDA memory ops: the backend's life cycle, the step arena, persistent allocations, host<->device
 // copies with dtype conversion, fills, column and row copies, and MXFP4 dequantization at upload.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 
 #include <algorithm>
 #include <cstring>
@@ -147,6 +148,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype, CudaGraphs
   KL_CUBLAS(cublasLtCreate(&b->lt_), "backend start");
   b->lt_workspace_bytes_ = kLtWorkspaceBytes;
   KL_CUDA(cudaMalloc(&b->lt_workspace_, kLtWorkspaceBytes), "cuBLASLt workspace");
+  KL_CUBLAS(cublasCreate(&b->blas_), "backend start");
+  KL_CUBLAS(cublasSetStream(b->blas_, b->stream_), "backend start");
+  KL_CUBLAS(cublasSetWorkspace(b->blas_, b->lt_workspace_, kLtWorkspaceBytes), "backend start");
+  KL_CUBLAS(cublasSetMathMode(b->blas_, CUBLAS_DEFAULT_MATH), "backend start");  // no TF32
   // A block taken while a graph is captured is recorded as what broke the capture (the same step
   // ran eagerly first, so that only happens when a body allocates differently from one run to the
   // next); it is still allocated, outside the capture, so the body can finish.
@@ -170,6 +175,7 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   arena_.reset();
   if (lt_workspace_) cudaFree(lt_workspace_);
+  if (blas_) cublasDestroy(blas_);
   if (lt_) cublasLtDestroy(lt_);
   if (stream_) cudaStreamDestroy(stream_);
 }

@@ -18,8 +18,9 @@
 //   k of a row, permuting k identically in A and B), the K dimension split over the 4 warps and
 //   summed in a fixed order; f32 uses fp32 FMAs (the exact mode). Down is a programmatic dependent
 //   launch: its blocks find their expert while gate/up finishes, then wait for it (griddepcontrol).
-// - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one cuBLASLt
-//   GEMM per active expert and projection, the same combine in a separate kernel.
+// - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
+//   cuBLAS launch per projection over the active experts (a problem each), the same combine in a
+//   separate kernel.
 #include <algorithm>
 #include <climits>
 #include <type_traits>
@@ -543,13 +544,15 @@ void experts_per_expert_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx
   const Tensor h = be.alloc(x.dtype(), {n * k, f2}), act = be.alloc(x.dtype(), {n * k, f});
   const Tensor y = be.alloc(x.dtype(), {n * k, dout});
   const size_t es = dtype_size(x.dtype());
-  // Each expert's rows of `in` [n·k, width] times its weight [out_w, width] of `w` into `c`.
+  // Each expert's rows of `in` [n·k, width] times its weight [out_w, width] of `w` into `c`, all
+  // experts in one grouped launch.
   auto per_expert = [&](const Tensor& in, int64_t width, const Tensor& w, int64_t out_w, const Tensor& c,
                         const char* name) {
+    std::vector<GemmArgs> problems;
     for (int64_t e = 0; e < num_experts; ++e) {
       const int64_t rows = offset[e + 1] - offset[e];
       if (rows == 0) continue;
-      GemmArgs g;
+      GemmArgs& g = problems.emplace_back();
       g.m = rows;
       g.n = out_w;
       g.k = width;
@@ -561,8 +564,8 @@ void experts_per_expert_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx
       g.ldc = out_w;
       g.ab_dtype = x.dtype();
       g.c_dtype = c.dtype();
-      be.gemm(g, name);
     }
+    be.gemm_grouped(problems, name);
   };
   per_expert(xp, din, w13, f2, h, "moe_experts gate_up");
   be.glu(h, p, act);
