@@ -323,7 +323,7 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
                                                           : expert_bytes;
     const double flop = part == Part::kRoute ? 0.0 : n * K * 2.0 * 3.0 * D * F;
     const bool grouped = part == Part::kGrouped || ((part == Part::kRouteAndExperts || part == Part::kGraphed) &&
-                                                    cuda::moe_path_for(n, K, E) == cuda::MoePath::kGrouped);
+                                                    cuda::moe_path_for(n, E) == cuda::MoePath::kGrouped);
     const char* op = part == Part::kRoute              ? "moe_route"
                      : part == Part::kRouteAndExperts ? "moe route+experts"
                      : part == Part::kGraphed         ? (ms < 0 ? "route+experts NO GRAPH" : "route+experts graph")

@@ -1,9 +1,13 @@
 // Routed experts (SPEC 3.4) on every backend row against a plain per-token loop: out[t] = Σ_k w[t,k] ·
 // down_e(glu(gate_up_e(x[t]))) with e = idx[t,k]. The table covers 1 to 300 tokens (CUDA: both its
 // grouped path, up to kMoeGroupedMaxTokens = 256, and the per-expert GEMMs above), widths that are
-// and are not multiples of 8 and of the 16-row tiles, experts with no tokens, an expert picked by
-// every token (more than one 32-token pass), and both activations. Outputs are poisoned first, and
-// a second run must give the same bits.
+// and are not multiples of 8 and of the grouped path's 16-, 32- and 64-row tiles, experts with no
+// tokens, an expert picked by every token (more than one 32-token pass) at each tile size, many
+// picked experts (up to 512, more than the plan's 256 threads), and both activations. Outputs are
+// poisoned first, and a second run must give the same bits.
+// CUDA's grouped tile rows (tile_rows_for in moe.cu) follow the expected tokens per picked expert,
+// n·k / (E·(1 − (1 − k/E)^n)): 16 below 1.5, 32 below 3, else 64. With E = 64, k = 4 that is 16 rows
+// up to 14 tokens, 32 from 15 to 45, 64 from 46: the "rows*" cases sit on both sides of each switch.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -44,6 +48,14 @@ const MoeCase kCases[] = {
     {"256_tokens_hot", 256, 48, 16, 33, 40, 8, Picks::kHot, kSilu},
     {"256_tokens_spread", 256, 64, 24, 64, 64, 8, Picks::kSpread, kSituLinear},
     {"300_tokens", 300, 32, 16, 40, 20, 4, Picks::kHot, kSitu},
+    {"rows16_last", 14, 64, 40, 72, 64, 4, Picks::kSpread, kSilu},
+    {"rows32_first", 15, 64, 40, 72, 64, 4, Picks::kSpread, kSituLinear},
+    {"rows32_last_hot_odd_widths", 45, 36, 20, 50, 64, 4, Picks::kHot, kSitu},
+    {"rows64_first", 46, 64, 40, 72, 64, 4, Picks::kSpread, kSilu},
+    {"rows64_narrow_hot", 70, 40, 12, 20, 64, 4, Picks::kHot, kSituLinear},
+    {"rows16_hot_512_experts", 40, 32, 24, 40, 512, 2, Picks::kHot, kSitu},
+    {"300_experts_odd_f", 48, 40, 20, 24, 300, 2, Picks::kSpread, kSilu},
+    {"256_experts_spread", 256, 32, 24, 48, 256, 8, Picks::kSpread, kSilu},
 };
 
 class MoeExperts : public testing::BackendTest {};

@@ -9,8 +9,9 @@
 namespace klinear::cuda {
 
 enum class MoePath {
-  // The routing stays on the device: one launch for gate/up with the GLU in its epilogue, one for
-  // down with the weighted combine. No host synchronisation; the grids depend only on N and the
+  // The routing stays on the device: a one-block launch plans the step (which experts are picked,
+  // their slots), one launch runs gate/up with the GLU in its epilogue, one down with the weighted
+  // combine. No host synchronisation; the grids depend only on N and the
   // weight shapes, so a decode step that runs it can be captured in a CUDA graph.
   kGrouped,
   // The routing is read back to the host (a synchronisation) to plan one cuBLASLt GEMM per active
@@ -24,11 +25,11 @@ enum class MoePath {
 // 2.02 ms.
 inline constexpr int64_t kMoeGroupedMaxTokens = 256;
 
-// The path moe_experts takes for n tokens routed to k experts each out of num_experts.
-MoePath moe_path_for(int64_t n, int64_t k, int64_t num_experts);
+// The path moe_experts takes for n tokens routed to num_experts experts (any number per token).
+MoePath moe_path_for(int64_t n, int64_t num_experts);
 
 // moe_experts (Backend interface, same arguments) on the given path; kGrouped aborts naming the
-// shape when n·k is beyond what it can hold.
+// shape when num_experts is beyond what its planning launch holds in shared memory.
 void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
                     const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& out);
 
