@@ -5,9 +5,10 @@
 // tokens, an expert picked by every token (more than one 32-token pass) at each tile size, many
 // picked experts (up to 512, more than the plan's 256 threads), and both activations. Outputs are
 // poisoned first, and a second run must give the same bits.
-// CUDA's grouped tile rows (tile_rows_for in moe.cu) follow the expected tokens per picked expert,
-// n·k / (E·(1 − (1 − k/E)^n)): 16 below 1.5, 32 below 3, else 64. With E = 64, k = 4 that is 16 rows
-// up to 14 tokens, 32 from 15 to 45, 64 from 46: the "rows*" cases sit on both sides of each switch.
+// CUDA also runs every case on its grouped path at each tile size (16, 32 and 64 weight rows per
+// block), which must give the bits of the default run wherever that is grouped too; the default
+// size (moe_tile_rows_for) switches for E = 64, k = 4 at 15 and 46 tokens, and the "rows*" cases sit
+// on both sides of each switch (MoeTileRows checks where the switches are).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -15,6 +16,9 @@
 #include "backend/cpu/backend.h"
 #include "backend_cases.h"
 #include "test_util.h"
+#if KLINEAR_WITH_CUDA
+#include "backend/cuda/moe.h"
+#endif
 
 namespace klinear {
 namespace {
@@ -116,8 +120,40 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
     EXPECT_TRUE(testing::all_close(runs[0], expect, tol()));
     ASSERT_EQ(runs[0].nbytes(), runs[1].nbytes());
     EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].nbytes()), 0) << "two runs differ";
+#if KLINEAR_WITH_CUDA
+    if (auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be()))
+      for (int rows : {16, 32, 64}) {
+        SCOPED_TRACE(std::to_string(rows) + " rows per block");
+        const Tensor out = poisoned({n, dout});
+        cuda::moe_experts_grouped(*cuda, rows, dx, didx, dweights, dw13, dw2, c.glu, out);
+        const Tensor got = host(out);
+        EXPECT_TRUE(testing::all_close(got, expect, tol()));
+        if (cuda::moe_path_for(n, c.num_experts) == cuda::MoePath::kGrouped) {
+          EXPECT_EQ(std::memcmp(got.data(), runs[0].data(), got.nbytes()), 0) << "differs from the default tile size";
+        }
+      }
+#endif
   }
 }
+
+#if KLINEAR_WITH_CUDA
+// Where the grouped path's default tile size switches (a host rule: runs without a GPU).
+TEST(MoeTileRows, SwitchWithTokensPerPickedExpert) {
+  struct Case {
+    int64_t n, k, num_experts;
+    int rows;
+  };
+  const Case cases[] = {
+      {14, 4, 64, 16}, {15, 4, 64, 32}, {45, 4, 64, 32}, {46, 4, 64, 64},  // the table's rows* cases
+      {1, 8, 256, 16}, {28, 8, 256, 16}, {32, 8, 256, 32}, {64, 8, 256, 32}, {128, 8, 256, 64},
+      {256, 8, 256, 64},  // Kimi-Linear-48B decode
+      {40, 2, 512, 16}, {300, 4, 20, 64}, {1, 1, 1, 16}, {3, 3, 6, 32},
+  };
+  for (const Case& c : cases)
+    EXPECT_EQ(cuda::moe_tile_rows_for(c.n, c.k, c.num_experts), c.rows)
+        << "n " << c.n << " k " << c.k << " experts " << c.num_experts;
+}
+#endif
 
 KL_BACKEND_SUITE(MoeExperts);
 

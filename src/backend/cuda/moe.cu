@@ -18,7 +18,7 @@
 //              dtype (SPEC 3.4); then per (token, tile) a counter: the block whose slot completes a
 //              token's K outputs sums them in k order in fp32 and writes out. Deterministic (no float
 //              atomics; the integer counters only pick which block adds).
-//   R (16, 32 or 64, tile_rows_for) grows with the expected tokens per picked expert: a block reads
+//   R (16, 32 or 64, moe_tile_rows_for) grows with the expected tokens per picked expert: a block reads
 //   each token's input row once for all its R rows, so at ~8 tokens per expert 16 rows re-read half
 //   as many bytes as the weights themselves, 64 rows an eighth.
 //   bf16 uses tensor cores (mma.sync m16n8k16 per 16-row m-tile, fp32 accumulate; each thread loads
@@ -495,17 +495,6 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ExpertsArgs p) {
 
 bool grouped_fits(int64_t num_experts) { return plan_smem(num_experts) + kPlanWarps * 4 <= kSmemLimit; }
 
-// Weight rows per block (bf16 and f32 alike): a block reads each of its tokens' input rows once for
-// all its weight rows, so more rows cut those re-reads where experts have several tokens, while
-// fewer rows give more blocks where they have one. Tokens per picked expert are estimated from the
-// shapes alone (uniform routing: E·(1 − (1 − K/E)^N) experts picked), as the grid must be.
-int tile_rows_for(int64_t n, int64_t k, int64_t num_experts) {
-  const double unpicked = std::max(0.0, 1.0 - static_cast<double>(k) / num_experts);  // per expert and token
-  const double picked = num_experts * (1.0 - std::pow(unpicked, n));
-  const double per_expert = n * k / std::max(picked, 1.0);
-  return per_expert < 1.5 ? 16 : per_expert < 3.0 ? 32 : 64;
-}
-
 // A launch that may start before the previous one on the stream finishes (its kernel waits with
 // griddepcontrol.wait before reading what that one writes).
 template <typename Kernel>
@@ -548,7 +537,7 @@ void launch_grouped(CudaBackend& be, const ExpertsArgs& a, int rows, int64_t n, 
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-void experts_grouped(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
+void experts_grouped(CudaBackend& be, int rows, const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
                      const Tensor& w2, const GluParams& gp, const Tensor& o, const std::string& what) {
   const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f = w13.dim(1) / 2, dout = w2.dim(1);
   const int64_t k = idx.dim(1), nk = n * k;
@@ -581,7 +570,6 @@ void experts_grouped(CudaBackend& be, const Tensor& x, const Tensor& idx, const 
   a.has_linear_beta = gp.linear_beta.has_value();
   a.linear_beta = gp.linear_beta.value_or(1.0f);
   a.o = out(o, "moe_experts");
-  const int rows = tile_rows_for(n, k, num_experts);
   if (x.dtype() == DType::kBF16) {
     const bool vec = din % 8 == 0 && f % 8 == 0 && aligned16(x.data()) && aligned16(w13.data()) && aligned16(w2.data());
     if (vec)
@@ -668,14 +656,9 @@ void experts_per_expert_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx
   KL_LAUNCHED(what + " (combine)");
 }
 
-}  // namespace
-
-MoePath moe_path_for(int64_t n, int64_t num_experts) {
-  return n <= kMoeGroupedMaxTokens && grouped_fits(num_experts) ? MoePath::kGrouped : MoePath::kPerExpertGemm;
-}
-
-void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
-                    const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o) {
+// Checks moe_experts' arguments; returns the name its launches report.
+std::string checked_moe_args(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
+                             const Tensor& w2, const Tensor& o) {
   const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f2 = w13.dim(1), f = f2 / 2;
   const int64_t dout = w2.dim(1), k = idx.dim(1);
   KL_CHECK(w13.dim(2) == din && f2 == 2 * f && w2.dim(0) == num_experts && w2.dim(2) == f &&
@@ -684,10 +667,35 @@ void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor
                w2.dtype() == w13.dtype() && n * k <= INT_MAX,
            "moe_experts x " + shapes(x) + " w13 " + shapes(w13) + " w2 " + shapes(w2) + " idx " + shapes(idx) + " out " +
                shapes(o));
+  return "moe_experts x " + shapes(x) + " w13 " + shapes(w13);
+}
+
+}  // namespace
+
+MoePath moe_path_for(int64_t n, int64_t num_experts) {
+  return n <= kMoeGroupedMaxTokens && grouped_fits(num_experts) ? MoePath::kGrouped : MoePath::kPerExpertGemm;
+}
+
+int moe_tile_rows_for(int64_t n, int64_t k, int64_t num_experts) {
+  const double unpicked = std::max(0.0, 1.0 - static_cast<double>(k) / num_experts);  // per expert and token
+  const double picked = num_experts * (1.0 - std::pow(unpicked, n));
+  const double per_expert = n * k / std::max(picked, 1.0);
+  return per_expert < 1.5 ? 16 : per_expert < 3.0 ? 32 : 64;
+}
+
+void moe_experts_grouped(CudaBackend& be, int tile_rows, const Tensor& x, const Tensor& idx, const Tensor& weights,
+                         const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o) {
+  const std::string what = checked_moe_args(x, idx, weights, w13, w2, o);
+  if (x.dim(0) > 0) experts_grouped(be, tile_rows, x, idx, weights, w13, w2, p, o, what);
+}
+
+void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
+                    const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o) {
+  const std::string what = checked_moe_args(x, idx, weights, w13, w2, o);
+  const int64_t n = x.dim(0);
   if (n == 0) return;
-  const std::string what = "moe_experts x " + shapes(x) + " w13 " + shapes(w13);
   if (path == MoePath::kGrouped)
-    experts_grouped(be, x, idx, weights, w13, w2, p, o, what);
+    experts_grouped(be, moe_tile_rows_for(n, idx.dim(1), w13.dim(0)), x, idx, weights, w13, w2, p, o, what);
   else
     experts_per_expert_gemm(be, x, idx, weights, w13, w2, p, o, what);
 }
