@@ -537,8 +537,9 @@ void launch_grouped(CudaBackend& be, const ExpertsArgs& a, int rows, int64_t n, 
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-void experts_grouped(CudaBackend& be, int rows, const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
-                     const Tensor& w2, const GluParams& gp, const Tensor& o, const std::string& what) {
+void experts_grouped(CudaBackend& be, int rows, const Tensor& x, const Tensor& idx, const Tensor& weights,
+                     const Tensor& w13, const Tensor& w2, const GluParams& gp, const Tensor& o,
+                     const std::string& what) {
   const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f = w13.dim(1) / 2, dout = w2.dim(1);
   const int64_t k = idx.dim(1), nk = n * k;
   KL_CHECK(grouped_fits(num_experts),

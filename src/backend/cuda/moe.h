@@ -11,8 +11,8 @@ namespace klinear::cuda {
 enum class MoePath {
   // The routing stays on the device: a one-block launch plans the step (which experts are picked,
   // their slots), one launch runs gate/up with the GLU in its epilogue, one down with the weighted
-  // combine. No host synchronisation; the grids depend only on N and the
-  // weight shapes, so a decode step that runs it can be captured in a CUDA graph.
+  // combine. No host synchronisation; the grids depend only on N and the weight shapes, so a decode
+  // step that runs it can be captured in a CUDA graph.
   kGrouped,
   // The routing is read back to the host (a synchronisation) to plan one cuBLASLt GEMM per active
   // expert and projection: the prefill path, where the GEMMs are compute-bound.
