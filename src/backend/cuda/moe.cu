@@ -4,25 +4,40 @@
 // renormalise, scale; ties go to the lower index as on the CPU).
 //
 // Routed experts, two paths (moe.h):
-// - kGrouped (decode, N ≤ kMoeGroupedMaxTokens): two launches, no host synchronisation, grids fixed
-//   by N and the shapes. Block (tile, a) serves the a-th smallest expert index picked by any token
-//   (blocks past the number of picked experts return at once); it finds that expert and the slots
-//   (token·K + k) that picked it from idx itself, in slot order, so no planning launch runs. Its
-//   16 weight rows are streamed once (16-byte loads) for all its tokens, 32 at a time:
-//     gate/up: rows = 8 gate + the 8 matching up rows; epilogue GLU → act[slot] (activation dtype).
-//     down:    rows = 16 output features; epilogue y[slot] = expert output rounded to the activation
+// - kGrouped (decode, N ≤ kMoeGroupedMaxTokens): three launches, no host synchronisation, grids fixed
+//   by N and the shapes.
+//   plan: one block sorts the slots (token·K + k) by expert, stably (a counting sort: slot order
+//     within an expert is kept), and lists the picked experts in ascending order: entry a = the a-th
+//     smallest expert index picked by any token, with its slots (e = −1 past the number picked). It
+//     checks every index (an index outside [0, E) prints and traps).
+//   gate/up, then down: block (tile, a) serves entry a's expert (blocks past the number picked
+//   return at once). Its R weight rows are streamed once (16-byte loads) for all its tokens, 32 at
+//   a time:
+//     gate/up: rows = R/2 gate + the R/2 matching up rows; epilogue GLU → act[slot] (activation dtype).
+//     down:    rows = R output features; epilogue y[slot] = expert output rounded to the activation
 //              dtype (SPEC 3.4); then per (token, tile) a counter: the block whose slot completes a
 //              token's K outputs sums them in k order in fp32 and writes out. Deterministic (no float
 //              atomics; the integer counters only pick which block adds).
-//   bf16 uses tensor cores (mma.sync m16n8k16, fp32 accumulate; each thread loads 8 consecutive
-//   k of a row, permuting k identically in A and B), the K dimension split over the 4 warps and
-//   summed in a fixed order; f32 uses fp32 FMAs (the exact mode). Down is a programmatic dependent
-//   launch: its blocks find their expert while gate/up finishes, then wait for it (griddepcontrol).
+//   R (16, 32 or 64, moe_tile_rows_for) grows with the expected tokens per picked expert: a block reads
+//   each token's input row once for all its R rows, so at ~8 tokens per expert 16 rows re-read half
+//   as many bytes as the weights themselves, 64 rows an eighth.
+//   bf16 uses tensor cores (mma.sync m16n8k16 per 16-row m-tile, fp32 accumulate; each thread loads
+//   8 consecutive k of a row, permuting k identically in A and B), the K dimension split over the 4
+//   warps and summed in a fixed order, so a value does not depend on R; f32 uses fp32 FMAs (the
+//   exact mode). gate/up and down are programmatic dependent launches: gate/up's blocks start
+//   during the plan (they zero the down counters) and down's during gate/up; each waits
+//   (griddepcontrol) before reading what the one before writes.
+//   Cost (48B shape, H200): measured before the plan, with every block finding its expert and slots
+//   from idx itself and R = 16: N=1 0.057 ms, N=64 1.058 ms, N=256 1.681 ms (route + experts, graph
+//   replay), fitting ≈4.2 µs per picked expert + ≈0.30 µs per slot. PREDICTED with the plan and
+//   R = 16/32/64 (not yet measured): the per-slot term mostly gone, N=1 ≈0.06 ms (the plan adds
+//   ~3-5 µs of latency), N=64 ≈0.93 ms, N=256 ≈1.15 ms (floors at 4.2 TB/s: 0.030 / 0.75 / 0.87).
 // - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
 //   cuBLAS launch per projection over the active experts (a problem each), the same combine in a
 //   separate kernel.
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -127,95 +142,129 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 // ---- grouped experts
 
 constexpr int kThreads = 128, kWarps = kThreads / 32;
-constexpr int kTileRows = 16;           // weight rows per block: 8 gate + 8 up, or 16 down
 constexpr int kGroup = 32;              // tokens per pass over the rows (4 mma n-tiles of 8)
 constexpr int kChunk = 32;              // k per warp step: 4 threads × 8 consecutive elements
-constexpr int kUnroll = 4;              // chunks whose weight loads are issued together
-constexpr int kStaticSmem = kWarps * kTileRows * kGroup * 4 + kGroup * 8 + 64;
+constexpr int kLoadTiles = 4;           // (16-row tile, chunk) pairs whose weight loads a warp issues together
+constexpr int kPlanThreads = 256, kPlanWarps = kPlanThreads / 32;
 constexpr int kSmemLimit = 48 * 1024;   // the default per-block limit (no opt-in attribute)
 
-struct ExpertsArgs {
-  const void* x;        // [N, din]
-  int64_t din;
-  const int32_t* idx;   // [N, K]
-  const float* weights; // [N, K]
-  int n, k, num_experts;
-  const void* w13;      // [E, 2f, din]
-  const void* w2;       // [E, dout, f]
-  int64_t f, dout;
-  void* act;            // [N·K, f] GLU outputs per slot
-  void* y;              // [N·K, dout] expert outputs per slot
-  int32_t* counters;    // [N, dout tiles] finished slots per (token, tile); zeroed by the gate/up launch
-  int64_t num_counters;
-  Activation kind;
-  float beta;
-  bool has_linear_beta;
-  float linear_beta;
-  Out o;                // [N, dout]
+// The a-th smallest expert index picked by any token: its slots are plan slots[begin, begin + count).
+struct Picked {
+  int e;  // -1: fewer than a + 1 experts are picked
+  int begin;
+  int count;
 };
 
-struct BlockExpert {
-  int e;  // -1: this block has no expert
-  int m;  // its slots, in list[0, m)
-};
+// Shared memory of the plan: per warp and expert a count, then per expert a total.
+size_t plan_smem(int64_t num_experts) { return static_cast<size_t>((kPlanWarps + 1) * num_experts * 4); }
 
-// The a-th smallest expert index in idx [nk] and the slots that picked it, in slot order.
-// `flags` holds num_experts bytes, `list` nk ints, `sh` kWarps + 1 ints (all shared).
-__device__ BlockExpert block_expert(const int32_t* idx, int nk, int num_experts, int a, unsigned char* flags,
-                                    int* list, int* sh) {
+// Exclusive prefix of v over the block's threads in thread order; `total` gets the sum. `scratch`
+// holds kPlanWarps ints; the call ends with a barrier so it can be reused.
+__device__ int block_exclusive_scan(int v, int* scratch, int& total) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int j = threadIdx.x; j < num_experts; j += blockDim.x) flags[j] = 0;
+  int inclusive = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, inclusive, o);
+    if (lane >= o) inclusive += u;
+  }
+  if (lane == 31) scratch[warp] = inclusive;
   __syncthreads();
-  for (int s = threadIdx.x; s < nk; s += blockDim.x) {
+  int before = 0;
+  total = 0;
+  for (int w = 0; w < blockDim.x / 32; ++w) {
+    if (w < warp) before += scratch[w];
+    total += scratch[w];
+  }
+  __syncthreads();
+  return before + inclusive - v;
+}
+
+// One block plans the step: picked[a] for a < num_entries (the a-th smallest picked expert, e = -1
+// past the number picked) and slots [nk], the slots grouped by expert in ascending expert order and
+// in slot order within an expert (a stable counting sort). Warp w owns the slot range
+// [nk·w/8, nk·(w+1)/8): it counts its slots per expert, the counts become per-(warp, expert) start
+// positions (experts in order, warps in order within an expert), and the warp places its slots 32
+// at a time in slot order (lanes with the same expert ranked by lane).
+__global__ void __launch_bounds__(kPlanThreads)
+    plan_kernel(const int32_t* idx, int nk, int num_experts, int num_entries, Picked* picked, int32_t* slots) {
+  // The gate/up blocks may start: they zero the down counters, then wait for this plan.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  extern __shared__ int plan_sm[];
+  __shared__ int scratch[kPlanWarps];
+  int* cnt = plan_sm;                                 // [kPlanWarps][num_experts]
+  int* total = plan_sm + kPlanWarps * num_experts;    // [num_experts]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = threadIdx.x; i < kPlanWarps * num_experts; i += kPlanThreads) cnt[i] = 0;
+  __syncthreads();
+  const int s0 = static_cast<int>(int64_t{nk} * warp / kPlanWarps);
+  const int s1 = static_cast<int>(int64_t{nk} * (warp + 1) / kPlanWarps);
+  for (int s = s0 + lane; s < s1; s += 32) {
     const int e = idx[s];
     if (e < 0 || e >= num_experts) {
       printf("moe_experts: idx[%d] = %d outside [0, %d)\n", s, e, num_experts);
       __trap();
     }
-    flags[e] = 1;  // every writer stores the same value
+    atomicAdd(&cnt[warp * num_experts + e], 1);
   }
   __syncthreads();
-  if (warp == 0) {
-    int found = -1, rest = a;
-    for (int base = 0; base < num_experts; base += 32) {
-      unsigned bits = __ballot_sync(0xffffffffu, base + lane < num_experts && flags[base + lane]);
-      const int c = __popc(bits);
-      if (rest < c) {
-        for (int i = 0; i < rest; ++i) bits &= bits - 1;
-        found = base + __ffs(bits) - 1;
-        break;
-      }
-      rest -= c;
+  // Thread t owns the experts [E·t/256, E·(t+1)/256): their counts become offsets within the expert.
+  const int e0 = static_cast<int>(int64_t{num_experts} * threadIdx.x / kPlanThreads);
+  const int e1 = static_cast<int>(int64_t{num_experts} * (threadIdx.x + 1) / kPlanThreads);
+  int mine = 0, mine_picked = 0;
+  for (int e = e0; e < e1; ++e) {
+    int run = 0;
+    for (int w = 0; w < kPlanWarps; ++w) {
+      const int c = cnt[w * num_experts + e];
+      cnt[w * num_experts + e] = run;
+      run += c;
     }
-    if (lane == 0) sh[kWarps] = found;
+    total[e] = run;
+    mine += run;
+    mine_picked += run > 0;
   }
+  int all = 0, all_picked = 0;
+  int begin = block_exclusive_scan(mine, scratch, all);
+  int a = block_exclusive_scan(mine_picked, scratch, all_picked);
+  for (int e = e0; e < e1; ++e) {
+    const int c = total[e];
+    if (c > 0) picked[a++] = Picked{e, begin, c};
+    for (int w = 0; w < kPlanWarps; ++w) cnt[w * num_experts + e] += begin;
+    begin += c;
+  }
+  for (int i = all_picked + threadIdx.x; i < num_entries; i += kPlanThreads) picked[i] = Picked{-1, 0, 0};
   __syncthreads();
-  const int e = sh[kWarps];
-  if (e < 0) return {-1, 0};
-  // Ordered compaction: warp w owns slots [nk·w/4, nk·(w+1)/4); count, then place.
-  const int s0 = static_cast<int>(int64_t{nk} * warp / kWarps), s1 = static_cast<int>(int64_t{nk} * (warp + 1) / kWarps);
-  int count = 0;
   for (int base = s0; base < s1; base += 32) {
     const int s = base + lane;
-    count += __popc(__ballot_sync(0xffffffffu, s < s1 && idx[s] == e));
+    const int e = s < s1 ? idx[s] : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const unsigned earlier = peers & ((1u << lane) - 1u);
+    if (e >= 0) slots[cnt[warp * num_experts + e] + __popc(earlier)] = s;
+    __syncwarp();
+    if (e >= 0 && earlier == 0) cnt[warp * num_experts + e] += __popc(peers);
+    __syncwarp();
   }
-  if (lane == 0) sh[warp] = count;
-  __syncthreads();
-  int pos = 0, m = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) pos += sh[w];
-    m += sh[w];
-  }
-  for (int base = s0; base < s1; base += 32) {
-    const int s = base + lane;
-    const bool hit = s < s1 && idx[s] == e;
-    const unsigned bits = __ballot_sync(0xffffffffu, hit);
-    if (hit) list[pos + __popc(bits & ((1u << lane) - 1u))] = s;
-    pos += __popc(bits);
-  }
-  __syncthreads();
-  return {e, m};
 }
+
+struct ExpertsArgs {
+  const void* x;          // [N, din]
+  int64_t din;
+  const float* weights;   // [N, K]
+  int k;
+  const Picked* picked;   // [min(E, N·K)] from plan_kernel
+  const int32_t* slots;   // [N·K] from plan_kernel
+  const void* w13;        // [E, 2f, din]
+  const void* w2;         // [E, dout, f]
+  int64_t f, dout;
+  void* act;              // [N·K, f] GLU outputs per slot
+  void* y;                // [N·K, dout] expert outputs per slot
+  int32_t* counters;      // [N, dout tiles] finished slots per (token, tile); zeroed by the gate/up launch
+  int64_t num_counters;
+  Activation kind;
+  float beta;
+  bool has_linear_beta;
+  float linear_beta;
+  Out o;                  // [N, dout]
+};
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
@@ -240,32 +289,41 @@ __device__ __forceinline__ uint4 load8(const __nv_bfloat16* row, int64_t k, int6
   }
 }
 
-// red[w][r][j] ← part w of Σ_k W[r][k] · X[j][k] for the block's 16 weight rows (`row(r)`, null
+// red[w][r][j] ← part w of Σ_k W[r][k] · X[j][k] for the block's kRows weight rows (`row(r)`, null
 // past the end) and tokens j < gm (`xrows[j]`, null past gm), k < kdim. bf16: warp w takes a
-// quarter of k on tensor cores (the parts are summed by the caller, in order). f32: warp w takes
-// rows 4w..4w+3 whole, in part 0.
-template <typename T, bool kVec, typename RowFn>
-__device__ void tile_product(RowFn row, const T* const* xrows, int gm, int64_t kdim,
-                             float (*red)[kTileRows][kGroup]) {
+// quarter of k for every row on tensor cores (16-row m-tiles; the parts are summed by the caller,
+// in order), so a row's sum does not depend on kRows. f32: warp w takes its quarter of the rows
+// whole, 4 at a time, in part 0.
+template <typename T, bool kVec, int kRows, typename RowFn>
+__device__ void tile_product(RowFn row, const T* const* xrows, int gm, int64_t kdim, float (*red)[kRows][kGroup]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int ntiles = (gm + 7) / 8;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    constexpr int kM = kRows / 16, kUnroll = kLoadTiles / kM;  // chunks whose loads are issued together
     const int g = lane >> 2, t4 = lane & 3;
-    const T* wa = row(g);
-    const T* wb = row(g + 8);
+    const T* wa[kM];
+    const T* wb[kM];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      wa[m] = row(16 * m + g);
+      wb[m] = row(16 * m + g + 8);
+    }
     const T* xr[kGroup / 8];
 #pragma unroll
     for (int nt = 0; nt < kGroup / 8; ++nt) xr[nt] = xrows[nt * 8 + g];
-    float acc[kGroup / 8][4] = {};
+    float acc[kM][kGroup / 8][4] = {};
     const int64_t nc = (kdim + kChunk - 1) / kChunk, c0 = nc * warp / kWarps, c1 = nc * (warp + 1) / kWarps;
     for (int64_t c = c0; c < c1; c += kUnroll) {
-      uint4 a[kUnroll], b[kUnroll];
+      uint4 a[kUnroll][kM], b[kUnroll][kM];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t k = (c + u) * kChunk + t4 * 8;
         const bool in = c + u < c1;
-        a[u] = load8<kVec, true>(in ? wa : nullptr, k, kdim);
-        b[u] = load8<kVec, true>(in ? wb : nullptr, k, kdim);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          a[u][m] = load8<kVec, true>(in ? wa[m] : nullptr, k, kdim);
+          b[u][m] = load8<kVec, true>(in ? wb[m] : nullptr, k, kdim);
+        }
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -275,8 +333,11 @@ __device__ void tile_product(RowFn row, const T* const* xrows, int gm, int64_t k
         for (int nt = 0; nt < kGroup / 8; ++nt) {
           if (nt >= ntiles) break;
           const uint4 xv = load8<kVec, false>(xr[nt], k, kdim);
-          mma_bf16(acc[nt], a[u].x, b[u].x, a[u].y, b[u].y, xv.x, xv.y);  // k0..k0+3 of each thread
-          mma_bf16(acc[nt], a[u].z, b[u].z, a[u].w, b[u].w, xv.z, xv.w);  // k0+4..k0+7
+#pragma unroll
+          for (int m = 0; m < kM; ++m) {
+            mma_bf16(acc[m][nt], a[u][m].x, b[u][m].x, a[u][m].y, b[u][m].y, xv.x, xv.y);  // k0..k0+3 of each thread
+            mma_bf16(acc[m][nt], a[u][m].z, b[u][m].z, a[u][m].w, b[u][m].w, xv.z, xv.w);  // k0+4..k0+7
+          }
         }
       }
     }
@@ -284,39 +345,44 @@ __device__ void tile_product(RowFn row, const T* const* xrows, int gm, int64_t k
     for (int nt = 0; nt < kGroup / 8; ++nt) {
       if (nt >= ntiles) break;
       const int j = nt * 8 + 2 * t4;
-      red[warp][g][j] = acc[nt][0];
-      red[warp][g][j + 1] = acc[nt][1];
-      red[warp][g + 8][j] = acc[nt][2];
-      red[warp][g + 8][j + 1] = acc[nt][3];
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        red[warp][16 * m + g][j] = acc[m][nt][0];
+        red[warp][16 * m + g][j + 1] = acc[m][nt][1];
+        red[warp][16 * m + g + 8][j] = acc[m][nt][2];
+        red[warp][16 * m + g + 8][j + 1] = acc[m][nt][3];
+      }
     }
   } else {
-    constexpr int kRowsPerWarp = kTileRows / kWarps;
-    const T* wr[kRowsPerWarp];
-    for (int r = 0; r < kRowsPerWarp; ++r) wr[r] = row(warp * kRowsPerWarp + r);
-    for (int nt = 0; nt < ntiles; ++nt) {
-      float acc[kRowsPerWarp][8] = {};
-      const T* xr[8];
-      for (int j = 0; j < 8; ++j) xr[j] = xrows[nt * 8 + j];
-      for (int64_t k = lane; k < kdim; k += 32) {
-        float wv[kRowsPerWarp];
-        for (int r = 0; r < kRowsPerWarp; ++r) wv[r] = wr[r] ? wr[r][k] : 0.0f;
-        for (int j = 0; j < 8; ++j) {
-          const float xv = xr[j] ? xr[j][k] : 0.0f;
-          for (int r = 0; r < kRowsPerWarp; ++r) acc[r][j] = fmaf(wv[r], xv, acc[r][j]);
+    constexpr int kRowsPerWarp = kRows / kWarps, kRowStep = 4;
+    for (int r0 = warp * kRowsPerWarp; r0 < (warp + 1) * kRowsPerWarp; r0 += kRowStep) {
+      const T* wr[kRowStep];
+      for (int r = 0; r < kRowStep; ++r) wr[r] = row(r0 + r);
+      for (int nt = 0; nt < ntiles; ++nt) {
+        float acc[kRowStep][8] = {};
+        const T* xr[8];
+        for (int j = 0; j < 8; ++j) xr[j] = xrows[nt * 8 + j];
+        for (int64_t k = lane; k < kdim; k += 32) {
+          float wv[kRowStep];
+          for (int r = 0; r < kRowStep; ++r) wv[r] = wr[r] ? wr[r][k] : 0.0f;
+          for (int j = 0; j < 8; ++j) {
+            const float xv = xr[j] ? xr[j][k] : 0.0f;
+            for (int r = 0; r < kRowStep; ++r) acc[r][j] = fmaf(wv[r], xv, acc[r][j]);
+          }
         }
+        for (int r = 0; r < kRowStep; ++r)
+          for (int j = 0; j < 8; ++j) {
+            const float v = warp_sum(acc[r][j]);
+            if (lane == 0) red[0][r0 + r][nt * 8 + j] = v;
+          }
       }
-      for (int r = 0; r < kRowsPerWarp; ++r)
-        for (int j = 0; j < 8; ++j) {
-          const float v = warp_sum(acc[r][j]);
-          if (lane == 0) red[0][warp * kRowsPerWarp + r][nt * 8 + j] = v;
-        }
     }
   }
 }
 
 // The finished product of row r and token j: the parts summed in warp order.
-template <typename T>
-__device__ __forceinline__ float tile_value(const float (*red)[kTileRows][kGroup], int r, int j) {
+template <typename T, int kRows>
+__device__ __forceinline__ float tile_value(const float (*red)[kRows][kGroup], int r, int j) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     float v = red[0][r][j];
     for (int w = 1; w < kWarps; ++w) v += red[w][r][j];
@@ -336,166 +402,184 @@ __device__ __forceinline__ float from_t(T v) {
 }
 
 enum class Stage {
-  kGateUp,  // block (tile, a): gate/up rows [8·tile, 8·tile + 8) of the a-th picked expert, GLU into act
-  kDown,    // block (tile, a): down rows [16·tile, 16·tile + 16) into y; the block finishing a token's
+  kGateUp,  // block (tile, a): gate rows [R/2·tile, R/2·tile + R/2) of the a-th picked expert and the
+            // matching up rows, GLU into act
+  kDown,    // block (tile, a): down rows [R·tile, R·tile + R) into y; the block finishing a token's
             // tile adds its K outputs in k order into out
 };
 
-template <typename T, bool kVec, Stage kStage>
+template <typename T, bool kVec, int kRows, Stage kStage>
 __global__ void __launch_bounds__(kThreads) experts_kernel(ExpertsArgs p) {
+  static_assert(kRows % 16 == 0 && kLoadTiles % (kRows / 16) == 0, "rows: 16-row m-tiles, a divisor of kLoadTiles");
   constexpr bool kUp = kStage == Stage::kGateUp;
-  extern __shared__ int dyn_smem[];
-  __shared__ float red[kWarps][kTileRows][kGroup];
+  constexpr int kHalf = kRows / 2;  // gate/up: gate row r pairs with up row r + kHalf
+  __shared__ float red[kWarps][kRows][kGroup];
   __shared__ const T* xrows[kGroup];
-  __shared__ int sh[kWarps + 1];
+  __shared__ int slot[kGroup];  // the pass's slots; down: −1 − slot where this block does the combine
   if constexpr (kUp) {
-    // The down launch may start (its blocks find their expert, then wait for this grid to finish).
+    // The down launch may start (its blocks wait for this grid to finish).
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     // Its counters start from zero (every block helps, before any returns).
     const int64_t block = blockIdx.y * int64_t{gridDim.x} + blockIdx.x, nblocks = int64_t{gridDim.x} * gridDim.y;
     for (int64_t i = block * kThreads + threadIdx.x; i < p.num_counters; i += nblocks * kThreads) p.counters[i] = 0;
   }
-  const int nk = p.n * p.k;
-  int* list = dyn_smem;
-  unsigned char* flags = reinterpret_cast<unsigned char*>(list + nk);
-  const BlockExpert be = block_expert(p.idx, nk, p.num_experts, blockIdx.y, flags, list, sh);
-  if (be.e < 0) return;
-  if constexpr (!kUp) asm volatile("griddepcontrol.wait;" ::: "memory");  // act and the counters are ready
+  // gate/up: the plan is ready; down: act and the counters too (and the plan, which finished
+  // before any gate/up block got past this wait).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  const Picked pk = p.picked[blockIdx.y];
+  if (pk.e < 0) return;
   const int tile = blockIdx.x;
   // The block's input rows (x per token, or act per slot) and weight rows.
   const T* in = static_cast<const T*>(kUp ? p.x : p.act);
   const int64_t width = kUp ? p.din : p.f;
-  const T* w = kUp ? static_cast<const T*>(p.w13) + int64_t{be.e} * 2 * p.f * p.din
-                   : static_cast<const T*>(p.w2) + int64_t{be.e} * p.dout * p.f;
+  const T* w = kUp ? static_cast<const T*>(p.w13) + int64_t{pk.e} * 2 * p.f * p.din
+                   : static_cast<const T*>(p.w2) + int64_t{pk.e} * p.dout * p.f;
   auto row = [&](int r) -> const T* {
     if constexpr (kUp) {
-      const int64_t f = int64_t{tile} * 8 + (r & 7);
-      return f < p.f ? w + (r < 8 ? f : p.f + f) * p.din : nullptr;
+      const int64_t f = int64_t{tile} * kHalf + r % kHalf;
+      return f < p.f ? w + (r < kHalf ? f : p.f + f) * p.din : nullptr;
     } else {
-      const int64_t d = int64_t{tile} * kTileRows + r;
+      const int64_t d = int64_t{tile} * kRows + r;
       return d < p.dout ? w + d * p.f : nullptr;
     }
   };
   T* act = static_cast<T*>(p.act);
   T* y = static_cast<T*>(p.y);
-  for (int g0 = 0; g0 < be.m; g0 += kGroup) {
-    const int gm = min(kGroup, be.m - g0);
+  for (int g0 = 0; g0 < pk.count; g0 += kGroup) {
+    const int gm = min(kGroup, pk.count - g0);
     if (threadIdx.x < kGroup) {
-      const int s = threadIdx.x < gm ? list[g0 + threadIdx.x] : 0;
+      const int s = threadIdx.x < gm ? p.slots[pk.begin + g0 + threadIdx.x] : 0;
+      slot[threadIdx.x] = s;
       xrows[threadIdx.x] = threadIdx.x < gm ? in + int64_t{kUp ? s / p.k : s} * width : nullptr;
     }
     __syncthreads();
-    tile_product<T, kVec>(row, xrows, gm, width, red);
+    tile_product<T, kVec, kRows>(row, xrows, gm, width, red);
     __syncthreads();
     if constexpr (kUp) {
-      for (int i = threadIdx.x; i < 8 * gm; i += kThreads) {
-        const int j = i / 8, r = i % 8;
-        const int64_t f = int64_t{tile} * 8 + r;
+      for (int i = threadIdx.x; i < kHalf * gm; i += kThreads) {
+        const int j = i / kHalf, r = i % kHalf;
+        const int64_t f = int64_t{tile} * kHalf + r;
         if (f < p.f)
-          act[int64_t{list[g0 + j]} * p.f + f] = to_t<T>(glu_value(
-              tile_value<T>(red, r, j), tile_value<T>(red, r + 8, j), p.kind, p.beta, p.has_linear_beta, p.linear_beta));
+          act[int64_t{slot[j]} * p.f + f] = to_t<T>(glu_value(tile_value<T, kRows>(red, r, j),
+                                                              tile_value<T, kRows>(red, r + kHalf, j), p.kind, p.beta,
+                                                              p.has_linear_beta, p.linear_beta));
       }
     } else {
-      for (int i = threadIdx.x; i < kTileRows * gm; i += kThreads) {
-        const int j = i / kTileRows, r = i % kTileRows;
-        const int64_t d = int64_t{tile} * kTileRows + r;
-        if (d < p.dout) y[int64_t{list[g0 + j]} * p.dout + d] = to_t<T>(tile_value<T>(red, r, j));
+      for (int i = threadIdx.x; i < kRows * gm; i += kThreads) {
+        const int j = i / kRows, r = i % kRows;
+        const int64_t d = int64_t{tile} * kRows + r;
+        if (d < p.dout) y[int64_t{slot[j]} * p.dout + d] = to_t<T>(tile_value<T, kRows>(red, r, j));
+      }
+      // Publish these outputs, then count them; a slot completing its token's K marks itself
+      // (−1 − slot) and this block does that token's combine.
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x < gm) {
+        const int s = slot[threadIdx.x];
+        if (atomicAdd(&p.counters[int64_t{s / p.k} * gridDim.x + tile], 1) == p.k - 1) slot[threadIdx.x] = -1 - s;
+      }
+      __threadfence();
+      __syncthreads();
+      for (int i = threadIdx.x; i < kRows * gm; i += kThreads) {
+        const int j = i / kRows, r = i % kRows;
+        const int64_t d = int64_t{tile} * kRows + r;
+        if (slot[j] >= 0 || d >= p.dout) continue;
+        const int64_t t = (-1 - slot[j]) / p.k;
+        float acc = 0.0f;
+        for (int k = 0; k < p.k; ++k) acc += p.weights[t * p.k + k] * from_t<T>(__ldcg(y + (t * p.k + k) * p.dout + d));
+        p.o.set(t * p.dout + d, acc);
       }
     }
     __syncthreads();
   }
-  if constexpr (!kUp) {
-    // Publish this block's outputs, then count them; a slot completing its token's K marks itself
-    // (stored as −1 − slot) and this block does that token's combine.
-    __threadfence();
-    __syncthreads();
-    for (int j = threadIdx.x; j < be.m; j += kThreads) {
-      const int s = list[j];
-      if (atomicAdd(&p.counters[int64_t{s / p.k} * gridDim.x + tile], 1) == p.k - 1) list[j] = -1 - s;
-    }
-    __threadfence();
-    __syncthreads();
-    for (int i = threadIdx.x; i < kTileRows * be.m; i += kThreads) {
-      const int j = i / kTileRows, r = i % kTileRows;
-      const int64_t d = int64_t{tile} * kTileRows + r;
-      if (list[j] >= 0 || d >= p.dout) continue;
-      const int64_t t = (-1 - list[j]) / p.k;
-      float acc = 0.0f;
-      for (int k = 0; k < p.k; ++k) acc += p.weights[t * p.k + k] * from_t<T>(__ldcg(y + (t * p.k + k) * p.dout + d));
-      p.o.set(t * p.dout + d, acc);
-    }
-  }
 }
 
-size_t grouped_smem(int64_t nk, int64_t num_experts) { return static_cast<size_t>((nk * 4 + num_experts + 15) / 16 * 16); }
+bool grouped_fits(int64_t num_experts) { return plan_smem(num_experts) + kPlanWarps * 4 <= kSmemLimit; }
 
-bool grouped_fits(int64_t n, int64_t k, int64_t num_experts) {
-  return grouped_smem(n * k, num_experts) + kStaticSmem <= kSmemLimit;
-}
-
-template <typename T, bool kVec>
-void launch_grouped(CudaBackend& be, const ExpertsArgs& a, int64_t slots, const std::string& what) {
-  const size_t smem = grouped_smem(int64_t{a.n} * a.k, a.num_experts);
-  const dim3 up_grid(static_cast<unsigned>((a.f + 7) / 8), static_cast<unsigned>(slots));
-  const dim3 down_grid(static_cast<unsigned>((a.dout + kTileRows - 1) / kTileRows), static_cast<unsigned>(slots));
-  experts_kernel<T, kVec, Stage::kGateUp><<<up_grid, kThreads, smem, be.stream()>>>(a);
-  KL_LAUNCHED(what + " (gate_up)");
-  // Down as a programmatic dependent launch: its blocks start while gate/up's last ones run.
+// A launch that may start before the previous one on the stream finishes (its kernel waits with
+// griddepcontrol.wait before reading what that one writes).
+template <typename Kernel>
+void launch_dependent(CudaBackend& be, Kernel kernel, dim3 grid, const ExpertsArgs& a, const std::string& what) {
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = down_grid;
+  cfg.gridDim = grid;
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
   cfg.stream = be.stream();
   cfg.attrs = &overlap;
   cfg.numAttrs = 1;
-  KL_CUDA(cudaLaunchKernelEx(&cfg, experts_kernel<T, kVec, Stage::kDown>, a), what + " (down)");
+  KL_CUDA(cudaLaunchKernelEx(&cfg, kernel, a), what);
+}
+
+template <typename T, bool kVec, int kRows>
+void launch_stages(CudaBackend& be, ExpertsArgs a, int64_t n, int64_t entries, const std::string& what) {
+  const int64_t down_tiles = (a.dout + kRows - 1) / kRows;
+  const Tensor counters = be.alloc(DType::kI32, {n, down_tiles});
+  a.counters = counters.data_as<int32_t>();
+  a.num_counters = n * down_tiles;
+  const auto y = static_cast<unsigned>(entries);
+  launch_dependent(be, experts_kernel<T, kVec, kRows, Stage::kGateUp>,
+                   dim3(static_cast<unsigned>((a.f + kRows / 2 - 1) / (kRows / 2)), y), a, what + " (gate_up)");
+  launch_dependent(be, experts_kernel<T, kVec, kRows, Stage::kDown>, dim3(static_cast<unsigned>(down_tiles), y), a,
+                   what + " (down)");
+}
+
+template <typename T, bool kVec>
+void launch_grouped(CudaBackend& be, const ExpertsArgs& a, int rows, int64_t n, int64_t entries,
+                    const std::string& what) {
+  switch (rows) {
+    case 16: return launch_stages<T, kVec, 16>(be, a, n, entries, what);
+    case 32: return launch_stages<T, kVec, 32>(be, a, n, entries, what);
+    case 64: return launch_stages<T, kVec, 64>(be, a, n, entries, what);
+  }
+  KL_CHECK(false, what + ": no grouped kernel for " + std::to_string(rows) + " rows per block");
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-void experts_grouped(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
-                     const Tensor& w2, const GluParams& gp, const Tensor& o, const std::string& what) {
+void experts_grouped(CudaBackend& be, int rows, const Tensor& x, const Tensor& idx, const Tensor& weights,
+                     const Tensor& w13, const Tensor& w2, const GluParams& gp, const Tensor& o,
+                     const std::string& what) {
   const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f = w13.dim(1) / 2, dout = w2.dim(1);
   const int64_t k = idx.dim(1), nk = n * k;
-  KL_CHECK(grouped_fits(n, k, num_experts) && num_experts <= 65535,
-           what + ": the grouped path holds " + std::to_string(nk) + " slots of " + std::to_string(num_experts) +
-               " experts in more than " + std::to_string(kSmemLimit) + " bytes of shared memory");
-  const int64_t down_tiles = (dout + kTileRows - 1) / kTileRows;
+  KL_CHECK(grouped_fits(num_experts),
+           what + ": the grouped path plans " + std::to_string(num_experts) + " experts in more than " +
+               std::to_string(kSmemLimit) + " bytes of shared memory");
+  const int64_t entries = std::min(num_experts, nk);  // at most this many experts are picked
   const Tensor act = be.alloc(x.dtype(), {nk, f}), y = be.alloc(x.dtype(), {nk, dout});
-  const Tensor counters = be.alloc(DType::kI32, {n, down_tiles});
+  const Tensor picked = be.alloc(DType::kI32, {entries, 3}), slots = be.alloc(DType::kI32, {nk});
+  static_assert(sizeof(Picked) == 3 * sizeof(int32_t));
+  plan_kernel<<<1, kPlanThreads, plan_smem(num_experts), be.stream()>>>(
+      idx.data_as<const int32_t>(), static_cast<int>(nk), static_cast<int>(num_experts), static_cast<int>(entries),
+      static_cast<Picked*>(picked.data()), slots.data_as<int32_t>());
+  KL_LAUNCHED(what + " (plan)");
   ExpertsArgs a;
   a.x = x.data();
   a.din = din;
-  a.idx = idx.data_as<const int32_t>();
   a.weights = weights.data_as<const float>();
-  a.n = static_cast<int>(n);
   a.k = static_cast<int>(k);
-  a.num_experts = static_cast<int>(num_experts);
+  a.picked = static_cast<const Picked*>(picked.data());
+  a.slots = slots.data_as<const int32_t>();
   a.w13 = w13.data();
   a.w2 = w2.data();
   a.f = f;
   a.dout = dout;
   a.act = act.data();
   a.y = y.data();
-  a.counters = counters.data_as<int32_t>();
-  a.num_counters = n * down_tiles;
   a.kind = gp.kind;
   a.beta = gp.beta;
   a.has_linear_beta = gp.linear_beta.has_value();
   a.linear_beta = gp.linear_beta.value_or(1.0f);
   a.o = out(o, "moe_experts");
-  const int64_t slots = std::min(num_experts, nk);  // at most this many experts are picked
   if (x.dtype() == DType::kBF16) {
     const bool vec = din % 8 == 0 && f % 8 == 0 && aligned16(x.data()) && aligned16(w13.data()) && aligned16(w2.data());
     if (vec)
-      launch_grouped<__nv_bfloat16, true>(be, a, slots, what);
+      launch_grouped<__nv_bfloat16, true>(be, a, rows, n, entries, what);
     else
-      launch_grouped<__nv_bfloat16, false>(be, a, slots, what);
+      launch_grouped<__nv_bfloat16, false>(be, a, rows, n, entries, what);
   } else {
-    launch_grouped<float, false>(be, a, slots, what);
+    launch_grouped<float, false>(be, a, rows, n, entries, what);
   }
 }
 
@@ -576,14 +660,9 @@ void experts_per_expert_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx
   KL_LAUNCHED(what + " (combine)");
 }
 
-}  // namespace
-
-MoePath moe_path_for(int64_t n, int64_t k, int64_t num_experts) {
-  return n <= kMoeGroupedMaxTokens && grouped_fits(n, k, num_experts) ? MoePath::kGrouped : MoePath::kPerExpertGemm;
-}
-
-void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
-                    const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o) {
+// Checks moe_experts' arguments; returns the name its launches report.
+std::string checked_moe_args(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
+                             const Tensor& w2, const Tensor& o) {
   const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f2 = w13.dim(1), f = f2 / 2;
   const int64_t dout = w2.dim(1), k = idx.dim(1);
   KL_CHECK(w13.dim(2) == din && f2 == 2 * f && w2.dim(0) == num_experts && w2.dim(2) == f &&
@@ -592,10 +671,35 @@ void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor
                w2.dtype() == w13.dtype() && n * k <= INT_MAX,
            "moe_experts x " + shapes(x) + " w13 " + shapes(w13) + " w2 " + shapes(w2) + " idx " + shapes(idx) + " out " +
                shapes(o));
+  return "moe_experts x " + shapes(x) + " w13 " + shapes(w13);
+}
+
+}  // namespace
+
+MoePath moe_path_for(int64_t n, int64_t num_experts) {
+  return n <= kMoeGroupedMaxTokens && grouped_fits(num_experts) ? MoePath::kGrouped : MoePath::kPerExpertGemm;
+}
+
+int moe_tile_rows_for(int64_t n, int64_t k, int64_t num_experts) {
+  const double unpicked = std::max(0.0, 1.0 - static_cast<double>(k) / num_experts);  // per expert and token
+  const double picked = num_experts * (1.0 - std::pow(unpicked, n));
+  const double per_expert = n * k / std::max(picked, 1.0);
+  return per_expert < 1.5 ? 16 : per_expert < 3.0 ? 32 : 64;
+}
+
+void moe_experts_grouped(CudaBackend& be, int tile_rows, const Tensor& x, const Tensor& idx, const Tensor& weights,
+                         const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o) {
+  const std::string what = checked_moe_args(x, idx, weights, w13, w2, o);
+  if (x.dim(0) > 0) experts_grouped(be, tile_rows, x, idx, weights, w13, w2, p, o, what);
+}
+
+void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
+                    const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o) {
+  const std::string what = checked_moe_args(x, idx, weights, w13, w2, o);
+  const int64_t n = x.dim(0);
   if (n == 0) return;
-  const std::string what = "moe_experts x " + shapes(x) + " w13 " + shapes(w13);
   if (path == MoePath::kGrouped)
-    experts_grouped(be, x, idx, weights, w13, w2, p, o, what);
+    experts_grouped(be, moe_tile_rows_for(n, idx.dim(1), w13.dim(0)), x, idx, weights, w13, w2, p, o, what);
   else
     experts_per_expert_gemm(be, x, idx, weights, w13, w2, p, o, what);
 }
@@ -621,7 +725,7 @@ void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const Rout
 
 void CudaBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
                               const Tensor& w2, const GluParams& p, const Tensor& o) {
-  moe_experts_on(*this, moe_path_for(x.dim(0), idx.dim(1), w13.dim(0)), x, idx, weights, w13, w2, p, o);
+  moe_experts_on(*this, moe_path_for(x.dim(0), w13.dim(0)), x, idx, weights, w13, w2, p, o);
 }
 
 }  // namespace klinear::cuda
