@@ -3,10 +3,9 @@
 // stores the composition's intermediates in bf16 as the bf16 backend does): y, the KDA state pool
 // and the conv state pool, over a case table of batches of 1, 3 and 64 sequences, head dims 16, 32
 // and 128, conv kernels of 1, 3 and 4 taps, both gate forms with strong decay, non-zero states,
-// slots out of order and padded
-// sequences (whose pools must stay untouched and whose y rows are zero). On the CPU row the op is
-// the composition itself, so that row checks the padding; the composition's ops have their own
-// tests, and the model fixtures run it for every decode row.
+// slots out of order and padded sequences (whose pools must stay untouched and whose y rows are
+// zero). On the CPU row the op is the composition itself, so that row checks the padding; the
+// composition's ops have their own tests, and the model fixtures run it for every decode row.
 #include <gtest/gtest.h>
 
 #include <array>
