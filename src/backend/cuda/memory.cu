@@ -56,15 +56,16 @@ std::shared_ptr<void> block_outside_capture(size_t bytes, const std::string& wha
   return block;
 }
 
-// Host F32 / BF16 / I32 bytes of `host` in `dtype` (floats converted, I32 kept).
+// Host F32 / BF16 / I32 / I64 bytes of `host` in `dtype` (floats converted, integers kept).
 std::vector<uint8_t> host_bytes(const Tensor& host, DType dtype) {
   KL_CHECK(host.device() == Device::kCpu, "expected a host tensor, got a device one " + shapes(host));
   const size_t n = static_cast<size_t>(host.numel());
   std::vector<uint8_t> bytes(n * dtype_size(dtype));
-  if (host.dtype() == DType::kI32 || dtype == DType::kI32) {
-    KL_CHECK(host.dtype() == dtype, "I32 tensors copy as I32 only, got " + std::string(dtype_name(host.dtype())) +
-                                        " to " + dtype_name(dtype));
-    std::memcpy(bytes.data(), host.data(), n * 4);
+  const auto integer = [](DType d) { return d == DType::kI32 || d == DType::kI64; };
+  if (integer(host.dtype()) || integer(dtype)) {
+    KL_CHECK(host.dtype() == dtype, "integer tensors copy as themselves only, got " +
+                                        std::string(dtype_name(host.dtype())) + " to " + dtype_name(dtype));
+    std::memcpy(bytes.data(), host.data(), bytes.size());
     return bytes;
   }
   KL_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, std::string("unsupported device dtype ") + dtype_name(dtype));
