@@ -18,20 +18,22 @@
 //              dtype (SPEC 3.4); then per (token, tile) a counter: the block whose slot completes a
 //              token's K outputs sums them in k order in fp32 and writes out. Deterministic (no float
 //              atomics; the integer counters only pick which block adds).
-//   R (16, 32 or 64, moe_tile_rows_for) grows with the expected tokens per picked expert: a block reads
+//   R (16 or 32, moe_tile_rows_for) grows with the expected tokens per picked expert: a block reads
 //   each token's input row once for all its R rows, so at ~8 tokens per expert 16 rows re-read half
-//   as many bytes as the weights themselves, 64 rows an eighth.
+//   as many bytes as the weights themselves, 32 rows a quarter. 64 rows were measured and dropped:
+//   their 146-158 registers leave 3 blocks per SM, slower at every N (N=64 1.108 ms, N=256 1.357 ms
+//   against 0.832 and 1.098 at 32 rows).
 //   bf16 uses tensor cores (mma.sync m16n8k16 per 16-row m-tile, fp32 accumulate; each thread loads
 //   8 consecutive k of a row, permuting k identically in A and B), the K dimension split over the 4
 //   warps and summed in a fixed order, so a value does not depend on R; f32 uses fp32 FMAs (the
 //   exact mode). gate/up and down are programmatic dependent launches: gate/up's blocks start
 //   during the plan (they zero the down counters) and down's during gate/up; each waits
 //   (griddepcontrol) before reading what the one before writes.
-//   Cost (48B shape, H200): measured before the plan, with every block finding its expert and slots
-//   from idx itself and R = 16: N=1 0.057 ms, N=64 1.058 ms, N=256 1.681 ms (route + experts, graph
-//   replay), fitting ≈4.2 µs per picked expert + ≈0.30 µs per slot. PREDICTED with the plan and
-//   R = 16/32/64 (not yet measured): the per-slot term mostly gone, N=1 ≈0.06 ms (the plan adds
-//   ~3-5 µs of latency), N=64 ≈0.93 ms, N=256 ≈1.15 ms (floors at 4.2 TB/s: 0.030 / 0.75 / 0.87).
+//   Cost (48B shape, H200, route + experts as a graph replay; floors at 4.2 TB/s 0.030 / 0.75 /
+//   0.87 ms): before the plan (every block finding its expert and slots from idx itself, R = 16)
+//   N=1 0.057 ms, N=64 1.058 ms, N=256 1.681 ms; with the plan N=1 0.058 ms, N=64 0.865 ms (R = 32);
+//   the experts alone at N=256 1.098 ms (R = 32). The rest to the floor is latency: ~4 µs per
+//   picked expert, a block streaming one expert's 16 or 32 rows at a time.
 // - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
 //   cuBLAS launch per projection over the active experts (a problem each), the same combine in a
 //   separate kernel.
@@ -531,7 +533,6 @@ void launch_grouped(CudaBackend& be, const ExpertsArgs& a, int rows, int64_t n, 
   switch (rows) {
     case 16: return launch_stages<T, kVec, 16>(be, a, n, entries, what);
     case 32: return launch_stages<T, kVec, 32>(be, a, n, entries, what);
-    case 64: return launch_stages<T, kVec, 64>(be, a, n, entries, what);
   }
   KL_CHECK(false, what + ": no grouped kernel for " + std::to_string(rows) + " rows per block");
 }
@@ -684,7 +685,7 @@ int moe_tile_rows_for(int64_t n, int64_t k, int64_t num_experts) {
   const double unpicked = std::max(0.0, 1.0 - static_cast<double>(k) / num_experts);  // per expert and token
   const double picked = num_experts * (1.0 - std::pow(unpicked, n));
   const double per_expert = n * k / std::max(picked, 1.0);
-  return per_expert < 1.5 ? 16 : per_expert < 3.0 ? 32 : 64;
+  return per_expert < 1.5 ? 16 : 32;
 }
 
 void moe_experts_grouped(CudaBackend& be, int tile_rows, const Tensor& x, const Tensor& idx, const Tensor& weights,

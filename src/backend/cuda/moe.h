@@ -19,23 +19,24 @@ enum class MoePath {
   kPerExpertGemm,
 };
 
-// The largest token count the grouped path serves: the largest decode batch. Measured on the H200
-// (ops_bench moe, 48B shape, 2026-12-01, a routing draw using ~100-117 of the 256 experts), experts
-// alone, grouped vs per-expert GEMMs: N=256 1.08 vs 1.78 ms, N=512 1.90 vs 1.93 ms, N=1024 4.70 vs
-// 2.02 ms.
+// The largest token count the grouped path serves: the largest decode batch, which a CUDA graph
+// replays (the per-expert path reads the routing to the host, so it cannot be captured). Measured
+// on the H200 (ops_bench moe, 48B shape, 2026-12-01 18:07Z, every expert used), experts alone,
+// grouped vs per-expert grouped-cuBLAS: N=256 1.098 (32 rows) vs 1.061 ms, N=512 1.564 (64 rows) vs
+// 1.124 ms, N=1024 2.580 vs 1.254 ms.
 inline constexpr int64_t kMoeGroupedMaxTokens = 256;
 
 // The path moe_experts takes for n tokens routed to num_experts experts (any number per token).
 MoePath moe_path_for(int64_t n, int64_t num_experts);
 
-// Weight rows per block on the grouped path: 16, 32 or 64 by the expected tokens per picked expert
-// under uniform routing, n·k / (E·(1 − (1 − k/E)^n)): 16 below 1.5, 32 below 3, else 64. A block
+// Weight rows per block on the grouped path: 16 or 32 by the expected tokens per picked expert
+// under uniform routing, n·k / (E·(1 − (1 − k/E)^n)): 16 below 1.5, else 32. A block
 // reads each of its tokens' input rows once for all its weight rows, so more rows cut those re-reads
 // where experts have several tokens; fewer rows make more blocks where they have about one. Only
 // the shapes count: the grids must not depend on the routing.
 int moe_tile_rows_for(int64_t n, int64_t k, int64_t num_experts);
 
-// moe_experts on the grouped path with tile_rows (16, 32 or 64) weight rows per block; every size
+// moe_experts on the grouped path with tile_rows (16 or 32) weight rows per block; every size
 // gives the same bits (the tests run each).
 void moe_experts_grouped(CudaBackend& be, int tile_rows, const Tensor& x, const Tensor& idx, const Tensor& weights,
                          const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& out);
