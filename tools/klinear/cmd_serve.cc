@@ -58,9 +58,17 @@ Result<uint64_t> parse_bytes(const std::string& text, const std::string& flag) {
 }
 
 // ---- shared engine set-up
+
+// The default --max-num-tokens. On the H200 the 48B model's prefill runs at 28.8k tok/s in 8,192-token
+// steps against 23.9k in 2,048-token steps, one command (the MoE's per-expert GEMMs get 4× the rows;
+// docs/PERF.md, sixth round); vLLM's default on cards of this size is 8,192 too. The price is the
+// inter-token time of running sequences while a long prompt is cut in: a full step of 8,192 prompt
+// tokens is ~0.3 s there. The CPU keeps steps short, its steps being far slower.
+constexpr int64_t kCudaStepTokens = 8192, kCpuStepTokens = 2048;
 struct EngineArgs {
   std::string model_dir, device = "cpu", dtype, tokenizer, load_format = "safetensors";
-  int64_t max_num_tokens = 2048, max_num_seqs = 16, page_size = 64;
+  std::optional<int64_t> max_num_tokens;           // not given: kCudaStepTokens on CUDA, kCpuStepTokens on the CPU
+  int64_t max_num_seqs = 16, page_size = 64;
   std::string cache_memory;                        // empty: by memory fraction on CUDA, else the Cache's default
   std::optional<double> gpu_memory_utilization;    // the fraction (0.9 on CUDA when not given)
   bool no_prefix_cache = false;
@@ -76,7 +84,9 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
   sub->add_option("--load-format", a.load_format,
                   "safetensors, or dummy: seeded random weights made on the device from config.json alone")
       ->capture_default_str();
-  sub->add_option("--max-num-tokens", a.max_num_tokens, "tokens per engine step (decodes + prefill chunks)")->capture_default_str();
+  sub->add_option("--max-num-tokens", a.max_num_tokens,
+                  "tokens per engine step (decodes + prefill chunks; default " + std::to_string(kCudaStepTokens) +
+                      " on CUDA, " + std::to_string(kCpuStepTokens) + " on the CPU)");
   sub->add_option(max_seqs_flag, a.max_num_seqs, "sequences running at once (state slots)")->capture_default_str();
   sub->add_option("--cache-memory", a.cache_memory, "memory for the caches: state slots first, the rest latent pages "
                                                     "(bytes, or with K/M/G/T; 0: room for every sequence at the full "
@@ -110,9 +120,10 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   if (!a.cache_memory.empty()) {
     KL_ASSIGN_OR_RETURN(memory, parse_bytes(a.cache_memory, "--cache-memory"));
   }
-  if (a.max_num_tokens < 1) return Status::InvalidArgument("--max-num-tokens must be >= 1");
   BackendOptions bo;
   KL_ASSIGN_OR_RETURN(bo.device, parse_device(a.device));
+  const int64_t max_num_tokens = a.max_num_tokens.value_or(bo.device == Device::kCuda ? kCudaStepTokens : kCpuStepTokens);
+  if (max_num_tokens < 1) return Status::InvalidArgument("--max-num-tokens must be >= 1");
   KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(!a.dtype.empty() ? a.dtype : bo.device == Device::kCuda ? "bfloat16" : "float32"));
   KL_ASSIGN_OR_RETURN(bo.graphs, parse_cuda_graphs(a.cuda_graphs));
   if (!a.cache_memory.empty() && a.gpu_memory_utilization)
@@ -124,7 +135,7 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   KL_ASSIGN_OR_RETURN(const LoadFormat format, parse_load_format(a.load_format));
   KL_ASSIGN_OR_RETURN(s.model, Model::load(a.model_dir, *s.backend, format));
   if (by_fraction) {
-    KL_RETURN_IF_ERROR(profile_step(*s.model, a.max_num_tokens, a.max_num_seqs, a.page_size));
+    KL_RETURN_IF_ERROR(profile_step(*s.model, max_num_tokens, a.max_num_seqs, a.page_size));
     const MemoryFraction f{a.gpu_memory_utilization.value_or(0.9), free_at_start, s.backend->available_bytes()};
     auto budget = cache_budget(f);
     if (!budget.ok()) return budget.status().with_context("--gpu-memory-utilization");
@@ -144,7 +155,7 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   const int64_t slots = a.max_num_seqs * (prefix.mode == PrefixCaching::kOn ? 2 : 1);  // snapshots get their own slots
   KL_ASSIGN_OR_RETURN(s.runner, ModelRunner::create(*s.model, CacheOptions{slots, a.page_size, memory}, prefix));
   EngineOptions eo;
-  eo.scheduler = {a.max_num_tokens, a.max_num_seqs, prefix.mode == PrefixCaching::kOn ? prefix.snapshot_interval : 0};
+  eo.scheduler = {max_num_tokens, a.max_num_seqs, prefix.mode == PrefixCaching::kOn ? prefix.snapshot_interval : 0};
   eo.max_queue = max_queue;
   for (int64_t id : c.eos_token_ids) eo.eos_ids.push_back(static_cast<int32_t>(id));
   s.engine = std::make_unique<Engine>(*s.runner, s.tokenizer.get(), eo);
