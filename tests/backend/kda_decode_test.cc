@@ -1,8 +1,8 @@
 // kda_decode (one fused decode step of a KDA layer) on every backend row against the composition
 // of the existing ops on the CPU (kda_decode_by_ops; for the bf16 row through Bf16Storage, which
 // stores the composition's intermediates in bf16 as the bf16 backend does): y, the KDA state pool
-// and the conv state pool, over a case table of batches of 1, 3 and 64 sequences, head dims 16, 32
-// and 128, conv kernels of 1, 3 and 4 taps, both gate forms with strong decay, non-zero states,
+// and the conv state pool, over a case table of batches of 1, 3 and 64 sequences, head dims 16, 32,
+// 80 and 128, conv kernels of 1, 3 and 4 taps, both gate forms with strong decay, non-zero states,
 // slots out of order and padded sequences (whose pools must stay untouched and whose y rows are
 // zero). On the CPU row the op is the composition itself, so that row checks the padding; the
 // composition's ops have their own tests, and the model fixtures run it for every decode row.
@@ -67,6 +67,7 @@ TEST_P(KdaDecode, MatchesTheCompositionOfOps) {
       {3, 2, 32, 3, KdaGate::kLowerBound, false},  {3, 3, 128, 4, KdaGate::kSoftplus, true},
       {64, 2, 128, 4, KdaGate::kSoftplus, false},  {64, 2, 16, 3, KdaGate::kLowerBound, true},
       {64, 1, 32, 1, KdaGate::kSoftplus, true},    {64, 2, 128, 4, KdaGate::kLowerBound, true},
+      {3, 2, 80, 4, KdaGate::kSoftplus, true},  // CUDA: a last column tile half used, rows past dk
   };
   std::mt19937_64 rng(testing::fresh_seed());
   auto cpu = make_backend(BackendOptions{});

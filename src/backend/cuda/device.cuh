@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "backend/cuda/backend.h"
 
@@ -76,6 +77,24 @@ __device__ __forceinline__ int seq_of_row(const int32_t* cu, int num_seqs, int64
     if (cu[mid] <= row) lo = mid; else hi = mid - 1;
   }
   return lo;
+}
+
+// Programmatic dependent launch: `kernel` may start while the kernel before it on the stream is still
+// running (once every block of that one has called cudaTriggerProgrammaticLaunchCompletion or
+// exited); it must call cudaGridDependencySynchronize before reading anything that one writes.
+template <typename... Params, typename... Args>
+void launch_dependent(cudaStream_t stream, void (*kernel)(Params...), dim3 grid, dim3 block, const std::string& what,
+                      Args... args) {
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = stream;
+  cfg.attrs = &overlap;
+  cfg.numAttrs = 1;
+  KL_CUDA(cudaLaunchKernelEx(&cfg, kernel, args...), what);
 }
 
 inline unsigned blocks_for(int64_t n, int threads) {

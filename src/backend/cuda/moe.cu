@@ -28,7 +28,7 @@
 //   warps and summed in a fixed order, so a value does not depend on R; f32 uses fp32 FMAs (the
 //   exact mode). gate/up and down are programmatic dependent launches: gate/up's blocks start
 //   during the plan (they zero the down counters) and down's during gate/up; each waits
-//   (griddepcontrol) before reading what the one before writes.
+//   (cudaGridDependencySynchronize) before reading what the one before writes.
 //   Cost (48B shape, H200, route + experts as a graph replay; floors at 4.2 TB/s 0.030 / 0.75 /
 //   0.87 ms): before the plan (every block finding its expert and slots from idx itself, R = 16)
 //   N=1 0.057 ms, N=64 1.058 ms, N=256 1.681 ms; with the plan N=1 0.058 ms, N=64 0.865 ms (R = 32);
@@ -190,7 +190,7 @@ __device__ int block_exclusive_scan(int v, int* scratch, int& total) {
 __global__ void __launch_bounds__(kPlanThreads)
     plan_kernel(const int32_t* idx, int nk, int num_experts, int num_entries, Picked* picked, int32_t* slots) {
   // The gate/up blocks may start: they zero the down counters, then wait for this plan.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ int plan_sm[];
   __shared__ int scratch[kPlanWarps];
   int* cnt = plan_sm;                                 // [kPlanWarps][num_experts]
@@ -420,14 +420,14 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ExpertsArgs p) {
   __shared__ int slot[kGroup];  // the pass's slots; down: −1 − slot where this block does the combine
   if constexpr (kUp) {
     // The down launch may start (its blocks wait for this grid to finish).
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    cudaTriggerProgrammaticLaunchCompletion();
     // Its counters start from zero (every block helps, before any returns).
     const int64_t block = blockIdx.y * int64_t{gridDim.x} + blockIdx.x, nblocks = int64_t{gridDim.x} * gridDim.y;
     for (int64_t i = block * kThreads + threadIdx.x; i < p.num_counters; i += nblocks * kThreads) p.counters[i] = 0;
   }
   // gate/up: the plan is ready; down: act and the counters too (and the plan, which finished
   // before any gate/up block got past this wait).
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  cudaGridDependencySynchronize();
   const Picked pk = p.picked[blockIdx.y];
   if (pk.e < 0) return;
   const int tile = blockIdx.x;
@@ -498,22 +498,6 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ExpertsArgs p) {
 
 bool grouped_fits(int64_t num_experts) { return plan_smem(num_experts) + kPlanWarps * 4 <= kSmemLimit; }
 
-// A launch that may start before the previous one on the stream finishes (its kernel waits with
-// griddepcontrol.wait before reading what that one writes).
-template <typename Kernel>
-void launch_dependent(CudaBackend& be, Kernel kernel, dim3 grid, const ExpertsArgs& a, const std::string& what) {
-  cudaLaunchAttribute overlap{};
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = be.stream();
-  cfg.attrs = &overlap;
-  cfg.numAttrs = 1;
-  KL_CUDA(cudaLaunchKernelEx(&cfg, kernel, a), what);
-}
-
 template <typename T, bool kVec, int kRows>
 void launch_stages(CudaBackend& be, ExpertsArgs a, int64_t n, int64_t entries, const std::string& what) {
   const int64_t down_tiles = (a.dout + kRows - 1) / kRows;
@@ -521,10 +505,11 @@ void launch_stages(CudaBackend& be, ExpertsArgs a, int64_t n, int64_t entries, c
   a.counters = counters.data_as<int32_t>();
   a.num_counters = n * down_tiles;
   const auto y = static_cast<unsigned>(entries);
-  launch_dependent(be, experts_kernel<T, kVec, kRows, Stage::kGateUp>,
-                   dim3(static_cast<unsigned>((a.f + kRows / 2 - 1) / (kRows / 2)), y), a, what + " (gate_up)");
-  launch_dependent(be, experts_kernel<T, kVec, kRows, Stage::kDown>, dim3(static_cast<unsigned>(down_tiles), y), a,
-                   what + " (down)");
+  launch_dependent(be.stream(), experts_kernel<T, kVec, kRows, Stage::kGateUp>,
+                   dim3(static_cast<unsigned>((a.f + kRows / 2 - 1) / (kRows / 2)), y), dim3(kThreads),
+                   what + " (gate_up)", a);
+  launch_dependent(be.stream(), experts_kernel<T, kVec, kRows, Stage::kDown>, dim3(static_cast<unsigned>(down_tiles), y),
+                   dim3(kThreads), what + " (down)", a);
 }
 
 template <typename T, bool kVec>
