@@ -537,8 +537,6 @@ void launch_grouped(CudaBackend& be, const ExpertsArgs& a, int rows, int64_t n, 
   KL_CHECK(false, what + ": no grouped kernel for " + std::to_string(rows) + " rows per block");
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 void experts_grouped(CudaBackend& be, int rows, const Tensor& x, const Tensor& idx, const Tensor& weights,
                      const Tensor& w13, const Tensor& w2, const GluParams& gp, const Tensor& o,
                      const std::string& what) {
