@@ -2,14 +2,15 @@
 // step, continuing from its conv-state slot (the last Kc−1 pre-conv rows, oldest first) and
 // writing the slot back. Two launches: the outputs (reading the old state), then the new state.
 //
-// Outputs: a thread owns a chunk of kRowChunk channels (device.cuh: 16-byte accesses where the width
-// and alignment allow) and a run of kRunRows rows. It finds the sequence of the run's first row once
-// (binary search over cu_seqlens) and walks forward from there (empty sequences included), loads its
-// channels' weights once, and for Kc ≤ kRegTaps slides the window along the run in registers: each
-// input row is read once, plus the Kc−1 history rows where the run or a sequence starts, and the
-// next row's load is issued before the current row is computed and stored (twice the bytes in
-// flight at the 3 blocks of 128 threads per SM its 146 registers leave). Larger Kc
-// (the config allows 64) read every tap from memory, as before. Per output: acc = Σ_j w[j]·in[j] in tap
+// Outputs: a thread owns a chunk of kRowChunk channels (device.cuh: 16-byte accesses where the
+// width and alignment allow) and a run of kRunRows rows. It finds the sequence of the run's first
+// row once (binary search over cu_seqlens) and walks forward from there (empty sequences included),
+// loads its channels' weights once, and for Kc ≤ kRegTaps slides the window along the run in
+// registers: each input row is read once, plus the Kc−1 history rows where the run or a sequence
+// starts, and the loads of the next kAhead rows are in flight while a row is computed and stored
+// (at 3 blocks of 128 threads per SM, which its 168 registers allow, a memory-bound kernel needs
+// those bytes in flight; one row ahead, at 146 registers, kept a third of them). Larger Kc (the
+// config allows 64) read every tap from memory, as before. Per output: acc = Σ_j w[j]·in[j] in tap
 // order, one fma each, then acc·σ(acc) rounded once: the bits of the element-per-thread kernel it
 // replaced.
 // Cost (Kimi-Linear-48B prefill of 2,048 tokens, q/k/v packed: C = 12,288, Kc = 4, BF16): reads
@@ -26,7 +27,8 @@ namespace {
 
 constexpr int kRunRows = 16;  // rows per thread
 constexpr int kRegTaps = 4;   // Kc up to this: weights and window in registers
-constexpr int kOutThreads = 128;  // at its 146 registers, 3 blocks per SM (2 blocks of 256 would spill)
+constexpr int kAhead = 3;     // input rows loaded ahead of the one computed (4: 179 registers, or spills at 168)
+constexpr int kOutThreads = 128;  // 3 blocks per SM at 168 registers (2 blocks of 256 spill)
 
 struct ConvStep {
   const int32_t* cu;     // [B+1]
@@ -46,7 +48,7 @@ __device__ __forceinline__ void window(const ConvStep& s, In x, In st, int b, in
     load_chunk(x, (s.cu[b] + r - hist) * s.c + ch, n, s.vec, v);
 }
 
-__global__ void conv_out_kernel(ConvStep s, In x, In w, In st, int64_t rows, Out o) {
+__global__ void __launch_bounds__(kOutThreads, 3) conv_out_kernel(ConvStep s, In x, In w, In st, int64_t rows, Out o) {
   const int64_t ch = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * kRowChunk;
   if (ch >= s.c) return;
   const int n = chunk_size(ch, s.c);
@@ -67,48 +69,57 @@ __global__ void conv_out_kernel(ConvStep s, In x, In w, In st, int64_t rows, Out
     const int64_t r0 = run * kRunRows, r1 = r0 + kRunRows < rows ? r0 + kRunRows : rows;
     int b = seq_of_row(s.cu, s.num_seqs, r0);
     int64_t start = s.cu[b], next = s.cu[b + 1];
-    float nxt[kRowChunk] = {};  // the next row's input, loaded a row ahead
-    if (regs) load_chunk(x, r0 * s.c + ch, n, s.vec, nxt);
-    for (int64_t row = r0; row < r1; ++row) {
-      float cur[kRowChunk];
+    float ahead[kAhead][kRowChunk] = {};  // inputs of rows row .. row + kAhead − 1, loaded ahead
+    if (regs) {
 #pragma unroll
-      for (int e = 0; e < kRowChunk; ++e) cur[e] = nxt[e];
-      if (regs && row + 1 < r1) load_chunk(x, (row + 1) * s.c + ch, n, s.vec, nxt);
-      while (row >= next) start = next, next = s.cu[++b + 1];  // past empty sequences too
-      const int64_t t = row - start;
-      float acc[kRowChunk] = {};
-      if (regs) {
-        if (row == r0 || t == 0) {
+      for (int q = 0; q < kAhead; ++q)
+        if (r0 + q < r1) load_chunk(x, (r0 + q) * s.c + ch, n, s.vec, ahead[q]);
+    }
+    for (int64_t row0 = r0; row0 < r1; row0 += kAhead) {
 #pragma unroll
-          for (int p = 0; p + 1 < kRegTaps; ++p) {
-            if (p < lead) continue;
-            float h[kRowChunk];
-            window(s, x, st, b, t + p - lead, ch, n, h);
+      for (int q = 0; q < kAhead; ++q) {
+        const int64_t row = row0 + q;
+        if (row >= r1) break;
+        float cur[kRowChunk];
 #pragma unroll
-            for (int e = 0; e < kRowChunk; ++e) win[e][p] = h[e];
+        for (int e = 0; e < kRowChunk; ++e) cur[e] = ahead[q][e];
+        if (regs && row + kAhead < r1) load_chunk(x, (row + kAhead) * s.c + ch, n, s.vec, ahead[q]);
+        while (row >= next) start = next, next = s.cu[++b + 1];  // past empty sequences too
+        const int64_t t = row - start;
+        float acc[kRowChunk] = {};
+        if (regs) {
+          if (row == r0 || t == 0) {
+#pragma unroll
+            for (int p = 0; p + 1 < kRegTaps; ++p) {
+              if (p < lead) continue;
+              float h[kRowChunk];
+              window(s, x, st, b, t + p - lead, ch, n, h);
+#pragma unroll
+              for (int e = 0; e < kRowChunk; ++e) win[e][p] = h[e];
+            }
+          }
+#pragma unroll
+          for (int e = 0; e < kRowChunk; ++e) {
+            win[e][kRegTaps - 1] = cur[e];
+#pragma unroll
+            for (int p = 0; p < kRegTaps; ++p)
+              if (p >= lead) acc[e] = fmaf(wr[e][p], win[e][p], acc[e]);
+#pragma unroll
+            for (int p = 0; p + 1 < kRegTaps; ++p) win[e][p] = win[e][p + 1];
+          }
+        } else {
+          for (int64_t j = 0; j < s.kc; ++j) {
+            float v[kRowChunk];
+            window(s, x, st, b, t + j, ch, n, v);
+#pragma unroll
+            for (int e = 0; e < kRowChunk; ++e)
+              if (e < n) acc[e] = fmaf(w[(ch + e) * s.kc + j], v[e], acc[e]);
           }
         }
 #pragma unroll
-        for (int e = 0; e < kRowChunk; ++e) {
-          win[e][kRegTaps - 1] = cur[e];
-#pragma unroll
-          for (int p = 0; p < kRegTaps; ++p)
-            if (p >= lead) acc[e] = fmaf(wr[e][p], win[e][p], acc[e]);
-#pragma unroll
-          for (int p = 0; p + 1 < kRegTaps; ++p) win[e][p] = win[e][p + 1];
-        }
-      } else {
-        for (int64_t j = 0; j < s.kc; ++j) {
-          float v[kRowChunk];
-          window(s, x, st, b, t + j, ch, n, v);
-#pragma unroll
-          for (int e = 0; e < kRowChunk; ++e)
-            if (e < n) acc[e] = fmaf(w[(ch + e) * s.kc + j], v[e], acc[e]);
-        }
+        for (int e = 0; e < kRowChunk; ++e) acc[e] *= sigmoid_f(acc[e]);
+        store_chunk(o, row * s.c + ch, n, s.vec, acc);
       }
-#pragma unroll
-      for (int e = 0; e < kRowChunk; ++e) acc[e] *= sigmoid_f(acc[e]);
-      store_chunk(o, row * s.c + ch, n, s.vec, acc);
     }
   }
 }

@@ -139,10 +139,10 @@ struct RowGrid {
   dim3 grid, block;
 };
 inline RowGrid row_grid(int64_t units, int64_t runs, int max_threads = 256) {
-  const int64_t warps = (units + 31) / 32, per_block = max_threads / 32, blocks = (warps + per_block - 1) / per_block;
-  const int64_t threads = 32 * ((warps + blocks - 1) / blocks);
-  return RowGrid{dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(runs < 65535 ? runs : 65535)),
-                 dim3(static_cast<unsigned>(threads))};
+  const int64_t warps = units > 32 ? (units + 31) / 32 : 1, per_block = max_threads / 32;
+  const int64_t blocks = (warps + per_block - 1) / per_block, threads = 32 * ((warps + blocks - 1) / blocks);
+  const int64_t y = runs < 1 ? 1 : (runs < 65535 ? runs : 65535);  // no runs: one idle row of blocks
+  return RowGrid{dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(y)), dim3(static_cast<unsigned>(threads))};
 }
 
 inline unsigned blocks_for(int64_t n, int threads) {
