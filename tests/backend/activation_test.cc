@@ -1,7 +1,11 @@
 // Activations and the small elementwise ops against their formulas on random inputs, on every
-// backend row: SwiGLU and SiTU-GLU (SPEC 3.2, with and without the linear beta), the sigmoid
-// output gate of MLA (SPEC 5.1 step 8), sigmoid, the residual add and the embedding lookup.
+// backend row: SwiGLU and SiTU-GLU (SPEC 3.2, with and without the linear beta, over a table of
+// shapes), the sigmoid output gate of MLA (SPEC 5.1 step 8), sigmoid, the residual add and the
+// embedding lookup.
 #include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
 
 #include "backend_cases.h"
 #include "test_util.h"
@@ -13,28 +17,33 @@ using testing::sig;
 
 class Activations : public testing::BackendTest {};
 
+// (rows, F): F a multiple of 8 (CUDA's 16-byte chunks) and not, and more rows than a grid's 65,535 in y.
+const std::pair<int64_t, int64_t> kGluShapes[] = {{5, 24}, {3, 13}, {70000, 8}};
+
 TEST_P(Activations, SwigluAndSitu) {
   std::mt19937_64 rng(testing::fresh_seed());
-  const int64_t n = 5, f = 24;
-  Tensor gu = testing::random_tensor(rng, {n, 2 * f}, -30.0f, 30.0f);  // wide: exercises both tanh saturations
   struct Case {
     GluParams p;
     const char* name;
   };
-  for (const Case& c : {Case{{Activation::kSilu, 1.0f, std::nullopt}, "silu"},
-                        Case{{Activation::kSitu, 4.0f, 25.0f}, "situ 4/25"},
-                        Case{{Activation::kSitu, 2.0f, std::nullopt}, "situ 2/none"}}) {
-    Tensor out = poisoned({n, f}), expect = Tensor::empty(DType::kF32, {n, f});
-    be().glu(dev(gu), c.p, out);
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t j = 0; j < f; ++j) {
-        const double g = gu.f32()[r * 2 * f + j], u = gu.f32()[r * 2 * f + f + j];
-        double v;
-        if (c.p.kind == Activation::kSilu) v = g * sig(g) * u;
-        else v = c.p.beta * std::tanh(g / c.p.beta) * sig(g) * (c.p.linear_beta ? *c.p.linear_beta * std::tanh(u / *c.p.linear_beta) : u);
-        expect.f32()[r * f + j] = float(v);
-      }
-    EXPECT_TRUE(testing::all_close(host(out), expect, tol())) << c.name;
+  for (const auto& [n, f] : kGluShapes) {
+    SCOPED_TRACE(std::to_string(n) + " rows, F " + std::to_string(f));
+    Tensor gu = testing::random_tensor(rng, {n, 2 * f}, -30.0f, 30.0f);  // wide: exercises both tanh saturations
+    for (const Case& c : {Case{{Activation::kSilu, 1.0f, std::nullopt}, "silu"},
+                          Case{{Activation::kSitu, 4.0f, 25.0f}, "situ 4/25"},
+                          Case{{Activation::kSitu, 2.0f, std::nullopt}, "situ 2/none"}}) {
+      Tensor out = poisoned({n, f}), expect = Tensor::empty(DType::kF32, {n, f});
+      be().glu(dev(gu), c.p, out);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < f; ++j) {
+          const double g = gu.f32()[r * 2 * f + j], u = gu.f32()[r * 2 * f + f + j];
+          double v;
+          if (c.p.kind == Activation::kSilu) v = g * sig(g) * u;
+          else v = c.p.beta * std::tanh(g / c.p.beta) * sig(g) * (c.p.linear_beta ? *c.p.linear_beta * std::tanh(u / *c.p.linear_beta) : u);
+          expect.f32()[r * f + j] = float(v);
+        }
+      EXPECT_TRUE(testing::all_close(host(out), expect, tol())) << c.name;
+    }
   }
 }
 

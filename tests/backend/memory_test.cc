@@ -1,6 +1,7 @@
 // The memory ops every other op test leans on, on every backend row: host → device → host round
-// trips in both dtypes, fill, copy, copy_columns, gather_rows, and the step arena (the same
-// addresses when a step of the same shapes runs again, memory reused after begin_step).
+// trips in both dtypes, fill, copy, copy_columns, gather_rows (a table of widths, offsets and row
+// counts), and the step arena (the same addresses when a step of the same shapes runs again, memory
+// reused after begin_step).
 #include <gtest/gtest.h>
 
 #include "backend_cases.h"
@@ -38,17 +39,41 @@ TEST_P(MemoryOps, RoundTripsFillAndCopies) {
   for (int64_t r = 0; r < 7; ++r)
     for (int64_t j = 0; j < 5; ++j) expect.f32()[r * 9 + 1 + j] = x.f32()[r * 12 + 3 + j];
   EXPECT_TRUE(testing::close_rel(host(cols), expect, tol())) << "copy_columns";
+}
 
-  // gather_rows: rows 6, 0, 6, 3.
-  Tensor rows = Tensor::empty(DType::kI32, {4});
-  const int32_t pick[4] = {6, 0, 6, 3};
-  for (int i = 0; i < 4; ++i) rows.data_as<int32_t>()[i] = pick[i];
-  Tensor g = poisoned({4, 12});
-  be().gather_rows(dev(x), dev(rows, DType::kI32), g);
-  Tensor ge = Tensor::empty(DType::kF32, {4, 12});
-  for (int i = 0; i < 4; ++i)
-    for (int64_t j = 0; j < 12; ++j) ge.f32()[i * 12 + j] = x.f32()[pick[i] * 12 + j];
-  EXPECT_TRUE(testing::all_close(host(g), ge, tol())) << "gather_rows";
+struct GatherCase {
+  const char* name;
+  int64_t src_rows, cols, out_rows;
+  int64_t offset;  // src and out are views starting this many rows into their tensors
+};
+
+// CUDA copies a row in the widest units (16, 8, 4 or 2 bytes) its width and both addresses allow,
+// and strides over rows past a grid's 65,535 in y.
+const GatherCase kGatherCases[] = {
+    {"chunked_width", 7, 16, 4, 0},
+    {"odd_width", 7, 13, 5, 0},
+    {"width_6_rows_offset", 9, 6, 6, 1},
+    {"width_24_rows_offset", 5, 24, 3, 3},
+    {"70000_rows", 300, 8, 70000, 0},
+};
+
+TEST_P(MemoryOps, GatherRows) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  for (const GatherCase& c : kGatherCases) {
+    SCOPED_TRACE(c.name);
+    Tensor x = testing::random_tensor(rng, {c.offset + c.src_rows, c.cols});
+    Tensor rows = Tensor::empty(DType::kI32, {c.out_rows});
+    for (int64_t i = 0; i < c.out_rows; ++i) rows.data_as<int32_t>()[i] = static_cast<int32_t>(rng() % c.src_rows);
+    rows.data_as<int32_t>()[c.out_rows - 1] = rows.data_as<int32_t>()[0];  // a repeated row
+    Tensor out = poisoned({c.offset + c.out_rows, c.cols});
+    be().gather_rows(dev(x).rows(c.offset, c.offset + c.src_rows), dev(rows, DType::kI32),
+                     out.rows(c.offset, c.offset + c.out_rows));
+    Tensor expect = Tensor::empty(DType::kF32, {c.out_rows, c.cols});
+    for (int64_t i = 0; i < c.out_rows; ++i)
+      for (int64_t j = 0; j < c.cols; ++j)
+        expect.f32()[i * c.cols + j] = x.f32()[(c.offset + rows.data_as<int32_t>()[i]) * c.cols + j];
+    EXPECT_TRUE(testing::all_close(host(out).rows(c.offset, c.offset + c.out_rows), expect, tol()));
+  }
 }
 
 TEST_P(MemoryOps, StepArenaGivesTheSameAddressesEachStep) {

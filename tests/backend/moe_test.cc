@@ -1,7 +1,8 @@
 // Routed experts (SPEC 3.4) on every backend row against a plain per-token loop: out[t] = Σ_k w[t,k] ·
 // down_e(glu(gate_up_e(x[t]))) with e = idx[t,k]. The table covers 1 to 300 tokens (CUDA: both its
-// grouped path, up to kMoeGroupedMaxTokens = 256, and the per-expert GEMMs above), widths that are
-// and are not multiples of 8 and of the grouped path's 16- and 32-row tiles, experts with no
+// grouped path, up to kMoeGroupedMaxTokens = 256, and the per-expert GEMMs above, with widths that
+// are and are not multiples of 8 on both), widths that are and are not multiples of 8 and of the
+// grouped path's 16- and 32-row tiles, experts with no
 // tokens, an expert picked by every token (more than one 32-token pass) at each tile size, many
 // picked experts (up to 512, more than the plan's 256 threads), and both activations. Outputs are
 // poisoned first, and a second run must give the same bits.
@@ -52,6 +53,7 @@ const MoeCase kCases[] = {
     {"256_tokens_hot", 256, 48, 16, 33, 40, 8, Picks::kHot, kSilu},
     {"256_tokens_spread", 256, 64, 24, 64, 64, 8, Picks::kSpread, kSituLinear},
     {"300_tokens", 300, 32, 16, 40, 20, 4, Picks::kHot, kSitu},
+    {"300_tokens_odd_widths", 300, 36, 20, 50, 24, 4, Picks::kHot, kSituLinear},
     {"rows16_last", 14, 64, 40, 72, 64, 4, Picks::kSpread, kSilu},
     {"rows32_first", 15, 64, 40, 72, 64, 4, Picks::kSpread, kSituLinear},
     {"rows32_hot_odd_widths", 45, 36, 20, 50, 64, 4, Picks::kHot, kSitu},

@@ -28,11 +28,25 @@ __global__ void sigmoid_kernel(In x, Out y, int64_t n) {
   KL_GRID_STRIDE(i, n) y.set(i, sigmoid_f(x[i]));
 }
 
-__global__ void glu_kernel(In gate_up, int64_t rows, int64_t f, Activation kind, float beta, bool has_lb, float lb,
-                           Out o) {
-  KL_GRID_STRIDE(i, rows * f) {
-    const int64_t r = i / f, j = i % f;
-    o.set(i, glu_value(gate_up[r * 2 * f + j], gate_up[r * 2 * f + f + j], kind, beta, has_lb, lb));
+// out[r, j] = glu(gate_up[r, j], gate_up[r, F + j]) (SPEC 3.2). A thread owns a chunk of kRowChunk
+// outputs of a row (device.cuh: 16-byte accesses when F % 8 == 0 and the data is aligned) and walks
+// rows (x over the chunks, y over the rows, striding past 65535): no per-element division.
+// Cost (Kimi-Linear-48B prefill of 2,048 tokens, the per-expert MoE path: 16,384 rows, F = 1,024,
+// BF16): reads 67.1 MB, writes 33.6 MB: 101 MB, 24 µs at 4.2 TB/s. The element-per-thread kernel (a
+// 64-bit i / F and i % F per element, 2-byte accesses) measured ~60 µs per launch on the H200; this
+// one is predicted at ~28 µs.
+__global__ void glu_kernel(In gate_up, int64_t rows, int64_t f, bool vec, Activation kind, float beta, bool has_lb,
+                           float lb, Out o) {
+  const int64_t j = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * kRowChunk;
+  if (j >= f) return;
+  const int n = chunk_size(j, f);
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    float g[kRowChunk] = {}, u[kRowChunk] = {}, v[kRowChunk];
+    load_chunk(gate_up, r * 2 * f + j, n, vec, g);
+    load_chunk(gate_up, r * 2 * f + f + j, n, vec, u);
+#pragma unroll
+    for (int e = 0; e < kRowChunk; ++e) v[e] = glu_value(g[e], u[e], kind, beta, has_lb, lb);
+    store_chunk(o, r * f + j, n, vec, v);
   }
 }
 
@@ -74,9 +88,10 @@ void CudaBackend::glu(const Tensor& gate_up, const GluParams& p, const Tensor& o
   const int64_t f = o.dim(-1), rows = f == 0 ? 0 : o.numel() / f;
   KL_CHECK(gate_up.numel() == rows * 2 * f, "glu " + shapes(gate_up) + " -> " + shapes(o));
   if (o.numel() == 0) return;
-  glu_kernel<<<blocks_for(o.numel(), 256), 256, 0, stream_>>>(in(gate_up, "glu"), rows, f, p.kind, p.beta,
-                                                               p.linear_beta.has_value(), p.linear_beta.value_or(1.0f),
-                                                               out(o, "glu"));
+  const bool vec = f % kRowChunk == 0 && aligned16(gate_up.data()) && aligned16(o.data());
+  const RowGrid g = row_grid((f + kRowChunk - 1) / kRowChunk, rows);
+  glu_kernel<<<g.grid, g.block, 0, stream_>>>(in(gate_up, "glu"), rows, f, vec, p.kind, p.beta,
+                                              p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), out(o, "glu"));
   KL_LAUNCHED("glu " + shapes(o));
 }
 

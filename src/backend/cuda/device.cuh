@@ -97,6 +97,73 @@ void launch_dependent(cudaStream_t stream, void (*kernel)(Params...), dim3 grid,
   KL_CUDA(cudaLaunchKernelEx(&cfg, kernel, args...), what);
 }
 
+// ---- Row-wise kernels in chunks of kRowChunk consecutive elements of a row (conv, glu, the MoE
+// combine; gather_rows copies rows in raw units the same way): a thread owns a chunk of a row and
+// walks rows, so per element there is no 64-bit division and, where the launch allows it (`vec`: the data 16-byte aligned and every row width a
+// multiple of kRowChunk, so every chunk starts 16-byte aligned), a chunk moves as one 16-byte access
+// for BF16, two for F32. Otherwise it moves element by element, its first n ≤ kRowChunk elements.
+// Either way the values are those of In / Out element access, bit for bit.
+constexpr int kRowChunk = 8;
+
+__device__ __forceinline__ void load_chunk(In t, int64_t i, int n, bool vec, float (&v)[kRowChunk]) {
+  if (vec && t.bf16) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(t.p) + i);
+    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < kRowChunk / 2; ++k) {
+      const float2 f = __bfloat1622float2(h[k]);
+      v[2 * k] = f.x, v[2 * k + 1] = f.y;
+    }
+  } else if (vec) {
+    const auto* q = reinterpret_cast<const float4*>(static_cast<const float*>(t.p) + i);
+    const float4 a = q[0], b = q[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < kRowChunk; ++e)
+      if (e < n) v[e] = t[i + e];
+  }
+}
+
+__device__ __forceinline__ void store_chunk(Out t, int64_t i, int n, bool vec, const float (&v)[kRowChunk]) {
+  if (vec && t.bf16) {
+    uint4 raw;
+    auto* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int k = 0; k < kRowChunk / 2; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+    *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(t.p) + i) = raw;
+  } else if (vec) {
+    auto* q = reinterpret_cast<float4*>(static_cast<float*>(t.p) + i);
+    q[0] = make_float4(v[0], v[1], v[2], v[3]);
+    q[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kRowChunk; ++e)
+      if (e < n) t.set(i + e, v[e]);
+  }
+}
+
+// The elements of the chunk starting at column `col` of a row `width` wide.
+__device__ __forceinline__ int chunk_size(int64_t col, int64_t width) {
+  return width - col < kRowChunk ? static_cast<int>(width - col) : kRowChunk;
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Launch shape of a row-wise kernel: x over a row's `units` (chunks or copy units), in blocks of at
+// most `max_threads` (a multiple of 32) sized so the last one is not mostly idle; y over `runs`
+// (rows or runs of rows), at most 65535, the kernel striding over the rest
+// (for (run = blockIdx.y; run < runs; run += gridDim.y)).
+struct RowGrid {
+  dim3 grid, block;
+};
+inline RowGrid row_grid(int64_t units, int64_t runs, int max_threads = 256) {
+  const int64_t warps = units > 32 ? (units + 31) / 32 : 1, per_block = max_threads / 32;
+  const int64_t blocks = (warps + per_block - 1) / per_block, threads = 32 * ((warps + blocks - 1) / blocks);
+  const int64_t y = runs < 1 ? 1 : (runs < 65535 ? runs : 65535);  // no runs: one idle row of blocks
+  return RowGrid{dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(y)), dim3(static_cast<unsigned>(threads))};
+}
+
 inline unsigned blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 32 ? 65535 * 32 : b));

@@ -522,8 +522,6 @@ void launch_grouped(CudaBackend& be, const ExpertsArgs& a, int rows, int64_t n, 
   KL_CHECK(false, what + ": no grouped kernel for " + std::to_string(rows) + " rows per block");
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 void experts_grouped(CudaBackend& be, int rows, const Tensor& x, const Tensor& idx, const Tensor& weights,
                      const Tensor& w13, const Tensor& w2, const GluParams& gp, const Tensor& o,
                      const std::string& what) {
@@ -571,13 +569,29 @@ void experts_grouped(CudaBackend& be, int rows, const Tensor& x, const Tensor& i
 
 // ---- per-expert GEMMs
 
-// out[t] = Σ_k weights[t, k] · y[pos[t, k]] in k order (fp32).
-__global__ void combine_kernel(In y, const int32_t* pos, const float* weights, int64_t n, int k, int64_t dout, Out o) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * dout; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t t = i / dout, d = i % dout;
-    float acc = 0.0f;
-    for (int j = 0; j < k; ++j) acc += weights[t * k + j] * y[int64_t{pos[t * k + j]} * dout + d];
-    o.set(i, acc);
+// out[t] = Σ_k weights[t, k] · y[pos[t, k]] in k order (fp32, an fma each), rounded once. A thread
+// owns a chunk of kRowChunk output columns (device.cuh: 16-byte accesses when dout % 8 == 0 and the
+// data is aligned) and walks tokens (x over the chunks, y over the tokens, striding past 65535): no
+// per-element division, a token's weights and positions read once per chunk.
+// Cost (Kimi-Linear-48B prefill of 2,048 tokens, K = 8, dout = 2,304, BF16): reads y 75.5 MB,
+// writes 9.4 MB (weights and positions 0.13 MB): 85 MB, 20 µs at 4.2 TB/s. The element-per-thread
+// kernel (a 64-bit i / dout and i % dout, 2-byte accesses) measured ~72 µs per launch on the H200;
+// this one is predicted at ~25 µs.
+__global__ void combine_kernel(In y, const int32_t* pos, const float* weights, int64_t n, int k, int64_t dout, bool vec,
+                               Out o) {
+  const int64_t d = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * kRowChunk;
+  if (d >= dout) return;
+  const int cn = chunk_size(d, dout);
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    float acc[kRowChunk] = {};
+    for (int j = 0; j < k; ++j) {
+      const float w = weights[t * k + j];
+      float v[kRowChunk] = {};
+      load_chunk(y, int64_t{pos[t * k + j]} * dout + d, cn, vec, v);
+#pragma unroll
+      for (int e = 0; e < kRowChunk; ++e) acc[e] = fmaf(w, v[e], acc[e]);
+    }
+    store_chunk(o, t * dout + d, cn, vec, acc);
   }
 }
 
@@ -640,9 +654,11 @@ void experts_per_expert_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx
   per_expert(xp, din, w13, f2, h, "moe_experts gate_up");
   be.glu(h, p, act);
   per_expert(act, f, w2, dout, y, "moe_experts down");
-  combine_kernel<<<blocks_for(n * dout, 256), 256, 0, be.stream()>>>(in(y, "moe_experts"), pos_t.data_as<const int32_t>(),
-                                                                     weights.data_as<const float>(), n,
-                                                                     static_cast<int>(k), dout, out(o, "moe_experts"));
+  const bool vec = dout % kRowChunk == 0 && aligned16(y.data()) && aligned16(o.data());
+  const RowGrid g = row_grid((dout + kRowChunk - 1) / kRowChunk, n);
+  combine_kernel<<<g.grid, g.block, 0, be.stream()>>>(in(y, "moe_experts"), pos_t.data_as<const int32_t>(),
+                                                      weights.data_as<const float>(), n, static_cast<int>(k), dout, vec,
+                                                      out(o, "moe_experts"));
   KL_LAUNCHED(what + " (combine)");
 }
 
