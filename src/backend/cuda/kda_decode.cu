@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kThreads) norm_kernel(DecodeStep s) {
 
 void CudaBackend::kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) {
   const KdaDecodeDims d = check_kda_decode(a, decode);
-  KL_CHECK(d.dk <= kMaxD && d.dv <= kMaxD && d.dv % 4 == 0 && reinterpret_cast<uintptr_t>(a.states.data()) % 16 == 0 &&
+  KL_CHECK(d.dk <= kMaxD && d.dv <= kMaxD && d.dv % 4 == 0 && aligned16(a.states.data()) &&
                d.rows <= 65535 && decode.dev.cu_seqlens.defined() && a.conv_states.dtype() == dtype_ &&
                a.qkv.dtype() == dtype_ && a.y.dtype() == dtype_,
            "kda_decode: head dims dk " + std::to_string(d.dk) + " dv " + std::to_string(d.dv) + ", " +
