@@ -11,7 +11,7 @@
 #     third_party/gpu-carry/  what the GPU machine needs and cannot download (scripts/gpu-check.sh
 #                             unpacks it there): the FLA wheel, the CUTLASS headers as a tarball, and
 #                             the -dev debs of the libraries the build links (PCRE2, cpp-httplib,
-#                             nlohmann-json, CLI11, GoogleTest, OpenBLAS), a few MiB, well inside the
+#                             nlohmann-json, CLI11, GoogleTest, OpenBLAS), ~19 MiB, well inside the
 #                             device tool's 64 MiB carry limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
