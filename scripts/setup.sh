@@ -2,14 +2,17 @@
 # Installs what klinear builds and tests with. Idempotent; uses sudo when not root.
 #   scripts/setup.sh          # the Debian 12 packages of the CPU build and the tests, and the PyPI
 #                             # packages of the test oracles and clients (tiktoken for the K3 reference
-#                             # encoder, openai for the server tests)
+#                             # encoder, openai for the server tests); where nvcc is installed (the CUDA
+#                             # build is wanted: scripts/test.sh decides the same way) also the CUTLASS
+#                             # headers the CUDA backend compiles with, into third_party/cutlass/include
 #   scripts/setup.sh --gpu    # also fetches the pinned GPU dependencies into third_party/ (git-ignored):
 #     third_party/wheels/     the PyPI wheels below, checked against their sha256
-#     third_party/cutlass/include, third_party/flashinfer/include   headers for later kernels
+#     third_party/cutlass/include, third_party/flashinfer/include   headers (CUTLASS: the grouped GEMM)
 #     third_party/gpu-carry/  what the GPU machine needs and cannot download (scripts/gpu-check.sh
-#                             unpacks it there): the FLA wheel and the -dev debs of the libraries the
-#                             build links (PCRE2, cpp-httplib, nlohmann-json, CLI11, GoogleTest,
-#                             OpenBLAS), a few MiB, well inside the device tool's 64 MiB carry limit.
+#                             unpacks it there): the FLA wheel, the CUTLASS headers as a tarball, and
+#                             the -dev debs of the libraries the build links (PCRE2, cpp-httplib,
+#                             nlohmann-json, CLI11, GoogleTest, OpenBLAS), ~19 MiB, well inside the
+#                             device tool's 64 MiB carry limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +20,7 @@ gpu=0
 for arg in "$@"; do
   case "$arg" in
     --gpu) gpu=1 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg' (expected --gpu or --help)" >&2; exit 2 ;;
   esac
 done
@@ -45,24 +48,15 @@ if ! python3 -c "import openai" 2>/dev/null; then
   $sudo python3 -m pip install -q openai 2>/dev/null || $sudo python3 -m pip install -q --break-system-packages openai
 fi
 
-[ "$gpu" -eq 1 ] || exit 0
-
-# ---- GPU dependencies (pinned by version and sha256)
-wheels=(
-  "nvidia-cutlass==4.2.0.0 nvidia_cutlass-4.2.0.0-py3-none-any.whl f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6"
-  "flashinfer-python==0.7.2.post1 flashinfer_python-0.7.2.post1-py3-none-any.whl bfdc18b9e1e4d8d0730fe4343dc0e284cd0c160086de80f99888bc4867922d49"
-  "fla-core==0.6.0 fla_core-0.6.0-py3-none-any.whl b0708b70e0b119cd58a0a5146ea56cb175cef6ed969d8ac60267e3e077ce3ebd"
-)
-mkdir -p third_party/wheels
-for entry in "${wheels[@]}"; do
-  read -r spec file sha <<<"$entry"
-  if [ ! -f "third_party/wheels/$file" ] || ! echo "$sha  third_party/wheels/$file" | sha256sum -c --quiet - 2>/dev/null; then
-    python3 -m pip download -q --no-deps --only-binary=:all: -d third_party/wheels "$spec"
+# ---- GPU dependencies: PyPI wheels pinned by version and sha256, unpacked into third_party/
+fetch_wheel() {  # pip spec, file name, sha256
+  mkdir -p third_party/wheels
+  if [ ! -f "third_party/wheels/$2" ] || ! echo "$3  third_party/wheels/$2" | sha256sum -c --quiet - 2>/dev/null; then
+    python3 -m pip download -q --no-deps --only-binary=:all: -d third_party/wheels "$1"
   fi
-  echo "$sha  third_party/wheels/$file" | sha256sum -c --quiet - ||
-    { echo "setup.sh: $file does not match its pinned sha256 $sha" >&2; exit 1; }
-done
-
+  echo "$3  third_party/wheels/$2" | sha256sum -c --quiet - ||
+    { echo "setup.sh: $2 does not match its pinned sha256 $3" >&2; exit 1; }
+}
 unpack_include() {  # wheel, path inside it, destination
   if [ ! -d "$3" ]; then
     local tmp
@@ -73,7 +67,22 @@ unpack_include() {  # wheel, path inside it, destination
     rm -rf "$tmp"
   fi
 }
-unpack_include nvidia_cutlass-4.2.0.0-py3-none-any.whl cutlass_library/source/include third_party/cutlass/include
+cutlass_wheel=nvidia_cutlass-4.2.0.0-py3-none-any.whl
+
+# The CUDA backend's grouped GEMM (src/backend/cuda/gemm_grouped.cu) is CUTLASS's: wherever nvcc is
+# found, CMake's -DKLINEAR_CUDA=ON build needs its headers (only include/: cute and cutlass, 27 MiB).
+nvcc=$(command -v nvcc || true)
+[ -n "$nvcc" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || nvcc=/usr/local/cuda/bin/nvcc
+if [ -n "$nvcc" ] || [ "$gpu" -eq 1 ]; then
+  fetch_wheel nvidia-cutlass==4.2.0.0 $cutlass_wheel f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6
+  unpack_include $cutlass_wheel cutlass_library/source/include third_party/cutlass/include
+fi
+
+[ "$gpu" -eq 1 ] || exit 0
+
+fetch_wheel flashinfer-python==0.7.2.post1 flashinfer_python-0.7.2.post1-py3-none-any.whl \
+  bfdc18b9e1e4d8d0730fe4343dc0e284cd0c160086de80f99888bc4867922d49
+fetch_wheel fla-core==0.6.0 fla_core-0.6.0-py3-none-any.whl b0708b70e0b119cd58a0a5146ea56cb175cef6ed969d8ac60267e3e077ce3ebd
 unpack_include flashinfer_python-0.7.2.post1-py3-none-any.whl flashinfer/data/include third_party/flashinfer/include
 
 # The GPU machine reaches no registry: carry the FLA wheel and the libraries the build links as debs
@@ -84,6 +93,12 @@ debs=(libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libc
       libgfortran5 libquadmath0 libbrotli-dev libbrotli1)
 mkdir -p third_party/gpu-carry/debs
 cp third_party/wheels/fla_core-0.6.0-py3-none-any.whl third_party/gpu-carry/
+# The CUTLASS headers as a tarball (2.4 MiB; scripts/gpu-check.sh unpacks it into
+# third_party/cutlass/include), remade whenever the pinned wheel is newer than it.
+if [ ! -f third_party/gpu-carry/cutlass-include.tar.gz ] ||
+   [ "third_party/wheels/$cutlass_wheel" -nt third_party/gpu-carry/cutlass-include.tar.gz ]; then
+  tar -czf third_party/gpu-carry/cutlass-include.tar.gz -C third_party/cutlass include
+fi
 missing=()
 for deb in "${debs[@]}"; do
   compgen -G "third_party/gpu-carry/debs/${deb}_*.deb" >/dev/null || missing+=("$deb")

@@ -2,7 +2,7 @@
 // of timed repeats (CUDA events on the backend's stream, after warm-up), the FLOP and byte counts,
 // the floors they give on an H200 (4.2 TB/s copy bandwidth, 770 TFLOP/s bf16 dense) and the
 // achieved fraction of the larger floor. Inputs are random (never zeros); bf16 activations.
-//   ops_bench [kda|kda_decode|mla|moe|all]
+//   ops_bench [kda|kda_decode|mla|moe|grouped_gemm|all]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -351,6 +351,58 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   for (int64_t n : {1, 64, 256}) run(n, Part::kGraphed);  // last: a failed capture leaves the rows above
 }
 
+// The routed experts' GEMMs of Kimi-Linear-48B alone (gemm_grouped, moe.cu's per-expert path):
+// 256 problems per projection, gate/up (n = 2F = 2,048, k = D = 2,304) then down (n = D, k = F =
+// 1,024), for the rows of N = 2,048 and 8,192 tokens with 8 picks each drawn uniformly (m ≈ 64 and
+// ≈ 256 rows per expert, ± their Poisson spread), with each kernel of gemm_grouped. Bytes: the
+// expert weights, the inputs and outputs of both projections (bf16).
+void bench_grouped_gemm(cuda::CudaBackend& be, std::mt19937_64& gen) {
+  const int64_t E = 256, K = 8, D = 2304, F = 1024;
+  const Tensor w13 = be.upload(random_host({E, 2 * F, D}, gen, -0.02f, 0.02f), DType::kBF16);
+  const Tensor w2 = be.upload(random_host({E, D, F}, gen, -0.02f, 0.02f), DType::kBF16);
+  for (int64_t n : {2048, 8192}) {
+    std::vector<int64_t> offset(E + 1, 0);
+    std::uniform_int_distribution<int64_t> pick(0, E - 1);
+    for (int64_t i = 0; i < n * K; ++i) ++offset[pick(gen) + 1];
+    int64_t largest = 0;
+    for (int64_t e = 0; e < E; ++e) largest = std::max(largest, offset[e + 1]), offset[e + 1] += offset[e];
+    const int64_t rows = n * K;
+    const Tensor x = be.upload(random_host({rows, D}, gen), DType::kBF16);
+    const Tensor act = be.upload(random_host({rows, F}, gen), DType::kBF16);
+    const Tensor h = be.alloc_persistent(DType::kBF16, {rows, 2 * F});
+    const Tensor y = be.alloc_persistent(DType::kBF16, {rows, D});
+    // Each expert's rows of `in` [rows, width] times its weight [out_w, width] of `w` into `c`.
+    auto problems = [&](const Tensor& in, int64_t width, const Tensor& w, int64_t out_w, const Tensor& c) {
+      std::vector<cuda::GemmArgs> list;
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t m = offset[e + 1] - offset[e];
+        if (m == 0) continue;
+        cuda::GemmArgs& g = list.emplace_back();
+        g.m = m, g.n = out_w, g.k = width;
+        g.a = in.data_as<const uint16_t>() + offset[e] * width, g.lda = width;
+        g.b = w.data_as<const uint16_t>() + e * out_w * width, g.ldb = width;
+        g.c = c.data_as<uint16_t>() + offset[e] * out_w, g.ldc = out_w;
+        g.ab_dtype = g.c_dtype = DType::kBF16;
+      }
+      return list;
+    };
+    const auto gate_up = problems(x, D, w13, 2 * F, h), down = problems(act, F, w2, D, y);
+    const double flop = 2.0 * rows * (2 * F * D + D * F);
+    const double bytes = 2.0 * (E * 3.0 * D * F + rows * (D + 2 * F + F + D));
+    for (const auto kernel : {cuda::GroupedGemmKernel::kBest, cuda::GroupedGemmKernel::kCublas}) {
+      const double ms = time_ms(be, [&] {
+        be.begin_step();
+        be.gemm_grouped(gate_up, "bench gate_up", kernel);
+        be.gemm_grouped(down, "bench down", kernel);
+      });
+      char shape[96];
+      std::snprintf(shape, sizeof shape, "N=%lld m~%lld max %lld %s", (long long)n, (long long)(rows / E),
+                    (long long)largest, kernel == cuda::GroupedGemmKernel::kBest ? "CUTLASS" : "cuBLAS");
+      row("gemm_grouped 48B layer", shape, ms, flop, bytes);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace klinear
 
@@ -369,5 +421,6 @@ int main(int argc, char** argv) {
   if (what == "all" || what == "kda_decode") bench_kda_decode_fused(*be.value(), gen);
   if (what == "all" || what == "mla") bench_mla(*be.value(), gen);
   if (what == "all" || what == "moe") bench_moe(*be.value(), gen);
+  if (what == "all" || what == "grouped_gemm") bench_grouped_gemm(*be.value(), gen);
   return 0;
 }

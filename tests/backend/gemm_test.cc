@@ -1,10 +1,22 @@
 // linear (y = x·wᵀ) against a double-precision loop on every backend row, for shapes around tile
 // edges, one row, an F32 output from activation inputs (router logits, the lm_head) and an empty
 // inner dimension (y = 0).
+// CUDA rows: gemm_grouped (the MoE per-expert GEMMs) against the same loop with each of its kernels
+// (CUTLASS's where the list fits it, and cuBLAS's), over lists of 1 to 300 rows per problem, more
+// than one tile of n and of k, row strides wider than the rows, 80 problems in one list, and the
+// lists CUTLASS must leave to cuBLAS (n or k not multiples of 8, one such problem among good ones,
+// a row stride or an address off 16 bytes); and, without a GPU, which lists go to CUTLASS.
 #include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <functional>
 
 #include "backend_cases.h"
 #include "test_util.h"
+#if KLINEAR_WITH_CUDA
+#include "backend/cuda/backend.h"
+#endif
 
 namespace klinear {
 namespace {
@@ -38,6 +50,123 @@ TEST_P(Gemm, LinearMatchesLoop) {
     }
   }
 }
+
+#if KLINEAR_WITH_CUDA
+struct GroupedCase {
+  const char* name;
+  std::vector<std::array<int64_t, 3>> problems;  // (m, n, k) of each problem
+  int64_t pad = 0;    // extra elements per row: lda = k + pad, ldc = n + pad
+  int64_t shift = 0;  // A starts this many elements into its buffer (256-byte aligned)
+  bool cutlass = true;  // whether the BF16 row's list fits CUTLASS's kernel
+};
+
+std::vector<GroupedCase> grouped_cases() {
+  std::vector<GroupedCase> cases = {
+      {"m 1 7 64 300, two n tiles, k tail", {{1, 264, 200}, {7, 264, 200}, {64, 264, 200}, {300, 264, 200}}},
+      {"row strides wider than rows", {{5, 64, 64}, {130, 40, 1024}, {33, 128, 72}}, 8},
+      {"n and k not multiples of 8", {{7, 36, 50}, {64, 17, 33}, {300, 20, 12}}, 0, 0, false},
+      {"one odd problem among good ones", {{64, 264, 200}, {7, 36, 200}, {1, 264, 200}}, 0, 0, false},
+      {"row stride not a multiple of 8", {{64, 64, 64}, {9, 64, 64}}, 4, 0, false},
+      {"A 8 bytes off 16", {{64, 64, 64}, {9, 64, 64}}, 0, 4, false},
+  };
+  GroupedCase many{"80 problems of 1 to 300 rows", {}};
+  for (int64_t i = 0; i < 80; ++i) many.problems.push_back({1 + (i * 37) % 300, 264, 72});
+  cases.push_back(many);
+  return cases;
+}
+
+// Which lists gemm_grouped gives CUTLASS's kernel (a host rule: runs without a GPU). Each row
+// changes the second problem of a list whose first is an expert's gate/up GEMM of the 48B model.
+TEST(GemmGroupedKernel, CutlassTakesOnlyBf16ListsTmaCanAddress) {
+  auto at = [](uintptr_t address) { return reinterpret_cast<void*>(address); };
+  cuda::GemmArgs good;
+  good.m = 64, good.n = 2048, good.k = 2304;
+  good.a = at(0x10000), good.lda = 2304;
+  good.b = at(0x20000), good.ldb = 2304;
+  good.c = at(0x30000), good.ldc = 2048;
+  good.ab_dtype = good.c_dtype = DType::kBF16;
+  struct Row {
+    const char* name;
+    std::function<void(cuda::GemmArgs&)> change;
+    bool fits;
+  };
+  const Row rows[] = {
+      {"the same shape", [](cuda::GemmArgs&) {}, true},
+      {"one row, another shape", [](cuda::GemmArgs& g) { g.m = 1, g.n = 2304, g.k = 1024, g.lda = g.ldb = 1024, g.ldc = 2304; }, true},
+      {"odd m (rows are free)", [](cuda::GemmArgs& g) { g.m = 301; }, true},
+      {"wider row strides", [](cuda::GemmArgs& g) { g.lda += 8, g.ldb += 16, g.ldc += 8; }, true},
+      {"F32 operands and C", [](cuda::GemmArgs& g) { g.ab_dtype = g.c_dtype = DType::kF32; }, false},
+      {"F32 C", [](cuda::GemmArgs& g) { g.c_dtype = DType::kF32; }, false},
+      {"n 36", [](cuda::GemmArgs& g) { g.n = g.ldc = 36; }, false},
+      {"k 50", [](cuda::GemmArgs& g) { g.k = g.lda = g.ldb = 50; }, false},
+      {"lda + 4", [](cuda::GemmArgs& g) { g.lda += 4; }, false},
+      {"ldb + 2", [](cuda::GemmArgs& g) { g.ldb += 2; }, false},
+      {"ldc + 1", [](cuda::GemmArgs& g) { g.ldc += 1; }, false},
+      {"A 8 bytes off 16", [&](cuda::GemmArgs& g) { g.a = at(0x10008); }, false},
+      {"B 2 bytes off 16", [&](cuda::GemmArgs& g) { g.b = at(0x20002); }, false},
+      {"C 8 bytes off 16", [&](cuda::GemmArgs& g) { g.c = at(0x30008); }, false},
+  };
+  for (const Row& r : rows) {
+    std::vector<cuda::GemmArgs> list = {good, good};
+    r.change(list[1]);
+    EXPECT_EQ(cuda::CudaBackend::cutlass_grouped_fits(list), r.fits) << r.name;
+  }
+  EXPECT_FALSE(cuda::CudaBackend::cutlass_grouped_fits({})) << "an empty list";
+}
+
+TEST_P(Gemm, GroupedMatchesLoop) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be());
+  if (cuda == nullptr) GTEST_SKIP() << "gemm_grouped is the CUDA backend's";
+  std::mt19937_64 rng(testing::fresh_seed());
+  const size_t es = dtype_size(act());
+  for (const GroupedCase& c : grouped_cases()) {
+    SCOPED_TRACE(c.name);
+    std::vector<cuda::GemmArgs> args;
+    std::vector<Tensor> keep, outs, expects;
+    for (const auto& [m, n, k] : c.problems) {
+      const int64_t lda = k + c.pad, ldc = n + c.pad;
+      const Tensor a = testing::random_tensor(rng, {c.shift + m * lda}), b = testing::random_tensor(rng, {n, k});
+      Tensor expect = Tensor::empty(DType::kF32, {m, n});
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double acc = 0;
+          for (int64_t t = 0; t < k; ++t) acc += double(a.f32()[c.shift + i * lda + t]) * b.f32()[j * k + t];
+          expect.f32()[i * n + j] = float(acc);
+        }
+      const Tensor da = dev(a), db = persistent(b, act());
+      cuda::GemmArgs& g = args.emplace_back();
+      g.m = m, g.n = n, g.k = k;
+      g.a = static_cast<const char*>(da.data()) + c.shift * es, g.lda = lda;
+      g.b = db.data(), g.ldb = k;
+      outs.push_back(be().alloc(act(), {m, ldc}));
+      g.c = outs.back().data(), g.ldc = ldc;
+      g.ab_dtype = act(), g.c_dtype = act();
+      keep.push_back(da), keep.push_back(db), expects.push_back(expect);
+    }
+    EXPECT_EQ(cuda::CudaBackend::cutlass_grouped_fits(args), c.cutlass && act() == DType::kBF16);
+    for (const auto kernel : {cuda::GroupedGemmKernel::kBest, cuda::GroupedGemmKernel::kCublas}) {
+      SCOPED_TRACE(kernel == cuda::GroupedGemmKernel::kBest ? "best kernel" : "cuBLAS");
+      for (const Tensor& o : outs) be().fill(o, std::numeric_limits<float>::quiet_NaN());
+      cuda->gemm_grouped(args, "grouped test", kernel);
+      for (size_t p = 0; p < args.size(); ++p) {
+        const int64_t m = args[p].m, n = args[p].n, ldc = args[p].ldc;
+        const Tensor got = host(outs[p]);
+        Tensor rows = Tensor::empty(DType::kF32, {m, n});
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < ldc; ++j) {
+            const float v = got.f32()[i * ldc + j];
+            if (j < n)
+              rows.f32()[i * n + j] = v;
+            else
+              ASSERT_TRUE(std::isnan(v)) << "problem " << p << " wrote row " << i << " column " << j << " past n";
+          }
+        EXPECT_TRUE(testing::all_close(rows, expects[p], tol()))
+            << "problem " << p << " m " << m << " n " << n << " k " << args[p].k;
+      }
+    }
+  }
+}
+#endif
 
 KL_BACKEND_SUITE(Gemm);
 

@@ -62,6 +62,13 @@ struct GemmArgs {
   bool accumulate = false;
 };
 
+// Which kernel runs gemm_grouped's list.
+enum class GroupedGemmKernel {
+  kBest,    // CUTLASS's sm90 grouped GEMM (gemm_grouped.cu) when cutlass_grouped_fits(list), else cuBLAS
+  kCublas,  // cublasGemmGroupedBatchedEx for any list (the F32 exact mode's only kernel; the reference
+            // the tests and benchmarks compare CUTLASS's against)
+};
+
 class CudaBackend final : public Backend {
  public:
   // Fails (NotSupported) when no CUDA device is visible or `dtype` is not F32/BF16.
@@ -130,10 +137,15 @@ class CudaBackend final : public Backend {
   int num_sms() const { return num_sms_; }
   // Runs one (batched) GEMM through cuBLASLt on the stream; `what` names the op for errors.
   void gemm(const GemmArgs& g, const char* what);
-  // Runs many GEMMs of different shapes in one cuBLAS launch (cublasGemmGroupedBatchedEx), each
-  // C[m, n] ← A[m, k] · Bᵀ with B stored [n, k]: single problems (batch 1), no accumulation, one A/B
-  // dtype and one C dtype for all. Not capturable (it uploads the operand pointers).
-  void gemm_grouped(std::span<const GemmArgs> problems, const char* what);
+  // Runs many GEMMs of different shapes in one launch, each C[m, n] ← A[m, k] · Bᵀ with B stored
+  // [n, k]: single problems (batch 1), no accumulation, one A/B dtype and one C dtype for all.
+  // Not capturable (it uploads the problem list). `kernel` picks the implementation.
+  void gemm_grouped(std::span<const GemmArgs> problems, const char* what,
+                    GroupedGemmKernel kernel = GroupedGemmKernel::kBest);
+  // Whether kBest runs `problems` on CUTLASS's kernel: only when every problem is BF16·BF16→BF16
+  // with what TMA needs, 16-byte aligned A, B and C, and n, k, lda, ldb, ldc multiples of 8
+  // elements; any other list (F32, an F32 C, one odd shape or address) runs on cuBLAS whole.
+  static bool cutlass_grouped_fits(std::span<const GemmArgs> problems);
   // Waits for the stream; `what` names the op for errors.
   void sync(const char* what);
   // True (and `what` recorded as the op that broke it) while a graph capture runs: the caller
@@ -143,6 +155,9 @@ class CudaBackend final : public Backend {
  private:
   CudaBackend(DType dtype, CudaGraphs graphs);
   struct GemmPlan;
+  // gemm_grouped's two kernels (CUTLASS's in gemm_grouped.cu).
+  void gemm_grouped_cutlass(std::span<const GemmArgs> problems, const std::string& what);
+  void gemm_grouped_cublas(std::span<const GemmArgs> problems, const std::string& what);
 
   // The state ops' kernels over a layout, snapshots aside.
   void short_conv_rows(const ConvArgs& a, const SeqLayout& layout);
@@ -167,7 +182,7 @@ class CudaBackend final : public Backend {
   int num_sms_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
-  cublasHandle_t blas_ = nullptr;  // for gemm_grouped only (the grouped API is not in cuBLASLt)
+  cublasHandle_t blas_ = nullptr;  // for gemm_grouped_cublas only (the grouped API is not in cuBLASLt)
   void* lt_workspace_ = nullptr;   // shared by both handles: they run on the one stream
   size_t lt_workspace_bytes_ = 0;
   std::unordered_map<std::string, std::shared_ptr<GemmPlan>> gemm_plans_;

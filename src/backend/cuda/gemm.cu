@@ -1,7 +1,7 @@
-// CUDA GEMMs: every matrix product goes through cuBLAS here, cuBLASLt for one (batched) problem
-// and cublasGemmGroupedBatchedEx for many problems of different shapes in one launch (an MoE
-// layer's experts at prefill: 257 experts were 514 cuBLASLt launches and host plans per layer,
-// ~3.9 ms at 256-1,024 tokens on the H200 against a 0.87 ms floor of the weight bytes).
+// CUDA GEMMs: cuBLASLt for one (batched) problem; many problems of different shapes in one launch
+// (an MoE layer's experts at prefill: 257 experts were 514 cuBLASLt launches and host plans per
+// layer, ~3.9 ms at 256-1,024 tokens on the H200 against a 0.87 ms floor of the weight bytes) go to
+// CUTLASS's grouped kernel for BF16 (gemm_grouped.cu) and to cublasGemmGroupedBatchedEx otherwise.
 // Row-major problems are mapped to cuBLAS's column-major view (Cᵀ = op(B)ᵀ·Aᵀ); fp32 compute
 // (CUBLAS_COMPUTE_32F: no TF32 for F32 operands, fp32 accumulation for BF16 ones). cuBLASLt
 // descriptors and the heuristic's algorithm are cached per problem shape, so a step run again does
@@ -128,13 +128,10 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   gemm(g, "linear");
 }
 
-void CudaBackend::gemm_grouped(std::span<const GemmArgs> problems, const char* what) {
+void CudaBackend::gemm_grouped(std::span<const GemmArgs> problems, const char* what, GroupedGemmKernel kernel) {
   if (problems.empty()) return;
-  const int groups = static_cast<int>(problems.size());
   const DType ab = problems[0].ab_dtype, c = problems[0].c_dtype;
-  std::vector<int> m(groups), n(groups), k(groups), lda(groups), ldb(groups), ldc(groups);
-  std::vector<int64_t> ptrs(3 * static_cast<size_t>(groups));  // A, B, C of cuBLAS's view, group by group
-  for (int i = 0; i < groups; ++i) {
+  for (size_t i = 0; i < problems.size(); ++i) {
     const GemmArgs& g = problems[i];
     KL_CHECK(g.batch == 1 && g.b_transposed && !g.accumulate && g.ab_dtype == ab && g.c_dtype == c && g.m > 0 &&
                  g.n > 0 && g.k > 0 && g.m <= INT_MAX && g.n <= INT_MAX && g.k <= INT_MAX && g.lda <= INT_MAX &&
@@ -142,6 +139,22 @@ void CudaBackend::gemm_grouped(std::span<const GemmArgs> problems, const char* w
              std::string(what) + ": grouped gemm problem " + std::to_string(i) + " m=" + std::to_string(g.m) +
                  " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
                  " (single, Bᵀ, not accumulating, one dtype pair, sizes in int)");
+  }
+  const std::string shape = std::string(what) + " grouped gemm of " + std::to_string(problems.size()) +
+                            " problems, n=" + std::to_string(problems[0].n) + " k=" + std::to_string(problems[0].k);
+  if (kernel == GroupedGemmKernel::kBest && cutlass_grouped_fits(problems))
+    gemm_grouped_cutlass(problems, shape);
+  else
+    gemm_grouped_cublas(problems, shape);
+}
+
+void CudaBackend::gemm_grouped_cublas(std::span<const GemmArgs> problems, const std::string& shape) {
+  const int groups = static_cast<int>(problems.size());
+  const DType ab = problems[0].ab_dtype, c = problems[0].c_dtype;
+  std::vector<int> m(groups), n(groups), k(groups), lda(groups), ldb(groups), ldc(groups);
+  std::vector<int64_t> ptrs(3 * static_cast<size_t>(groups));  // A, B, C of cuBLAS's view, group by group
+  for (int i = 0; i < groups; ++i) {
+    const GemmArgs& g = problems[i];
     // Column-major: Cᵀ[n, m] = B[n, k] · Aᵀ[k, m], B stored [n, k] row-major = [k, n] column-major, op T.
     m[i] = static_cast<int>(g.n), n[i] = static_cast<int>(g.m), k[i] = static_cast<int>(g.k);
     lda[i] = static_cast<int>(g.ldb), ldb[i] = static_cast<int>(g.lda), ldc[i] = static_cast<int>(g.ldc);
@@ -149,8 +162,6 @@ void CudaBackend::gemm_grouped(std::span<const GemmArgs> problems, const char* w
     ptrs[groups + i] = reinterpret_cast<int64_t>(g.a);
     ptrs[2 * groups + i] = reinterpret_cast<int64_t>(g.c);
   }
-  const std::string shape = std::string(what) + " grouped gemm of " + std::to_string(groups) + " problems, n=" +
-                            std::to_string(problems[0].n) + " k=" + std::to_string(problems[0].k);
   const Tensor dev = to_device(Tensor::wrap(DType::kI64, {3 * static_cast<int64_t>(groups)}, ptrs.data(), nullptr,
                                             Device::kCpu),
                                DType::kI64);
