@@ -11,9 +11,9 @@
 //
 // Cost and floor at 2,048 tokens (16,384 routed rows): gate/up 2·16,384·2,048·2,304 ≈ 155 GFLOP,
 // down ≈ 77 GFLOP: ~0.30 ms at the H200's ~770 TFLOP/s dense BF16. But every expert's weights are
-// read once per layer, 256·(2,048·2,304 + 2,304·1,024)·2 B ≈ 3.6 GB: ~0.75 ms at 4.8 TB/s, so at
-// m ≈ 64 (64 FLOP per weight byte) the layer is bound by weight bytes, floor ~0.8 ms with the
-// activations; cuBLAS's grouped call measured ~1.5 ms (150-180 TFLOP/s). At 8,192 tokens (m ≈ 256)
+// read once per layer, 256·(2,048·2,304 + 2,304·1,024)·2 B ≈ 3.6 GB: ~0.86 ms at the 4.2 TB/s a copy
+// reaches on the H200 (docs/PERF.md), so at m ≈ 64 (64 FLOP per weight byte) the layer is bound by
+// weight bytes, floor ~0.9 ms with the activations; cuBLAS's grouped call measured ~1.5 ms (150-180 TFLOP/s). At 8,192 tokens (m ≈ 256)
 // it is compute-bound: ~928 GFLOP, floor ~1.2 ms.
 //
 // The one configuration compiled (each one costs minutes of nvcc on CI's 2 cores):
