@@ -88,8 +88,6 @@ Stride row_stride(int64_t ld) {
   return s;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // The device arrays of one call, in one buffer: each section starts on a 16-byte boundary.
 struct Packing {
   size_t shapes = 0, a = 0, b = 0, d = 0, stride_a = 0, stride_b = 0, stride_d = 0, bytes = 0;
