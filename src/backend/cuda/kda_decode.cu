@@ -11,8 +11,9 @@
 // (column tiles would need a second pass or a cluster exchange for the norm's sum, for no fewer
 // bytes). Measured and left out (docs/PERF.md): persistent blocks prefetching the next tile, the
 // columns split over a cluster of four, and the tile moved by bulk copies (TMA) through shared
-// memory at three blocks per SM; each was slower than this at batch 64 and 256. The intermediates are rounded where the composition of ops stores them (conv output
-// and o in the activation dtype), so both agree up to summation order.
+// memory at three blocks per SM; each was slower than this at batch 64 and 256. The intermediates
+// are rounded where the composition of ops stores them (conv output and o in the activation
+// dtype), so both agree up to summation order.
 #include <cmath>
 
 #include "backend/cuda/device.cuh"
