@@ -23,10 +23,12 @@ namespace {
 
 constexpr double kBandwidth = 4.2e12, kFlops = 770e12;
 
-Tensor random_host(Shape shape, std::mt19937_64& gen, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::empty(DType::kF32, std::move(shape));
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = u(gen);
+// A persistent device tensor of uniform draws in [lo, hi), made on the device (the benches' weights
+// run to gigabytes; drawing them on the host took longer than the timings).
+Tensor random_tensor(cuda::CudaBackend& be, Shape shape, std::mt19937_64& gen, DType dtype, float lo = -1.0f,
+                     float hi = 1.0f) {
+  Tensor t = be.alloc_persistent(dtype, std::move(shape));
+  be.random_fill(t, gen(), lo, hi);
   return t;
 }
 
@@ -95,14 +97,14 @@ void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
       const int64_t N = layout.num_rows(), B = static_cast<int64_t>(lens.size());
       be.begin_step();
       be.upload_layout(layout);
-      const Tensor q = be.upload(random_host({N, H, D}, gen), DType::kBF16);
-      const Tensor k = be.upload(random_host({N, H, D}, gen), DType::kBF16);
-      const Tensor v = be.upload(random_host({N, H, D}, gen), DType::kBF16);
-      const Tensor f = be.upload(random_host({N, H * D}, gen, -3, 3), DType::kBF16);
-      const Tensor dt = be.upload(random_host({H * D}, gen), DType::kF32);
-      const Tensor alog = be.upload(random_host({H}, gen, 0.0f, std::log(16.0f)), DType::kF32);
-      const Tensor beta = be.upload(random_host({N, H}, gen, 0.0f, 1.0f), DType::kF32);
-      const Tensor states = be.upload(random_host({B, H, D, D}, gen, -0.1f, 0.1f), DType::kF32);
+      const Tensor q = random_tensor(be, {N, H, D}, gen, DType::kBF16);
+      const Tensor k = random_tensor(be, {N, H, D}, gen, DType::kBF16);
+      const Tensor v = random_tensor(be, {N, H, D}, gen, DType::kBF16);
+      const Tensor f = random_tensor(be, {N, H * D}, gen, DType::kBF16, -3, 3);
+      const Tensor dt = random_tensor(be, {H * D}, gen, DType::kF32);
+      const Tensor alog = random_tensor(be, {H}, gen, DType::kF32, 0.0f, std::log(16.0f));
+      const Tensor beta = random_tensor(be, {N, H}, gen, DType::kF32, 0.0f, 1.0f);
+      const Tensor states = random_tensor(be, {B, H, D, D}, gen, DType::kF32, -0.1f, 0.1f);
       const Tensor g = be.alloc_persistent(DType::kF32, {N, H, D});
       be.kda_gate(f, dt, alog, KdaGateParams{gate, -5.0f}, g.view({N, H * D}));
       const Tensor o = be.alloc_persistent(DType::kBF16, {N, H, D});
@@ -196,16 +198,16 @@ void bench_kda_decode_fused(cuda::CudaBackend& be, std::mt19937_64& gen) {
   for (int B : {1, 64, 256}) {
     be.begin_step();
     SeqLayout layout = layout_for(std::vector<int>(B, 1), std::vector<int>(B, 100), 64);
-    const Tensor qkv = be.upload(random_host({B, C}, gen), DType::kBF16);
-    const Tensor conv_w = be.upload(random_host({C, Kc}, gen), DType::kBF16);
-    const Tensor conv_states = be.upload(random_host({B, Kc - 1, C}, gen), DType::kBF16);
-    const Tensor f = be.upload(random_host({B, P}, gen, -3, 3), DType::kF32);
-    const Tensor dt = be.upload(random_host({P}, gen), DType::kF32);
-    const Tensor alog = be.upload(random_host({H}, gen, 0.0f, std::log(16.0f)), DType::kF32);
-    const Tensor beta = be.upload(random_host({B, H}, gen, -3, 3), DType::kF32);
-    const Tensor og = be.upload(random_host({B, P}, gen, -3, 3), DType::kBF16);
-    const Tensor o_norm = be.upload(random_host({D}, gen, 0.5f, 1.5f), DType::kBF16);
-    const Tensor states = be.upload(random_host({B, H, D, D}, gen, -0.1f, 0.1f), DType::kF32);
+    const Tensor qkv = random_tensor(be, {B, C}, gen, DType::kBF16);
+    const Tensor conv_w = random_tensor(be, {C, Kc}, gen, DType::kBF16);
+    const Tensor conv_states = random_tensor(be, {B, Kc - 1, C}, gen, DType::kBF16);
+    const Tensor f = random_tensor(be, {B, P}, gen, DType::kF32, -3, 3);
+    const Tensor dt = random_tensor(be, {P}, gen, DType::kF32);
+    const Tensor alog = random_tensor(be, {H}, gen, DType::kF32, 0.0f, std::log(16.0f));
+    const Tensor beta = random_tensor(be, {B, H}, gen, DType::kF32, -3, 3);
+    const Tensor og = random_tensor(be, {B, P}, gen, DType::kBF16, -3, 3);
+    const Tensor o_norm = random_tensor(be, {D}, gen, DType::kBF16, 0.5f, 1.5f);
+    const Tensor states = random_tensor(be, {B, H, D, D}, gen, DType::kF32, -0.1f, 0.1f);
     const Tensor y = be.alloc_persistent(DType::kBF16, {B, P});
     const KdaDecodeArgs args{qkv, conv_w, conv_states, f, dt, alog, KdaGateParams{KdaGate::kSoftplus, 0.0f}, beta, og,
                              o_norm, 1e-5f, states, -1, y};
@@ -230,15 +232,15 @@ void bench_kda_decode_fused(cuda::CudaBackend& be, std::mt19937_64& gen) {
 
 void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const int64_t H = 32, n = 128, r = 64, c = 512, vd = 128, ps = 64;
-  const Tensor kvb = be.upload(random_host({H * (n + vd), c}, gen, -0.05f, 0.05f), DType::kBF16);
+  const Tensor kvb = random_tensor(be, {H * (n + vd), c}, gen, DType::kBF16, -0.05f, 0.05f);
   const float scale = 1.0f / std::sqrt(192.0f);
   for (int64_t batch : {1, 64}) {
     for (int ctx : {4096, 32768}) {
       SeqLayout layout = layout_for(std::vector<int>(batch, 1), std::vector<int>(batch, ctx - 1), ps);
       persistent_layout(be, layout);
       const int64_t pages_n = batch * layout.max_pages;
-      const Tensor pages = be.upload(random_host({pages_n, ps, c + r}, gen), DType::kBF16);
-      const Tensor q = be.upload(random_host({batch, H, n + r}, gen), DType::kBF16);
+      const Tensor pages = random_tensor(be, {pages_n, ps, c + r}, gen, DType::kBF16);
+      const Tensor q = random_tensor(be, {batch, H, n + r}, gen, DType::kBF16);
       const Tensor o = be.alloc_persistent(DType::kBF16, {batch, H, vd});
       const MlaArgs args{q, pages, kvb, scale, o};
       auto step = [&] {
@@ -258,8 +260,8 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
     const int t = 8192;
     SeqLayout layout = layout_for({t}, {0}, ps);
     persistent_layout(be, layout);
-    const Tensor pages = be.upload(random_host({layout.max_pages, ps, c + r}, gen), DType::kBF16);
-    const Tensor q = be.upload(random_host({t, H, n + r}, gen), DType::kBF16);
+    const Tensor pages = random_tensor(be, {layout.max_pages, ps, c + r}, gen, DType::kBF16);
+    const Tensor q = random_tensor(be, {t, H, n + r}, gen, DType::kBF16);
     const Tensor o = be.alloc_persistent(DType::kBF16, {t, H, vd});
     const MlaArgs args{q, pages, kvb, scale, o};
     const double ms = time_ms(
@@ -288,19 +290,19 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
 // FLOP: 2·3·D·F per (token, pick).
 void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const int64_t E = 256, K = 8, D = 2304, F = 1024;
-  const Tensor w13 = be.upload(random_host({E, 2 * F, D}, gen, -0.02f, 0.02f), DType::kBF16);
-  const Tensor w2 = be.upload(random_host({E, D, F}, gen, -0.02f, 0.02f), DType::kBF16);
+  const Tensor w13 = random_tensor(be, {E, 2 * F, D}, gen, DType::kBF16, -0.02f, 0.02f);
+  const Tensor w2 = random_tensor(be, {E, D, F}, gen, DType::kBF16, -0.02f, 0.02f);
   // A small bias: near the top scores the sigmoid's spread is ~0.01, so a ±0.1 bias would pick the
   // same few experts for every token (the 2026-12-01 run used 90 experts at N=64); a trained router
   // spreads 64 tokens over ~87 % of the experts (issue 9).
-  const Tensor bias = be.upload(random_host({E}, gen, -1e-3f, 1e-3f), DType::kF32);
+  const Tensor bias = random_tensor(be, {E}, gen, DType::kF32, -1e-3f, 1e-3f);
   const RouteParams rp{static_cast<int>(K), 1, 1, true, 2.446f};
   enum class Part { kRouteAndExperts, kRoute, kGrouped, kPerExpertGemm, kGraphed };
   // tile_rows: kGrouped at that many rows per block (0: the one moe_tile_rows_for picks).
   auto run = [&](int64_t n, Part part, int tile_rows = 0) {
     be.begin_step();
-    const Tensor x = be.upload(random_host({n, D}, gen), DType::kBF16);
-    const Tensor logits = be.upload(random_host({n, E}, gen, -3, 3), DType::kF32);
+    const Tensor x = random_tensor(be, {n, D}, gen, DType::kBF16);
+    const Tensor logits = random_tensor(be, {n, E}, gen, DType::kF32, -3, 3);
     const Tensor idx = be.alloc_persistent(DType::kI32, {n, K});
     const Tensor w = be.alloc_persistent(DType::kF32, {n, K});
     const Tensor o = be.alloc_persistent(DType::kBF16, {n, D});
@@ -358,8 +360,8 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
 // expert weights, the inputs and outputs of both projections (bf16).
 void bench_grouped_gemm(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const int64_t E = 256, K = 8, D = 2304, F = 1024;
-  const Tensor w13 = be.upload(random_host({E, 2 * F, D}, gen, -0.02f, 0.02f), DType::kBF16);
-  const Tensor w2 = be.upload(random_host({E, D, F}, gen, -0.02f, 0.02f), DType::kBF16);
+  const Tensor w13 = random_tensor(be, {E, 2 * F, D}, gen, DType::kBF16, -0.02f, 0.02f);
+  const Tensor w2 = random_tensor(be, {E, D, F}, gen, DType::kBF16, -0.02f, 0.02f);
   for (int64_t n : {2048, 8192}) {
     std::vector<int64_t> offset(E + 1, 0);
     std::uniform_int_distribution<int64_t> pick(0, E - 1);
@@ -367,8 +369,8 @@ void bench_grouped_gemm(cuda::CudaBackend& be, std::mt19937_64& gen) {
     int64_t largest = 0;
     for (int64_t e = 0; e < E; ++e) largest = std::max(largest, offset[e + 1]), offset[e + 1] += offset[e];
     const int64_t rows = n * K;
-    const Tensor x = be.upload(random_host({rows, D}, gen), DType::kBF16);
-    const Tensor act = be.upload(random_host({rows, F}, gen), DType::kBF16);
+    const Tensor x = random_tensor(be, {rows, D}, gen, DType::kBF16);
+    const Tensor act = random_tensor(be, {rows, F}, gen, DType::kBF16);
     const Tensor h = be.alloc_persistent(DType::kBF16, {rows, 2 * F});
     const Tensor y = be.alloc_persistent(DType::kBF16, {rows, D});
     // Each expert's rows of `in` [rows, width] times its weight [out_w, width] of `w` into `c`.
@@ -408,6 +410,7 @@ void bench_grouped_gemm(cuda::CudaBackend& be, std::mt19937_64& gen) {
 
 int main(int argc, char** argv) {
   using namespace klinear;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows reach a log as they are measured, even under a timeout
   const std::string what = argc > 1 ? argv[1] : "all";
   auto be = cuda::CudaBackend::create(DType::kBF16);
   if (!be.ok()) {

@@ -65,8 +65,9 @@ struct GemmArgs {
 // Which kernel runs gemm_grouped's list.
 enum class GroupedGemmKernel {
   kBest,    // CUTLASS's sm90 grouped GEMM (gemm_grouped.cu) when cutlass_grouped_fits(list), else cuBLAS
-  kCublas,  // cublasGemmGroupedBatchedEx for any list (the F32 exact mode's only kernel; the reference
-            // the tests and benchmarks compare CUTLASS's against)
+  kCublas,  // cublasGemmGroupedBatchedEx for any list, or cuBLASLt problem by problem where an address
+            // is not 16-byte aligned (the F32 exact mode's only kernel; the reference the tests and
+            // benchmarks compare CUTLASS's against)
 };
 
 class CudaBackend final : public Backend {

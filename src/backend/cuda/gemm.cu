@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <climits>
 
 #include <sstream>
@@ -149,6 +150,17 @@ void CudaBackend::gemm_grouped(std::span<const GemmArgs> problems, const char* w
 }
 
 void CudaBackend::gemm_grouped_cublas(std::span<const GemmArgs> problems, const std::string& shape) {
+  // cublasGemmGroupedBatchedEx reads the matrices' addresses from device memory, so it cannot pick a
+  // kernel for their alignment: it assumes 16 bytes (the H200 run of 2026-12-01 caught a 16-byte load
+  // of an A 8 bytes off). A list with any other address runs problem by problem through cuBLASLt,
+  // which is told each address.
+  const bool addresses_aligned = std::all_of(problems.begin(), problems.end(), [](const GemmArgs& g) {
+    return aligned16(g.a) && aligned16(g.b) && aligned16(g.c);
+  });
+  if (!addresses_aligned) {
+    for (const GemmArgs& g : problems) gemm(g, shape.c_str());
+    return;
+  }
   const int groups = static_cast<int>(problems.size());
   const DType ab = problems[0].ab_dtype, c = problems[0].c_dtype;
   std::vector<int> m(groups), n(groups), k(groups), lda(groups), ldb(groups), ldc(groups);
