@@ -71,7 +71,7 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
       {{1, 1, 2}, {1000, 70, 0}, 2, 16, 8, 16, 32, 16},
       // The latent shape 512 + 64: one key; a head count past one 32-head tile and not a multiple
       // of it beside keys in one page and in exactly 65; several query rows of one sequence, 127 and
-      // 1004 keys (not multiples of the 32-key tile) over scattered pages of 16; a long context split
+      // 1004 keys (not multiples of the 64-key tile) over scattered pages of 16; a long context split
       // over many blocks.
       {{1}, {0}, 3, 16, 64, 16, 512, 64},
       {{1, 1, 1}, {1200, 0, 64}, 36, 8, 64, 8, 512, 64},

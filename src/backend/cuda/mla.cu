@@ -4,16 +4,10 @@
 // online softmax in base 2):
 //   decode (`absorbed_kernel`, latent 512 + rope 64): the heads of a query row share every latent
 //     row, so they are the M of both products. A block takes one query row, a tile of 32 heads and
-//     a split of the row's keys; it walks 32-key tiles of page rows through shared memory (cp.async,
-//     four stages: three tiles, 110 KB, in flight while one is used): S = Q'·Kᵀ (32 × 32 × 576, the
-//     576 dims split over two warp halves), O += P·V (32 × 512 × 32). Each block finds its key
+//     a split of the row's keys; it walks 64-key tiles of page rows through shared memory (cp.async,
+//     two stages): S = Q'·Kᵀ (32 × 64 × 576), O += P·V (32 × 512 × 64). Each block finds its key
 //     range on the device from the row's length, so the launch depends only on the number of rows
 //     and the static shapes (a CUDA graph can capture it); `combine` merges the splits.
-//     Cost: the latent cache is the traffic, 1,152 B per key (batch 64 × 32k: 2.4 GB, 0.58 ms at
-//     4.2 TB/s); a tile's products take about half the time its bytes need at an SM's share of the
-//     bandwidth. Two stages of 64 keys (the version before) left one tile in flight behind each
-//     tile's compute: 1.03 ms, 56 % of the floor. PREDICTED (not yet measured) with four stages of
-//     32: 0.65-0.75 ms.
 //   prefill (`expanded_kernel`, q/k 128 + 64, v 128): a flash-attention forward over the expanded
 //     keys and values, a block per (64 query rows, head, sequence), causal over cached + new keys.
 // Everything else (float32 mode, other head shapes) runs `attend`: a warp per (query row, head),
@@ -280,20 +274,17 @@ void run_attend(CudaBackend& be, Attend p, const Tensor& o, const std::string& w
 namespace absorbed {
 constexpr int kLatent = 512, kRope = 64, kWidth = kLatent + kRope;
 constexpr int kHeads = 32;            // heads per block: the M of both products (two m16 tiles)
-constexpr int kTokens = 32;           // keys per tile
-constexpr int kStages = 4;            // tiles in shared memory: three in flight while one is used
+constexpr int kTokens = 64;           // keys per tile
 constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kPitch = kWidth + 8;    // bf16 per shared row (1168 B: ldmatrix's 8 rows hit distinct banks)
 constexpr int kSPitch = kTokens + 4;  // floats per score row
 constexpr int kPPitch = kTokens + 8;  // bf16 per probability row
-constexpr int kKSteps = kWidth / 16;  // k16 steps of the score product, split over two warp halves
-constexpr size_t kSmem = size_t{kHeads + kStages * kTokens} * kPitch * 2 + 2 * size_t{kHeads} * kSPitch * 4 +
+constexpr size_t kSmem = size_t{kHeads + 2 * kTokens} * kPitch * 2 + size_t{kHeads} * kSPitch * 4 +
                          size_t{kHeads} * kPPitch * 2 + kHeads * 4;
-static_assert(kThreads == 8 * kTokens && (kWidth / 8) % 8 == 0, "a tile load gives each thread an eighth of a key row");
+static_assert(kThreads == 4 * kTokens, "a tile load gives each thread a quarter of one key row");
 static_assert(kWarps * 64 == kLatent, "each warp owns 64 output columns");
-static_assert(kWarps == 2 * 2 * (kTokens / 16) && kKSteps % 2 == 0,
-              "each warp scores one m16 head tile × 16 keys over half of the 576 dims");
-static_assert(kThreads == 8 * kHeads && kTokens == 8 * 4, "the softmax gives each head row 8 threads of 4 keys");
+static_assert(kWarps == 2 * (kTokens / 16), "each warp scores one m16 head tile × 16 keys");
+static_assert(kThreads == 8 * kHeads, "the softmax gives each head row 8 threads");
 }  // namespace absorbed
 
 struct AbsorbedArgs {
@@ -315,9 +306,9 @@ __global__ void __launch_bounds__(absorbed::kThreads, 1) absorbed_kernel(Absorbe
   using namespace mma;
   extern __shared__ __align__(16) unsigned char smem[];
   auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem);             // [kHeads][kPitch]
-  __nv_bfloat16* kv_s = q_s + kHeads * kPitch;                      // [kStages][kTokens][kPitch]
-  auto* s_s = reinterpret_cast<float*>(kv_s + kStages * kTokens * kPitch);  // [2][kHeads][kSPitch], a half each
-  auto* p_s = reinterpret_cast<__nv_bfloat16*>(s_s + 2 * kHeads * kSPitch);  // [kHeads][kPPitch]
+  __nv_bfloat16* kv_s = q_s + kHeads * kPitch;                      // [2][kTokens][kPitch]
+  auto* s_s = reinterpret_cast<float*>(kv_s + 2 * kTokens * kPitch);  // [kHeads][kSPitch]
+  auto* p_s = reinterpret_cast<__nv_bfloat16*>(s_s + kHeads * kSPitch);  // [kHeads][kPPitch]
   auto* corr_s = reinterpret_cast<float*>(p_s + kHeads * kPPitch);  // [kHeads]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t4 = lane % 4;
@@ -348,10 +339,10 @@ __global__ void __launch_bounds__(absorbed::kThreads, 1) absorbed_kernel(Absorbe
                               : p.q + (n * p.heads + h) * p.qk + p.nope + (col - kLatent / 8) * 8;
     cp_async16(q_s + r * kPitch + col * 8, src, h < p.heads ? 16 : 0);
   }
-  // Key tile `tile` into stage `stage`: thread (tok, sub) copies 16-byte pieces sub, sub+8, … of key
+  // Key tile `tile` into stage `stage`: thread (tok, sub) copies 16-byte pieces sub, sub+4, … of key
   // row tok; keys past the row's end are zeros (their scores are masked).
   auto load_tile = [&](int64_t tile, int stage) {
-    const int tok = tid / 8, sub = tid % 8;
+    const int tok = tid / 4, sub = tid % 4;
     const int64_t pos = tile * kTokens + tok;
     const bool valid = pos < visible;
     const __nv_bfloat16* src = p.pages;
@@ -359,7 +350,7 @@ __global__ void __launch_bounds__(absorbed::kThreads, 1) absorbed_kernel(Absorbe
       src += (int64_t{p.page_table[b * p.max_pages + pos / p.page_size]} * p.page_size + pos % p.page_size) * kWidth;
     __nv_bfloat16* dst = kv_s + (stage * kTokens + tok) * kPitch;
 #pragma unroll
-    for (int j = 0; j < kWidth / 8 / 8; ++j) cp_async16(dst + (sub + 8 * j) * 8, src + (sub + 8 * j) * 8, valid ? 16 : 0);
+    for (int j = 0; j < kWidth / 8 / 4; ++j) cp_async16(dst + (sub + 4 * j) * 8, src + (sub + 4 * j) * 8, valid ? 16 : 0);
   };
 
   float acc[2][8][4];  // O: head tile mt, 8-column group j of this warp's 64 columns
@@ -371,69 +362,57 @@ __global__ void __launch_bounds__(absorbed::kThreads, 1) absorbed_kernel(Absorbe
       for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
   float m_run = -INFINITY, l_run = 0.0f;  // of head row srow, base-2 units
 
-  // A multistage pipeline: tiles tile0 .. tile0 + kStages − 2 in flight before the loop; at the top
-  // of each tile the oldest copy group (this tile's) is waited for, and the tile kStages − 1 ahead
-  // goes into the stage the previous tile used (free once every thread passed the barrier). A group
-  // is committed every time, empty or not, so the count of groups in flight is fixed.
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (tile0 + i < tile1) load_tile(tile0 + i, i);
-    cp_async_commit();
-  }
+  load_tile(tile0, 0);
+  cp_async_commit();
   for (int64_t tile = tile0; tile < tile1; ++tile) {
-    const int stage = static_cast<int>((tile - tile0) % kStages);
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    const int64_t ahead = tile + kStages - 1;
-    if (ahead < tile1) load_tile(ahead, static_cast<int>((ahead - tile0) % kStages));
-    cp_async_commit();
+    const int stage = static_cast<int>((tile - tile0) % 2);
+    pipeline_step(tile + 1 < tile1, [&] { load_tile(tile + 1, stage ^ 1); });
     const __nv_bfloat16* kv = kv_s + stage * kTokens * kPitch;
 
-    // S = Q'·Kᵀ: warp (mt, nb, half) scores head rows 16mt .. +16 against keys 16nb .. +16 over
-    // dims [288·half, +288); the softmax adds the two halves.
+    // S = Q'·Kᵀ: warp (mt, nb) scores head rows 16mt .. +16 against keys 16nb .. +16.
     {
-      const int mt = warp % 2, nb = (warp / 2) % 2, half = warp / 4;
+      const int mt = warp % 2, nb = warp / 2;
       float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-      const int k0 = half * (kKSteps / 2) * 16;
-      const __nv_bfloat16* qa = q_s + (16 * mt + lane % 16) * kPitch + (lane / 16) * 8 + k0;
-      const __nv_bfloat16* kb = kv + (16 * nb + lane % 8 + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8 + k0;
+      const __nv_bfloat16* qa = q_s + (16 * mt + lane % 16) * kPitch + (lane / 16) * 8;
+      const __nv_bfloat16* kb = kv + (16 * nb + lane % 8 + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8;
 #pragma unroll 6
-      for (int kk = 0; kk < kKSteps / 2; ++kk) {
+      for (int kk = 0; kk < kWidth / 16; ++kk) {
         uint32_t a[4], bk[4];
         ldsm_x4(a, qa + kk * 16);
         ldsm_x4(bk, kb + kk * 16);
         mma_bf16(sc[0], a, bk[0], bk[1]);
         mma_bf16(sc[1], a, bk[2], bk[3]);
       }
-      float* sh = s_s + half * kHeads * kSPitch;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int col = 16 * nb + 8 * j + 2 * t4, row = 16 * mt + g;
-        *reinterpret_cast<float2*>(sh + row * kSPitch + col) = make_float2(sc[j][0], sc[j][1]);
-        *reinterpret_cast<float2*>(sh + (row + 8) * kSPitch + col) = make_float2(sc[j][2], sc[j][3]);
+        const int64_t pos = tile * kTokens + col;
+        const float lo0 = pos < visible ? sc[j][0] * p.scale_log2 : -INFINITY;
+        const float lo1 = pos + 1 < visible ? sc[j][1] * p.scale_log2 : -INFINITY;
+        const float hi0 = pos < visible ? sc[j][2] * p.scale_log2 : -INFINITY;
+        const float hi1 = pos + 1 < visible ? sc[j][3] * p.scale_log2 : -INFINITY;
+        *reinterpret_cast<float2*>(s_s + row * kSPitch + col) = make_float2(lo0, lo1);
+        *reinterpret_cast<float2*>(s_s + (row + 8) * kSPitch + col) = make_float2(hi0, hi1);
       }
     }
     __syncthreads();
 
-    // Online softmax of head row srow over this tile (its 8 threads are adjacent lanes, 4 keys each).
+    // Online softmax of head row srow over this tile (its 8 threads are adjacent lanes).
     {
-      const float4 x0 = *reinterpret_cast<const float4*>(s_s + srow * kSPitch + spart * 4);
-      const float4 x1 = *reinterpret_cast<const float4*>(s_s + (kHeads + srow) * kSPitch + spart * 4);
-      const float raw[4] = {x0.x + x1.x, x0.y + x1.y, x0.z + x1.z, x0.w + x1.w};
-      float v[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] = tile * kTokens + spart * 4 + i < visible ? raw[i] * p.scale_log2 : -INFINITY;
+      const float4 x0 = *reinterpret_cast<const float4*>(s_s + srow * kSPitch + spart * 8);
+      const float4 x1 = *reinterpret_cast<const float4*>(s_s + srow * kSPitch + spart * 8 + 4);
+      const float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
       float mx = v[0];
 #pragma unroll
-      for (int i = 1; i < 4; ++i) mx = fmaxf(mx, v[i]);
+      for (int i = 1; i < 8; ++i) mx = fmaxf(mx, v[i]);
 #pragma unroll
       for (int o = 1; o < 8; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       const float m_new = fmaxf(m_run, mx);  // finite: every tile has a visible key
       const float corr = exp2f(m_run - m_new);
       float sum = 0.0f;
-      uint32_t pk[2];
+      uint32_t pk[4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < 4; ++i) {
         const float e0 = exp2f(v[2 * i] - m_new), e1 = exp2f(v[2 * i + 1] - m_new);
         sum += e0 + e1;
         pk[i] = pack_bf16(e0, e1);
@@ -442,7 +421,7 @@ __global__ void __launch_bounds__(absorbed::kThreads, 1) absorbed_kernel(Absorbe
       for (int o = 1; o < 8; o *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
       l_run = l_run * corr + sum;
       m_run = m_new;
-      *reinterpret_cast<uint2*>(p_s + srow * kPPitch + spart * 4) = make_uint2(pk[0], pk[1]);
+      *reinterpret_cast<uint4*>(p_s + srow * kPPitch + spart * 8) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
       if (spart == 0) corr_s[srow] = corr;
     }
     __syncthreads();
