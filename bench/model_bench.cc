@@ -1,7 +1,7 @@
 // Whole-model throughput on any backend, for each model directory given: prefill tokens/s (one
-// sequence, in steps of at most --prefill-chunk tokens, as the engine's --max-num-tokens cuts
-// them) and decode tokens/s with B sequences decoding together in each step (B = 1 and each
-// --batch value).
+// sequence, in steps of at most --prefill-chunk tokens, as the engine's --max-num-tokens cuts them;
+// by default the engine's default on the device) and decode tokens/s with B sequences decoding
+// together in each step (B = 1 and each --batch value).
 //
 // Decisions: the same fixed token ids for every model (ids modulo the vocabulary, a fixed seed) and
 // the best of several runs, so numbers are comparable across commits; a table, not a test. Each
@@ -26,6 +26,7 @@
 
 #include "backend/backend.h"
 #include "model/model.h"
+#include "runtime/scheduler.h"
 
 #if KLINEAR_WITH_CUDA
 #include <nvtx3/nvToolsExt.h>
@@ -124,7 +125,7 @@ double time_decode(Model& m, Backend& be, const CacheSizes& unit, const std::vec
 
 int main(int argc, char** argv) {
   int prefill = 150, decode = 32, runs = 3;
-  int64_t context = 0, chunk = 2048;
+  int64_t context = 0, chunk = 0;  // 0: the engine's default step budget on the device
   std::string device = "cpu", dtype, load_format = "safetensors";
   std::vector<int> batches{1};
   std::vector<std::string> dirs;
@@ -152,7 +153,7 @@ int main(int argc, char** argv) {
       return 2;
     } else dirs.push_back(a);
   }
-  if (dirs.empty() || prefill < 1 || chunk < 1 || decode < 1 || runs < 1 || context < 0 ||
+  if (dirs.empty() || prefill < 1 || chunk < 0 || decode < 1 || runs < 1 || context < 0 ||
       std::any_of(batches.begin(), batches.end(), [](int b) { return b < 1 || b > 4096; })) {
     std::fprintf(stderr, "model_bench: give at least one model directory and positive counts (see --help)\n");
     return 2;
@@ -161,6 +162,7 @@ int main(int argc, char** argv) {
   options.device = value_or_die(parse_device(device));
   options.dtype = value_or_die(parse_compute_dtype(dtype.empty() ? (options.device == Device::kCpu ? "float32" : "bfloat16") : dtype));
   const LoadFormat format = value_or_die(parse_load_format(load_format));
+  if (chunk == 0) chunk = default_max_num_tokens(options.device);
   auto backend = value_or_die(make_backend(options));
   std::printf("%-44s %8s %14s %6s %8s %8s %14s %12s\n", "model", "prefill", "prefill tok/s", "batch", "context", "decode",
               "decode tok/s", "ms/step");

@@ -9,9 +9,10 @@
 #    references, every model fixture, batched == alone), failing if any of them skipped;
 # 4. runs `klinear generate --device cuda` on the fixture models: float32 must give the CPU's
 #    greedy ids, bfloat16 must run (its ids are logged beside the CPU's); then the
-#    Kimi-Linear-48B-A3B config with dummy weights: info, generate, and model_bench (prefill 8k,
-#    decode at batch 1, 64 and 256 with 4k positions of context each), where one prefill step and
-#    one decode step spend their kernel time (profile_48b: ncu, tools/ncu_kernel_times.py), and
+#    Kimi-Linear-48B-A3B config with dummy weights: info, generate, and model_bench (prefill 8k in
+#    the engine's default step, decode at batch 1, 64 and 256 with 4k positions of context each),
+#    where one prefill step and one decode step spend their kernel time (profile_48b: ncu,
+#    tools/ncu_kernel_times.py), and
 #    `klinear run` over 1,000 lines plus `klinear bench-serve` against `klinear serve` on it
 #    (serve_48b);
 # 5. runs the benchmarks: bench/cuda/ops_bench (klinear) and bench/cuda/fla_bench.py (FLA) on the

@@ -59,15 +59,9 @@ Result<uint64_t> parse_bytes(const std::string& text, const std::string& flag) {
 
 // ---- shared engine set-up
 
-// The default --max-num-tokens. On the H200 the 48B model's prefill runs at 28.8k tok/s in 8,192-token
-// steps against 23.9k in 2,048-token steps, one command (the MoE's per-expert GEMMs get 4× the rows;
-// docs/PERF.md, sixth round); vLLM's default on cards of this size is 8,192 too. The price is the
-// inter-token time of running sequences while a long prompt is cut in: a full step of 8,192 prompt
-// tokens is ~0.3 s there. The CPU keeps steps short, its steps being far slower.
-constexpr int64_t kCudaStepTokens = 8192, kCpuStepTokens = 2048;
 struct EngineArgs {
   std::string model_dir, device = "cpu", dtype, tokenizer, load_format = "safetensors";
-  std::optional<int64_t> max_num_tokens;           // not given: kCudaStepTokens on CUDA, kCpuStepTokens on the CPU
+  std::optional<int64_t> max_num_tokens;           // not given: default_max_num_tokens(device)
   int64_t max_num_seqs = 16, page_size = 64;
   std::string cache_memory;                        // empty: by memory fraction on CUDA, else the Cache's default
   std::optional<double> gpu_memory_utilization;    // the fraction (0.9 on CUDA when not given)
@@ -85,8 +79,9 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
                   "safetensors, or dummy: seeded random weights made on the device from config.json alone")
       ->capture_default_str();
   sub->add_option("--max-num-tokens", a.max_num_tokens,
-                  "tokens per engine step (decodes + prefill chunks; default " + std::to_string(kCudaStepTokens) +
-                      " on CUDA, " + std::to_string(kCpuStepTokens) + " on the CPU)");
+                  "tokens per engine step (decodes + prefill chunks; default " +
+                      std::to_string(default_max_num_tokens(Device::kCuda)) + " on CUDA, " +
+                      std::to_string(default_max_num_tokens(Device::kCpu)) + " on the CPU)");
   sub->add_option(max_seqs_flag, a.max_num_seqs, "sequences running at once (state slots)")->capture_default_str();
   sub->add_option("--cache-memory", a.cache_memory, "memory for the caches: state slots first, the rest latent pages "
                                                     "(bytes, or with K/M/G/T; 0: room for every sequence at the full "
@@ -122,7 +117,7 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   }
   BackendOptions bo;
   KL_ASSIGN_OR_RETURN(bo.device, parse_device(a.device));
-  const int64_t max_num_tokens = a.max_num_tokens.value_or(bo.device == Device::kCuda ? kCudaStepTokens : kCpuStepTokens);
+  const int64_t max_num_tokens = a.max_num_tokens.value_or(default_max_num_tokens(bo.device));
   if (max_num_tokens < 1) return Status::InvalidArgument("--max-num-tokens must be >= 1");
   KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(!a.dtype.empty() ? a.dtype : bo.device == Device::kCuda ? "bfloat16" : "float32"));
   KL_ASSIGN_OR_RETURN(bo.graphs, parse_cuda_graphs(a.cuda_graphs));
