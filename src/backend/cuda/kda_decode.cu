@@ -21,9 +21,11 @@
 // composition of ops stores them (conv output and o in the activation dtype), so both agree up to
 // summation order. Padded sequences leave both pools as they are and get zero y rows.
 // The state launch: 96 registers (launch bounds for 5 blocks per SM: 20 warps, FLA's has 16).
-// PREDICTED (not yet measured; the single-block fused kernel before this measured 0.0142 / 0.1248 /
-// 0.4651 ms at B = 1 / 64 / 256, FLA's fused_recurrent_kda 0.1425 / 0.1489 / 0.4240): B = 256
-// 0.36-0.42 ms, B = 64 0.09-0.11 ms, B = 1 a few µs more than before (three launches).
+// Measured on the H200 (2026-12-01, ops_bench kda_decode beside fla_bench in one command): 0.0213 /
+// 0.1069 / 0.3712 ms at B = 1 / 64 / 256 (graph replays 0.0118 / 0.0981 / 0.3613), FLA's
+// fused_recurrent_kda 0.1199 / 0.1879 / 0.4722; the single-block fused kernel before this measured
+// 0.0142 / 0.1248 / 0.4651 (predicted for this one: 0.36-0.42 at B = 256, 0.09-0.11 at B = 64, B = 1
+// a few µs slower for its three launches).
 #include <cmath>
 
 #include "backend/cuda/device.cuh"
