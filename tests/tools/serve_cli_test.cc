@@ -95,6 +95,35 @@ TEST(CliRun, CacheBudgetByMemoryFraction) {
   EXPECT_NE(range.err.find("--gpu-memory-utilization"), std::string::npos) << range.err;
 }
 
+// The prefix cache's snapshot slots: a quarter of the sequence slots by default, or
+// --prefix-snapshot-slots; the slots and their share are reported at start-up; 0 slots, or slots
+// without the prefix cache, and 0 sequences are refused naming the flag.
+TEST(CliRun, PrefixSnapshotSlots) {
+  const testing::ScratchDir dir;
+  const std::string model = testing::fixture_path("kimi-linear-tiny/model");
+  std::ofstream(dir.file("in.jsonl")) << R"({"prompt_ids": [1, 2, 3]})" << "\n";
+  const std::string run = "run --model " + model + " --input " + dir.file("in.jsonl") + " --output " +
+                          dir.file("out.jsonl") + " --max-tokens 2 --ignore-eos --max-batch 10";
+  struct Row {
+    const char* flags;
+    int exit_code;
+    const char* err;  // in stderr
+  };
+  const Row rows[] = {
+      {"", 0, "13 slots (3 for prefix snapshots)"},
+      {" --prefix-snapshot-slots 7", 0, "17 slots (7 for prefix snapshots)"},
+      {" --no-prefix-cache", 0, "10 slots (0 for prefix snapshots)"},
+      {" --prefix-snapshot-slots 0", 2, "--prefix-snapshot-slots: value is '0'"},
+      {" --prefix-snapshot-slots 2 --no-prefix-cache", 2, "--prefix-snapshot-slots is for the prefix cache"},
+      {" --max-batch 0", 2, "--max-batch: value is '0'"},
+  };
+  for (const Row& row : rows) {
+    const testing::CliRun r = testing::run_cli(run + row.flags);
+    EXPECT_EQ(r.exit_code, row.exit_code) << row.flags << "\n" << r.all();
+    EXPECT_NE(r.err.find(row.err), std::string::npos) << row.flags << "\n" << r.err;
+  }
+}
+
 // --load-format dummy: config.json alone (`init --config-only`), weights made on the device.
 TEST(CliRun, DummyWeightsFromConfigAlone) {
   const testing::ScratchDir dir;

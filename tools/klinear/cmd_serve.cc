@@ -59,6 +59,13 @@ Result<uint64_t> parse_bytes(const std::string& text, const std::string& flag) {
 
 // ---- shared engine set-up
 
+// State slots for prefix-cache snapshots when --prefix-snapshot-slots is not given: a quarter of the
+// running sequences'. Each costs a whole state slot (41.4 MiB for the 48B model) taken from the
+// latent pages: as many as the running ones (this default before) left 256 sequences of the 48B
+// model on an H200 room for 1.39 M tokens at once, where 256 prompts of 8k + 1k generated need 2.36 M;
+// a quarter leaves ~2.4 M. A hot prefix keeps its snapshots (each hit refreshes them).
+int64_t default_snapshot_slots(int64_t max_num_seqs) { return (max_num_seqs + 3) / 4; }
+
 struct EngineArgs {
   std::string model_dir, device = "cpu", dtype, tokenizer, load_format = "safetensors";
   std::optional<int64_t> max_num_tokens;           // not given: default_max_num_tokens(device)
@@ -67,6 +74,7 @@ struct EngineArgs {
   std::optional<double> gpu_memory_utilization;    // the fraction (0.9 on CUDA when not given)
   bool no_prefix_cache = false;
   int64_t prefix_snapshot_interval = 256;
+  std::optional<int64_t> prefix_snapshot_slots;    // not given: default_snapshot_slots(max_num_seqs)
   std::string cuda_graphs = "on";
 };
 
@@ -82,7 +90,9 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
                   "tokens per engine step (decodes + prefill chunks; default " +
                       std::to_string(default_max_num_tokens(Device::kCuda)) + " on CUDA, " +
                       std::to_string(default_max_num_tokens(Device::kCpu)) + " on the CPU)");
-  sub->add_option(max_seqs_flag, a.max_num_seqs, "sequences running at once (state slots)")->capture_default_str();
+  sub->add_option(max_seqs_flag, a.max_num_seqs, "sequences running at once (state slots)")
+      ->check(int_in({1, kMaxFlagCount}))
+      ->capture_default_str();
   sub->add_option("--cache-memory", a.cache_memory, "memory for the caches: state slots first, the rest latent pages "
                                                     "(bytes, or with K/M/G/T; 0: room for every sequence at the full "
                                                     "context, at most a quarter of the free memory; not given: "
@@ -94,10 +104,15 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
       ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--page-size", a.page_size, "tokens per latent cache page")->capture_default_str();
   sub->add_flag("--no-prefix-cache", a.no_prefix_cache,
-                "turn prefix caching off (on by default: prompt pages and KDA state snapshots are kept for reuse, with "
-                "as many snapshot slots as sequence slots, evicted least recently used first)");
+                "turn prefix caching off (on by default: prompt pages and KDA state snapshots are kept for reuse, "
+                "evicted least recently used first)");
   sub->add_option("--prefix-snapshot-interval", a.prefix_snapshot_interval,
                   "tokens between the prefix cache's KDA state snapshots (a multiple of 64)")->capture_default_str();
+  sub->add_option("--prefix-snapshot-slots", a.prefix_snapshot_slots,
+                  "state slots beside the running sequences' in which the prefix cache keeps KDA snapshots, each "
+                  "taking a state slot's memory from the latent pages (default: a quarter of the sequences at once, "
+                  "rounded up)")
+      ->check(int_in({1, kMaxFlagCount}));
   add_cuda_graphs_option(sub, a.cuda_graphs);
 }
 
@@ -147,7 +162,11 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   const ModelConfig& c = s.model->config();
   s.format = chat_format_for(c);
   const PrefixCacheOptions prefix{a.no_prefix_cache ? PrefixCaching::kOff : PrefixCaching::kOn, a.prefix_snapshot_interval};
-  const int64_t slots = a.max_num_seqs * (prefix.mode == PrefixCaching::kOn ? 2 : 1);  // snapshots get their own slots
+  if (a.prefix_snapshot_slots && a.no_prefix_cache)
+    return Status::InvalidArgument("--prefix-snapshot-slots is for the prefix cache, which --no-prefix-cache turns off");
+  const int64_t snapshot_slots =
+      prefix.mode == PrefixCaching::kOn ? a.prefix_snapshot_slots.value_or(default_snapshot_slots(a.max_num_seqs)) : 0;
+  const int64_t slots = a.max_num_seqs + snapshot_slots;
   KL_ASSIGN_OR_RETURN(s.runner, ModelRunner::create(*s.model, CacheOptions{slots, a.page_size, memory}, prefix));
   EngineOptions eo;
   eo.scheduler = {max_num_tokens, a.max_num_seqs, prefix.mode == PrefixCaching::kOn ? prefix.snapshot_interval : 0};
@@ -156,10 +175,11 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   s.engine = std::make_unique<Engine>(*s.runner, s.tokenizer.get(), eo);
   const CacheSizes& z = s.runner->sizes();
   std::fprintf(stderr,
-               "klinear %s: cache %.1f MiB: %.2f MiB per state slot, %.1f KiB per token; %lld slots, %lld pages of %lld "
-               "tokens: at most %lld sequences and %lld tokens at once (%lld per sequence)\n",
-               cmd, z.bytes() / 1048576.0, z.bytes_per_slot / 1048576.0, z.bytes_per_page / 1024.0 / std::max<int64_t>(z.page_size, 1),
-               (long long)z.slots, (long long)z.pages, (long long)z.page_size, (long long)std::min(z.slots, a.max_num_seqs),
+               "klinear %s: cache %.1f MiB: %.2f MiB per state slot, %.1f KiB per token; %lld slots (%lld for prefix "
+               "snapshots), %lld pages of %lld tokens: at most %lld sequences and %lld tokens at once (%lld per sequence)\n",
+               cmd, z.bytes() / 1048576.0, z.bytes_per_slot / 1048576.0,
+               z.bytes_per_page / 1024.0 / std::max<int64_t>(z.page_size, 1), (long long)z.slots, (long long)snapshot_slots,
+               (long long)z.pages, (long long)z.page_size, (long long)std::min(z.slots, a.max_num_seqs),
                (long long)(z.pages * z.page_size), (long long)s.engine->max_sequence_tokens());
   return s;
 }
