@@ -247,6 +247,7 @@ void Engine::open(Sequence& seq, int64_t cached) {
 }
 
 bool Engine::step() {
+  const Clock::time_point start = Clock::now();
   take_inbox();
   const StepPlan plan = scheduler_.schedule(runner_.usage(), this);
   for (Sequence* v : plan.preempted) {
@@ -255,8 +256,11 @@ bool Engine::step() {
   }
   std::vector<RunnerStep> steps;
   steps.reserve(plan.seqs.size());
+  bool decodes = false, prefills = false;
   for (const ScheduledSeq& s : plan.seqs) {
     Sequence& seq = *s.seq;
+    const bool newest_generated = seq.computed >= seq.prompt && seq.computed + 1 == static_cast<int64_t>(seq.tokens.size());
+    (s.tokens == 1 && newest_generated ? decodes : prefills) = true;
     const auto begin = seq.tokens.begin() + seq.computed;
     steps.push_back({*seq.slot, std::span<const int32_t>(&*begin, static_cast<size_t>(s.tokens)),
                      seq.computed + s.tokens == static_cast<int64_t>(seq.tokens.size()), seq.prompt, {}});
@@ -270,8 +274,10 @@ bool Engine::step() {
     std::lock_guard<std::mutex> lock(mu_);
     metrics_.preemptions += plan.preempted.size();
   }
+  double forward_s = 0;
   if (!steps.empty()) {
     Result<SampledStep> logits = SampledStep{};
+    const Clock::time_point forward_start = Clock::now();
     if (runner_.samples_on_device()) {
       logits = runner_.run_sampled(steps);
     } else if (Result<Tensor> l = runner_.run(steps); l.ok()) {
@@ -279,6 +285,7 @@ bool Engine::step() {
     } else {
       logits = l.status();
     }
+    forward_s = seconds(forward_start, Clock::now());
     if (!logits.ok()) {
       std::vector<uint64_t> failed;
       for (const ScheduledSeq& s : plan.seqs) failed.push_back(choice_of_.at(s.seq)->request->id);
@@ -313,6 +320,13 @@ bool Engine::step() {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (!steps.empty()) {
+    const StepKind kind = decodes && prefills ? StepKind::kMixed : decodes ? StepKind::kDecode : StepKind::kPrefill;
+    StepMetrics& m = metrics_.steps[static_cast<int>(kind)];
+    m.seconds.observe(seconds(start, Clock::now()));
+    m.forward_seconds.observe(forward_s);
+    for (const RunnerStep& s : steps) m.tokens += s.ids.size();
+  }
   metrics_.running = static_cast<int64_t>(scheduler_.num_running());
   metrics_.waiting = static_cast<int64_t>(scheduler_.num_waiting());
   metrics_.cache = runner_.usage();

@@ -3,6 +3,7 @@
 // own lock and hands out copies.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -30,6 +31,21 @@ class Histogram {
 
 // Latency buckets in seconds, 1 ms to 10 min.
 std::vector<double> latency_buckets_s();
+// Engine step buckets in seconds, 1 ms to 5 s (a decode step of the 48B model on an H200 is 5-60
+// ms, a step with an 8k-token prefill chunk ~0.2 s).
+std::vector<double> step_buckets_s();
+
+// What an engine step ran: only the newest token of sequences that are generating (decode), only
+// prompt or recompute chunks (prefill), or both (mixed).
+enum class StepKind : uint8_t { kDecode, kPrefill, kMixed };
+inline constexpr int kStepKinds = 3;
+const char* step_kind_name(StepKind k);
+
+struct StepMetrics {
+  Histogram seconds{step_buckets_s()};          // the whole step: schedule, forward, sampling, post-processing
+  Histogram forward_seconds{step_buckets_s()};  // the runner's forward (with any device sampling) alone
+  uint64_t tokens = 0;                          // tokens the steps computed
+};
 
 struct EngineMetrics {
   std::map<std::string, uint64_t> requests;  // finished requests by status: stop, length, cancelled, error
@@ -42,6 +58,7 @@ struct EngineMetrics {
   Histogram inter_token_s{latency_buckets_s()};
   Histogram e2e_s{latency_buckets_s()};
   Histogram queue_s{latency_buckets_s()};
+  std::array<StepMetrics, kStepKinds> steps;  // by StepKind
 };
 
 }  // namespace klinear

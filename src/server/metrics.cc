@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <sstream>
+#include <string>
 
 namespace klinear {
 
@@ -16,16 +17,42 @@ void scalar(std::ostringstream& o, const char* name, const char* type, const cha
   o << "klinear:" << name << " " << value << "\n";
 }
 
-void histogram(std::ostringstream& o, const char* name, const char* help, const Histogram& h) {
-  header(o, name, "histogram", help);
+// A histogram's rows; `labels` (e.g. `kind="decode"`, or empty) go before le and on the sum and count.
+void histogram_rows(std::ostringstream& o, const char* name, const std::string& labels, const Histogram& h) {
+  const char* sep = labels.empty() ? "" : ",";
   uint64_t cumulative = 0;
   for (size_t i = 0; i < h.bounds().size(); ++i) {
     cumulative += h.counts()[i];
-    o << "klinear:" << name << "_bucket{le=\"" << h.bounds()[i] << "\"} " << cumulative << "\n";
+    o << "klinear:" << name << "_bucket{" << labels << sep << "le=\"" << h.bounds()[i] << "\"} " << cumulative << "\n";
   }
-  o << "klinear:" << name << "_bucket{le=\"+Inf\"} " << h.count() << "\n";
-  o << "klinear:" << name << "_sum " << h.sum() << "\n";
-  o << "klinear:" << name << "_count " << h.count() << "\n";
+  o << "klinear:" << name << "_bucket{" << labels << sep << "le=\"+Inf\"} " << h.count() << "\n";
+  auto series = [&](const char* suffix) -> std::ostringstream& {
+    o << "klinear:" << name << suffix;
+    if (!labels.empty()) o << "{" << labels << "}";
+    o << " ";
+    return o;
+  };
+  series("_sum") << h.sum() << "\n";
+  series("_count") << h.count() << "\n";
+}
+
+void histogram(std::ostringstream& o, const char* name, const char* help, const Histogram& h) {
+  header(o, name, "histogram", help);
+  histogram_rows(o, name, "", h);
+}
+
+// Engine steps by kind: the step and forward histograms and the token counter, a series per kind.
+void steps(std::ostringstream& o, const std::array<StepMetrics, kStepKinds>& by_kind) {
+  auto label = [](int k) { return std::string("kind=\"") + step_kind_name(static_cast<StepKind>(k)) + "\""; };
+  header(o, "engine_step_seconds", "histogram",
+         "Engine steps by kind (decode, prefill, mixed): schedule, forward, sampling and post-processing.");
+  for (int k = 0; k < kStepKinds; ++k) histogram_rows(o, "engine_step_seconds", label(k), by_kind[k].seconds);
+  header(o, "engine_step_forward_seconds", "histogram", "The forward (and device sampling) of engine steps by kind.");
+  for (int k = 0; k < kStepKinds; ++k) histogram_rows(o, "engine_step_forward_seconds", label(k), by_kind[k].forward_seconds);
+  header(o, "engine_step_tokens_total", "counter", "Tokens computed by engine steps by kind.");
+  for (int k = 0; k < kStepKinds; ++k)
+    o << "klinear:engine_step_tokens_total{kind=\"" << step_kind_name(static_cast<StepKind>(k)) << "\"} "
+      << by_kind[k].tokens << "\n";
 }
 
 }  // namespace
@@ -60,6 +87,7 @@ std::string prometheus_text(const EngineMetrics& m, const std::map<int, uint64_t
   histogram(o, "inter_token_latency_seconds", "Time between two tokens of a sequence.", m.inter_token_s);
   histogram(o, "e2e_request_latency_seconds", "Time from arrival to the end of a request.", m.e2e_s);
   histogram(o, "request_queue_time_seconds", "Time from arrival to admission.", m.queue_s);
+  steps(o, m.steps);
   return o.str();
 }
 

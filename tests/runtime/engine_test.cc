@@ -203,6 +203,22 @@ TEST(Engine, BatchedChunkedAndPreemptedEqualOneByOne) {
     }
     EXPECT_EQ(mixed, c.expect_mixed);
     const EngineMetrics m = engine.metrics();
+    // Every step is counted once, under one kind, with its tokens; the roomy case prefills every
+    // prompt in its first step and only decodes after.
+    uint64_t steps = 0, tokens = 0, record_tokens = 0;
+    for (const StepMetrics& k : m.steps) {
+      EXPECT_EQ(k.seconds.count(), k.forward_seconds.count());
+      EXPECT_GE(k.seconds.sum(), k.forward_seconds.sum());
+      steps += k.seconds.count(), tokens += k.tokens;
+    }
+    for (const StepRecord& r : runner.record) record_tokens += static_cast<uint64_t>(r.tokens);
+    EXPECT_EQ(steps, runner.record.size());
+    EXPECT_EQ(tokens, record_tokens);
+    EXPECT_GT(m.steps[static_cast<int>(StepKind::kDecode)].seconds.count(), 0u);
+    if (c.max_num_tokens == 4096) {
+      EXPECT_EQ(m.steps[static_cast<int>(StepKind::kPrefill)].seconds.count(), 1u);
+      EXPECT_EQ(m.steps[static_cast<int>(StepKind::kMixed)].seconds.count(), 0u);
+    }
     EXPECT_EQ(m.preemptions > 0, c.expect_preemption) << m.preemptions << " preemptions";
     const CacheUsage u = runner.usage();
     EXPECT_EQ(u.slots_free, u.slots_total);

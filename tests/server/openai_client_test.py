@@ -251,11 +251,22 @@ def test_concurrent_equals_serial(s):
         r = c.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
         return r.choices[0].text
 
+    before = s.metrics()
     serial = [one(p) for p in prompts]
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         concurrent_out = list(pool.map(one, prompts))
     check(serial == concurrent_out, "concurrent outputs differ from serial ones")
     check(len(set(serial)) > 1, "all outputs equal: the test would not see a mix-up")
+    # Engine steps by kind: every generated token after a request's first is a decode step's (or a
+    # mixed one's); each step is counted in both histograms.
+    after = wait_idle(s)
+    grew = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    kinds = ("decode", "prefill", "mixed")
+    steps = sum(grew[f'klinear:engine_step_seconds_count{{kind="{k}"}}'] for k in kinds)
+    check(steps == sum(grew[f'klinear:engine_step_forward_seconds_count{{kind="{k}"}}'] for k in kinds), grew)
+    tokens = sum(grew[f'klinear:engine_step_tokens_total{{kind="{k}"}}'] for k in kinds)
+    check(tokens >= 40 * 9, f"{tokens} step tokens for 40 requests of 10 generated tokens")
+    check(grew['klinear:engine_step_seconds_count{kind="decode"}'] >= 9, grew)
 
 
 def test_disconnect_frees(s):
