@@ -72,6 +72,7 @@ TEST_P(KdaDecode, MatchesTheCompositionOfOps) {
       // CUDA: head dims not a multiple of 8 (element-wise accesses, a last chunk of 4), an odd
       // number of heads (a prelude block's second head absent), Kc = 2, a last norm block part used.
       {200, 3, 20, 2, KdaGate::kLowerBound, true}, {1, 1, 12, 4, KdaGate::kSoftplus, false},
+      {5, 2, 16, 6, KdaGate::kSoftplus, true},  // CUDA: more conv taps than the kernels hold: the ops
   };
   std::mt19937_64 rng(testing::fresh_seed());
   auto cpu = make_backend(BackendOptions{});

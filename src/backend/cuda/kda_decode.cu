@@ -45,7 +45,8 @@
 //   - the norm: 16-byte accesses, og and the norm weight loaded before its wait, the sum of squares
 //     four shuffles in the group.
 // Head dims not a multiple of 8 or unaligned tensors take element-wise accesses (`vec` false),
-// the same lanes and sums. The prelude is instantiated per conv width Kc ≤ 4 (taps in registers).
+// the same lanes and sums. The prelude is instantiated per conv width Kc ≤ 4 (taps in registers);
+// a wider conv (the config allows 64) runs as the composition of ops (kda_decode_by_ops).
 // Per launch at H = 32, d = 128, Kc = 4, bf16 (bytes; floor at 4.2 TB/s):
 //   prelude: qkv 24.6 KB, conv pool 73.7 KB read and written, f 16.4 KB, workspace 66.0 KB per
 //     sequence (conv weights 98 KB once, L2): B = 1 / 64 / 256: 0.37 / 16.3 / 65.2 MB, floor
@@ -348,14 +349,17 @@ __global__ void __launch_bounds__(kNormThreads) norm_kernel(DecodeStep s) {
 
 void CudaBackend::kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) {
   const KdaDecodeDims d = check_kda_decode(a, decode);
-  KL_CHECK(d.dk <= kMaxD && d.dv <= kMaxD && d.dv % 4 == 0 && d.kc <= kMaxTaps && aligned16(a.states.data()) &&
-               d.rows <= 65535 && decode.dev.cu_seqlens.defined() && a.conv_states.dtype() == dtype_ &&
+  KL_CHECK(d.dk <= kMaxD && d.dv <= kMaxD && decode.dev.cu_seqlens.defined() && a.conv_states.dtype() == dtype_ &&
                a.qkv.dtype() == dtype_ && a.y.dtype() == dtype_,
-           "kda_decode: head dims dk " + std::to_string(d.dk) + " dv " + std::to_string(d.dv) + ", conv taps " +
-               std::to_string(d.kc) + ", " + std::to_string(d.rows) +
-               " rows (the kernels take dk, dv ≤ 128 with dv a multiple of 4, at most 4 conv taps, a 16-byte aligned "
-               "state pool and at most 65,535 sequences), qkv, conv states and y in the activation dtype, and an "
+           "kda_decode: head dims dk " + std::to_string(d.dk) + " dv " + std::to_string(d.dv) +
+               " (the CUDA KDA ops take dk, dv ≤ 128), qkv, conv states and y in the activation dtype, and an "
                "uploaded layout");
+  // What the three kernels do not take runs as the composition of the other ops (a config with
+  // more than 4 conv taps, an odd dv, a state pool off 16 bytes, more sequences than a grid's y).
+  if (d.kc > kMaxTaps || d.dv % 4 != 0 || !aligned16(a.states.data()) || d.rows > 65535) {
+    kda_decode_by_ops(*this, a, decode);
+    return;
+  }
   if (d.rows == 0) return;
   const char* op = "kda_decode";
   const PreLayout pl{static_cast<int>(d.dk), static_cast<int>(d.dv)};
