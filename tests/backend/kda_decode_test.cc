@@ -1,11 +1,12 @@
 // kda_decode (one fused decode step of a KDA layer) on every backend row against the composition
 // of the existing ops on the CPU (kda_decode_by_ops; for the bf16 row through Bf16Storage, which
 // stores the composition's intermediates in bf16 as the bf16 backend does): y, the KDA state pool
-// and the conv state pool, over a case table of batches of 1, 3 and 64 sequences, head dims 16, 32,
-// 80 and 128, conv kernels of 1, 3 and 4 taps, both gate forms with strong decay, non-zero states,
-// slots out of order and padded sequences (whose pools must stay untouched and whose y rows are
-// zero). On the CPU row the op is the composition itself, so that row checks the padding; the
-// composition's ops have their own tests, and the model fixtures run it for every decode row.
+// and the conv state pool, over a case table of batches of 1, 3, 64 and 200 sequences, 1 to 4
+// heads, head dims 12, 16, 20, 32, 80 and 128, conv kernels of 1 to 4 taps, both gate forms with
+// strong decay, non-zero states, slots out of order and padded sequences (whose pools must stay
+// untouched and whose y rows are zero). On the CPU row the op is the composition itself, so that
+// row checks the padding; the composition's ops have their own tests, and the model fixtures run
+// it for every decode row.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -68,6 +69,10 @@ TEST_P(KdaDecode, MatchesTheCompositionOfOps) {
       {64, 2, 128, 4, KdaGate::kSoftplus, false},  {64, 2, 16, 3, KdaGate::kLowerBound, true},
       {64, 1, 32, 1, KdaGate::kSoftplus, true},    {64, 2, 128, 4, KdaGate::kLowerBound, true},
       {3, 2, 80, 4, KdaGate::kSoftplus, true},  // CUDA: a last column tile half used, rows past dk
+      // CUDA: head dims not a multiple of 8 (element-wise accesses, a last chunk of 4), an odd
+      // number of heads (a prelude block's second head absent), Kc = 2, a last norm block part used.
+      {200, 3, 20, 2, KdaGate::kLowerBound, true}, {1, 1, 12, 4, KdaGate::kSoftplus, false},
+      {5, 2, 16, 6, KdaGate::kSoftplus, true},  // CUDA: more conv taps than the kernels hold: the ops
   };
   std::mt19937_64 rng(testing::fresh_seed());
   auto cpu = make_backend(BackendOptions{});
@@ -90,7 +95,7 @@ TEST_P(KdaDecode, MatchesTheCompositionOfOps) {
       for (int64_t b = 0; b < c.seqs; ++b)
         if (b % 3 == 1 || b == c.seqs - 1) slot_of[b] = static_cast<int32_t>(pad_slot);
     const SeqLayout layout = testing::make_layout(std::vector<int32_t>(c.seqs, 1), std::vector<int32_t>(c.seqs, 7),
-                                                  slot_of, 64, 64, rng);
+                                                  slot_of, 64, c.seqs, rng);
     // Strong decay: A up to e^2.5 with |f| up to 3 (softplus form: g down to ~ −37 per step).
     const DecodeInputs in{testing::random_tensor(rng, {c.seqs, C}),
                           testing::random_tensor(rng, {C, c.kc}),

@@ -126,16 +126,19 @@ __device__ __forceinline__ void load_chunk(In t, int64_t i, int n, bool vec, flo
 }
 
 __device__ __forceinline__ void store_chunk(Out t, int64_t i, int n, bool vec, const float (&v)[kRowChunk]) {
+  // The vector stores through __stwb (st.global.wb.v4, the default cache policy): written as plain
+  // stores, the compiler split them into 4-byte ones in kda_decode's prelude (not in conv's kernel).
   if (vec && t.bf16) {
-    uint4 raw;
-    auto* h = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int k = 0; k < kRowChunk / 2; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-    *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(t.p) + i) = raw;
+    auto pair = [&](int k) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+      return *reinterpret_cast<const unsigned*>(&h);
+    };
+    __stwb(reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(t.p) + i),
+           make_uint4(pair(0), pair(1), pair(2), pair(3)));
   } else if (vec) {
     auto* q = reinterpret_cast<float4*>(static_cast<float*>(t.p) + i);
-    q[0] = make_float4(v[0], v[1], v[2], v[3]);
-    q[1] = make_float4(v[4], v[5], v[6], v[7]);
+    __stwb(q, make_float4(v[0], v[1], v[2], v[3]));
+    __stwb(q + 1, make_float4(v[4], v[5], v[6], v[7]));
   } else {
 #pragma unroll
     for (int e = 0; e < kRowChunk; ++e)
