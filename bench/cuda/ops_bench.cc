@@ -2,7 +2,7 @@
 // of timed repeats (CUDA events on the backend's stream, after warm-up), the FLOP and byte counts,
 // the floors they give on an H200 (4.2 TB/s copy bandwidth, 770 TFLOP/s bf16 dense) and the
 // achieved fraction of the larger floor. Inputs are random (never zeros); bf16 activations.
-//   ops_bench [kda|kda_decode|mla|moe|grouped_gemm|all]
+//   ops_bench [kda|kda_decode|mla|moe|grouped_gemm|norm|all]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -405,6 +405,33 @@ void bench_grouped_gemm(cuda::CudaBackend& be, std::mt19937_64& gen) {
   }
 }
 
+// The residual add and the next sublayer's RMSNorm of Kimi-Linear-48B (D = 2,304, bf16) at a decode
+// batch of 64 rows and a 2,048-token prefill step: add then rms_norm (two launches, the row read
+// three times and written twice) beside add_rms_norm (one launch, read twice, written twice); each
+// eager (host launch time included) and replayed as a CUDA graph (the decode step's view). Bytes:
+// the rows moved (w, 4.6 KB, left out).
+void bench_norm(cuda::CudaBackend& be, std::mt19937_64& gen) {
+  const int64_t D = 2304;
+  const float eps = 1e-5f;
+  const Tensor w = random_tensor(be, {D}, gen, DType::kBF16, 0.5f, 1.5f);
+  for (const int64_t n : {64, 2048}) {
+    const Tensor h = random_tensor(be, {n, D}, gen, DType::kBF16), x = random_tensor(be, {n, D}, gen, DType::kBF16);
+    const Tensor y = be.alloc_persistent(DType::kBF16, {n, D});
+    const double row_bytes = double(n) * D * 2;
+    const auto split = [&] {
+      be.add(h, x);
+      be.rms_norm(h, w, eps, y);
+    };
+    const auto fused = [&] { be.add_rms_norm(AddNormArgs{h, x, w, eps, y}); };
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "N=%lld D=2304", (long long)n);
+    row("add + rms_norm", shape, time_ms(be, split), 0, 5 * row_bytes);
+    row("  as a graph replay", shape, graph_ms(be, split), 0, 5 * row_bytes);
+    row("add_rms_norm", shape, time_ms(be, fused), 0, 4 * row_bytes);
+    row("  as a graph replay", shape, graph_ms(be, fused), 0, 4 * row_bytes);
+  }
+}
+
 }  // namespace
 }  // namespace klinear
 
@@ -425,5 +452,6 @@ int main(int argc, char** argv) {
   if (what == "all" || what == "mla") bench_mla(*be.value(), gen);
   if (what == "all" || what == "moe") bench_moe(*be.value(), gen);
   if (what == "all" || what == "grouped_gemm") bench_grouped_gemm(*be.value(), gen);
+  if (what == "all" || what == "norm") bench_norm(*be.value(), gen);
   return 0;
 }

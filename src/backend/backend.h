@@ -136,6 +136,17 @@ struct KdaDecodeArgs {
   Tensor y;            // [N, H·dv] gated-norm output (what o_proj reads)
 };
 
+// The pre-norm residual step of SPEC 6 (one sublayer's output added into the stream, then the
+// next sublayer's RMSNorm, SPEC 3.1): h ← h + x, then y ← RMSNorm(h) ⊙ w reading h as stored (in the
+// activation dtype, so rounded to it after the add). Equal to add(h, x) then rms_norm(h, w, eps, y).
+struct AddNormArgs {
+  Tensor h;          // [N, D] the residual stream, read and written in place
+  Tensor x;          // [N, D] the sublayer output added into h
+  Tensor w;          // [D] the norm weight
+  float eps = 0.0f;  // of the RMSNorm
+  Tensor y;          // [N, D] out: the normed stream (aliases neither h nor x)
+};
+
 // MLA attention over a step (SPEC 5). Queries are the new tokens; keys and values are every
 // token of the sequence (cached and new), read from the paged latent cache.
 struct MlaArgs {
@@ -278,6 +289,8 @@ class Backend {
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) = 0;
   // y [N, d] ← RMSNorm(o [N, d]) ⊙ w [d] ⊙ σ(gate [N, d]), one rounding (FLA FusedRMSNormGated).
   virtual void gated_rms_norm(const Tensor& o, const Tensor& w, const Tensor& gate, float eps, const Tensor& y) = 0;
+  // h += x, then y ← RMSNorm(h) ⊙ w in one pass over the rows (see AddNormArgs).
+  virtual void add_rms_norm(const AddNormArgs& a) = 0;
 
   // ---- KDA (SPEC 4)
   // Causal depthwise conv + SiLU of every sequence, continuing from and updating its state slot

@@ -223,14 +223,20 @@ Result<Tensor> Model::logits(Batch& batch, Cache& cache, const Tensor& ids, cons
   if (!c.has_attn_res()) {
     // SPEC 6: pre-norm residual stream. Each sublayer's temporaries are dead once its output is
     // added into h, so their step memory is given back (the mixers write their state into the
-    // cache pools, never into step memory a later layer reads).
+    // cache pools, never into step memory a later layer reads). An add that the next sublayer's
+    // norm follows is one add_rms_norm writing that sublayer's input into xn, allocated before the
+    // marks so every release leaves it; the last FFN's add stays a plain add (the final norm runs
+    // on the selected rows only).
+    const Tensor xn = normed(h, weights_.layers[0].input_norm);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const LayerWeights& lw = weights_.layers[l];
       Arena::Mark mark = be.step_mark();
-      be.add(h, mixer(l, normed(h, lw.input_norm)));
+      be.add_rms_norm(AddNormArgs{h, mixer(l, xn), lw.post_norm, eps, xn});
       be.step_release(mark);
       mark = be.step_mark();
-      be.add(h, ffn(l, normed(h, lw.post_norm)));
+      const Tensor f = ffn(l, xn);
+      if (l + 1 < c.num_layers) be.add_rms_norm(AddNormArgs{h, f, weights_.layers[l + 1].input_norm, eps, xn});
+      else be.add(h, f);
       be.step_release(mark);
     }
     x = h;

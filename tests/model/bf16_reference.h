@@ -71,6 +71,7 @@ class ForwardingBackend : public Backend {
   void gated_rms_norm(const Tensor& o, const Tensor& w, const Tensor& g, float eps, const Tensor& y) override {
     in_.gated_rms_norm(o, w, g, eps, y), stored(y);
   }
+  void add_rms_norm(const AddNormArgs& a) override { in_.add_rms_norm(a), stored(a.h), stored(a.y); }
   void short_conv(const ConvArgs& a, const SeqLayout& l) override { in_.short_conv(a, l), stored(a.out), stored(a.states); }
   void kda_gate(const Tensor& f, const Tensor& dt, const Tensor& al, const KdaGateParams& p, const Tensor& g) override {
     in_.kda_gate(f, dt, al, p, g), stored(g);
@@ -129,6 +130,8 @@ class Bf16Storage final : public ForwardingBackend {
   }
   // The composition on this backend, so its intermediates (conv output, o) are stored as bf16 too.
   void kda_decode(const KdaDecodeArgs& a, const SeqLayout& l) override { kda_decode_by_ops(*this, a, l); }
+  // The add, then the norm of the stream as stored (rounded), as the bf16 backend's fused op reads it.
+  void add_rms_norm(const AddNormArgs& a) override { add(a.h, a.x), rms_norm(a.h, a.w, a.eps, a.y); }
 
  private:
   using Ranges = std::vector<std::pair<const char*, const char*>>;

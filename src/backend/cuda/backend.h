@@ -111,6 +111,7 @@ class CudaBackend final : public Backend {
 
   void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override;
   void gated_rms_norm(const Tensor& o, const Tensor& w, const Tensor& gate, float eps, const Tensor& y) override;
+  void add_rms_norm(const AddNormArgs& a) override;
 
   void short_conv(const ConvArgs& a, const SeqLayout& layout) override;
   void kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& a_log, const KdaGateParams& p,
