@@ -2,8 +2,9 @@
 # One command on the GPU machine (an H200 with nvcc, torch and triton, no registry access):
 #   scripts/gpu-check.sh OUTDIR
 # 1. unpacks third_party/gpu-carry (made here by `scripts/setup.sh --gpu`): the library debs into a
-#    prefix (dpkg -x, nothing installed system-wide), the FLA wheel into a Python path and the
-#    CUTLASS headers into third_party/cutlass/include (where CMake looks for them);
+#    prefix (dpkg -x, nothing installed system-wide), the FLA wheel into a Python path, the
+#    CUTLASS headers into third_party/cutlass/include and FlashInfer's (with its CCCL and CUTLASS's
+#    util headers) into third_party/flashinfer and third_party/cutlass/util (where CMake looks for them);
 # 2. builds with -DKLINEAR_CUDA=ON (sm_90a) into build-gpu/;
 # 3. runs every GPU test: the CUDA rows of the row-parametrised suite (every op against plain
 #    references, every model fixture, batched == alone), failing if any of them skipped;
@@ -60,9 +61,10 @@ unpack() {
   for deb in third_party/gpu-carry/debs/*.deb; do dpkg -x "$deb" "$deps"; done
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/klinear-py third_party/gpu-carry/*.whl
   # Unpacked afresh each run: a warm machine may keep an older copy from an earlier carry.
-  rm -rf third_party/cutlass/include
+  rm -rf third_party/cutlass/include third_party/cutlass/util third_party/flashinfer
   mkdir -p third_party/cutlass
   tar -xzf third_party/gpu-carry/cutlass-include.tar.gz -C third_party/cutlass
+  tar -xzf third_party/gpu-carry/flashinfer-include.tar.gz -C third_party
 }
 step unpack unpack
 export PKG_CONFIG_PATH=$deps/usr/lib/$arch/pkgconfig:$deps/usr/share/pkgconfig

@@ -3,16 +3,19 @@
 #   scripts/setup.sh          # the Debian 12 packages of the CPU build and the tests, and the PyPI
 #                             # packages of the test oracles and clients (tiktoken for the K3 reference
 #                             # encoder, openai for the server tests); where nvcc is installed (the CUDA
-#                             # build is wanted: scripts/test.sh decides the same way) also the CUTLASS
-#                             # headers the CUDA backend compiles with, into third_party/cutlass/include
+#                             # build is wanted: scripts/test.sh decides the same way) also the headers
+#                             # the CUDA backend compiles with (git-ignored):
+#     third_party/cutlass/include, third_party/cutlass/util/include   CUTLASS (the grouped GEMM;
+#                             util: FlashInfer's hopper code includes it)
+#     third_party/flashinfer/include, third_party/flashinfer/cccl     FlashInfer's headers and the
+#                             CCCL it vendors (the MLA prefill's Hopper kernel)
 #   scripts/setup.sh --gpu    # also fetches the pinned GPU dependencies into third_party/ (git-ignored):
 #     third_party/wheels/     the PyPI wheels below, checked against their sha256
-#     third_party/cutlass/include, third_party/flashinfer/include   headers (CUTLASS: the grouped GEMM)
 #     third_party/gpu-carry/  what the GPU machine needs and cannot download (scripts/gpu-check.sh
-#                             unpacks it there): the FLA wheel, the CUTLASS headers as a tarball, and
-#                             the -dev debs of the libraries the build links (PCRE2, cpp-httplib,
-#                             nlohmann-json, CLI11, GoogleTest, OpenBLAS), ~19 MiB, well inside the
-#                             device tool's 64 MiB carry limit.
+#                             unpacks it there): the FLA wheel, the CUTLASS and FlashInfer headers as
+#                             tarballs, and the -dev debs of the libraries the build links (PCRE2,
+#                             cpp-httplib, nlohmann-json, CLI11, GoogleTest, OpenBLAS), ~23 MiB, well
+#                             inside the device tool's 64 MiB carry limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +23,7 @@ gpu=0
 for arg in "$@"; do
   case "$arg" in
     --gpu) gpu=1 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg' (expected --gpu or --help)" >&2; exit 2 ;;
   esac
 done
@@ -57,33 +60,46 @@ fetch_wheel() {  # pip spec, file name, sha256
   echo "$3  third_party/wheels/$2" | sha256sum -c --quiet - ||
     { echo "setup.sh: $2 does not match its pinned sha256 $3" >&2; exit 1; }
 }
-unpack_include() {  # wheel, path inside it, destination
+unpack_include() {  # wheel, folder inside it, destination: only that folder is extracted
   if [ ! -d "$3" ]; then
     local tmp
     tmp=$(mktemp -d)
-    python3 -m zipfile -e "third_party/wheels/$1" "$tmp"
+    python3 - "third_party/wheels/$1" "$2/" "$tmp" <<'PY'
+import sys, zipfile
+wheel, prefix, dest = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(dest, [n for n in z.namelist() if n.startswith(prefix)])
+PY
     mkdir -p "$(dirname "$3")"
     mv "$tmp/$2" "$3"
     rm -rf "$tmp"
   fi
 }
 cutlass_wheel=nvidia_cutlass-4.2.0.0-py3-none-any.whl
+flashinfer_wheel=flashinfer_python-0.7.2.post1-py3-none-any.whl
 
-# The CUDA backend's grouped GEMM (src/backend/cuda/gemm_grouped.cu) is CUTLASS's: wherever nvcc is
-# found, CMake's -DKLINEAR_CUDA=ON build needs its headers (only include/: cute and cutlass, 27 MiB).
+# Wherever nvcc is found, CMake's -DKLINEAR_CUDA=ON build needs: CUTLASS's headers (the grouped GEMM,
+# src/backend/cuda/gemm_grouped.cu: include/, cute and cutlass, 27 MiB; and tools/util/include,
+# 1 MiB, which FlashInfer's hopper headers include), and FlashInfer's (the MLA prefill's attention,
+# src/backend/cuda/mla_prefill_sm90.cu: include/, 6 MiB, and the CCCL 3.6 it vendors and compiles
+# against, 20 MiB: CUDA 13.0's CCCL 3.0 lacks what its headers use).
 nvcc=$(command -v nvcc || true)
 [ -n "$nvcc" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || nvcc=/usr/local/cuda/bin/nvcc
 if [ -n "$nvcc" ] || [ "$gpu" -eq 1 ]; then
   fetch_wheel nvidia-cutlass==4.2.0.0 $cutlass_wheel f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6
   unpack_include $cutlass_wheel cutlass_library/source/include third_party/cutlass/include
+  unpack_include $cutlass_wheel cutlass_library/source/tools/util/include third_party/cutlass/util/include
+  fetch_wheel flashinfer-python==0.7.2.post1 $flashinfer_wheel \
+    bfdc18b9e1e4d8d0730fe4343dc0e284cd0c160086de80f99888bc4867922d49
+  unpack_include $flashinfer_wheel flashinfer/data/include third_party/flashinfer/include
+  for part in cub/cub libcudacxx/include thrust/thrust; do
+    unpack_include $flashinfer_wheel flashinfer/data/cccl/$part third_party/flashinfer/cccl/$part
+  done
 fi
 
 [ "$gpu" -eq 1 ] || exit 0
 
-fetch_wheel flashinfer-python==0.7.2.post1 flashinfer_python-0.7.2.post1-py3-none-any.whl \
-  bfdc18b9e1e4d8d0730fe4343dc0e284cd0c160086de80f99888bc4867922d49
 fetch_wheel fla-core==0.6.0 fla_core-0.6.0-py3-none-any.whl b0708b70e0b119cd58a0a5146ea56cb175cef6ed969d8ac60267e3e077ce3ebd
-unpack_include flashinfer_python-0.7.2.post1-py3-none-any.whl flashinfer/data/include third_party/flashinfer/include
 
 # The GPU machine reaches no registry: carry the FLA wheel and the libraries the build links as debs
 # (scripts/gpu-check.sh unpacks them into a prefix with dpkg -x). cpp-httplib's pkg-config file
@@ -98,6 +114,13 @@ cp third_party/wheels/fla_core-0.6.0-py3-none-any.whl third_party/gpu-carry/
 if [ ! -f third_party/gpu-carry/cutlass-include.tar.gz ] ||
    [ "third_party/wheels/$cutlass_wheel" -nt third_party/gpu-carry/cutlass-include.tar.gz ]; then
   tar -czf third_party/gpu-carry/cutlass-include.tar.gz -C third_party/cutlass include
+fi
+# FlashInfer's headers, its CCCL and CUTLASS's util headers (3.5 MiB; unpacked into third_party/ by
+# scripts/gpu-check.sh), remade the same way.
+if [ ! -f third_party/gpu-carry/flashinfer-include.tar.gz ] ||
+   [ "third_party/wheels/$flashinfer_wheel" -nt third_party/gpu-carry/flashinfer-include.tar.gz ]; then
+  tar -czf third_party/gpu-carry/flashinfer-include.tar.gz -C third_party flashinfer/include flashinfer/cccl \
+    cutlass/util/include
 fi
 missing=()
 for deb in "${debs[@]}"; do

@@ -256,24 +256,30 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
       if (g > 0) row("mla_decode graph", shape, g, flop, bytes);
     }
   }
-  {
-    const int t = 8192;
+  // The prefill (gather, kv_b GEMM and attention) of one sequence of T new tokens with each attention
+  // kernel: FlashInfer's Hopper kernel (kBest) and mla.cu's mma.sync one. FLOP: the causal attention's.
+  for (const int t : {2048, 8192}) {
     SeqLayout layout = layout_for({t}, {0}, ps);
     persistent_layout(be, layout);
     const Tensor pages = random_tensor(be, {layout.max_pages, ps, c + r}, gen, DType::kBF16);
     const Tensor q = random_tensor(be, {t, H, n + r}, gen, DType::kBF16);
     const Tensor o = be.alloc_persistent(DType::kBF16, {t, H, vd});
     const MlaArgs args{q, pages, kvb, scale, o};
-    const double ms = time_ms(
-        be,
-        [&] {
-          be.begin_step();
-          be.mla_prefill(args, layout);
-        },
-        1, 5);
     const double flop = double(H) * t * (t + 1) / 2.0 * 2.0 * ((n + r) + vd);
     const double bytes = double(t) * (c + r) * 2 + double(t) * H * (n + r + vd) * 2 + H * (n + vd) * c * 2.0;
-    row("mla_prefill (causal)", "T=8192 H=32 qk=192 v=128", ms, flop, bytes);
+    for (const auto kernel : {cuda::MlaPrefillKernel::kBest, cuda::MlaPrefillKernel::kOwn}) {
+      const double ms = time_ms(
+          be,
+          [&] {
+            be.begin_step();
+            be.mla_prefill(args, layout, kernel);
+          },
+          1, 5);
+      char shape[64];
+      std::snprintf(shape, sizeof shape, "T=%d H=32 qk=192 v=128 %s", t,
+                    kernel == cuda::MlaPrefillKernel::kBest ? "FlashInfer" : "mma.sync");
+      row("mla_prefill (causal)", shape, ms, flop, bytes);  // of floor × 770 = TFLOP/s
+    }
   }
 }
 

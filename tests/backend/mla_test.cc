@@ -4,12 +4,19 @@
 // cached positions, several sequences with scattered pages, q-head widths with and without a rope
 // part, page sizes that do and do not divide the lengths, and the model's latent shape 512 + 64,
 // which the CUDA bf16 decode runs on tensor cores). Outputs are poisoned before each op.
+// CUDA rows run the prefill with each attention kernel (MlaPrefillKernel: FlashInfer's Hopper kernel
+// where it fits, and mla.cu's own), and check which rows FlashInfer's takes: every bf16 row of the
+// Kimi-Linear-48B head shape (H = 32, q/k 128 + 64, v 128, latent 512 + 64), 1 to 1,000 new tokens
+// with and without cached ones, several sequences of different lengths in one step.
 #include <gtest/gtest.h>
 
 #include <cstring>
 
 #include "backend_cases.h"
 #include "test_util.h"
+#if KLINEAR_WITH_CUDA
+#include "backend/cuda/mla_prefill_sm90.h"
+#endif
 
 namespace klinear {
 namespace {
@@ -27,6 +34,7 @@ Tensor reference(const Tensor& q, const Tensor& latent, const Tensor& k_r, const
                  float scale) {
   const int64_t t = q.dim(0), heads = q.dim(1), tc = latent.dim(0), c = latent.dim(1), r = k_r.dim(1);
   std::vector<double> kv(static_cast<size_t>(tc * heads * (nope + vd)));
+#pragma omp parallel for schedule(dynamic, 16)
   for (int64_t j = 0; j < tc; ++j)
     for (int64_t o = 0; o < heads * (nope + vd); ++o) {
       double acc = 0;
@@ -34,6 +42,7 @@ Tensor reference(const Tensor& q, const Tensor& latent, const Tensor& k_r, const
       kv[j * heads * (nope + vd) + o] = acc;
     }
   Tensor out = Tensor::zeros(DType::kF32, {t, heads, vd});
+#pragma omp parallel for schedule(dynamic, 8)
   for (int64_t i = 0; i < t; ++i)
     for (int64_t h = 0; h < heads; ++h) {
       const float* qi = q.f32() + (i * heads + h) * (nope + r);
@@ -83,6 +92,16 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
       {{130, 1, 64}, {0, 1000, 7}, 3, 128, 64, 128, 64, 16},
       {{1}, {0}, 1, 128, 64, 128, 32, 64},
       {{1, 70}, {63, 1000}, 2, 128, 64, 128, 512, 64},
+      // The 48B shape (H = 32), which the CUDA bf16 prefill runs on FlashInfer's kernel (128-row
+      // query tiles, 128-key tiles): one row, one short of a 64-row tile, one tile, one past it,
+      // 1,000 rows (eight 128-row tiles, the last partial) after 24 cached positions; then several
+      // sequences of different lengths behind cached positions (none, a page, one, 127 and 500).
+      {{1}, {0}, 32, 128, 64, 128, 512, 64},
+      {{63}, {0}, 32, 128, 64, 128, 512, 64},
+      {{64}, {0}, 32, 128, 64, 128, 512, 64},
+      {{65}, {0}, 32, 128, 64, 128, 512, 64},
+      {{1000}, {24}, 32, 128, 64, 128, 512, 64},
+      {{1, 63, 64, 65, 200}, {500, 0, 64, 1, 127}, 32, 128, 64, 128, 512, 64},
   };
   std::mt19937_64 rng(testing::fresh_seed());
   for (const MlaCase& c : cases) {
@@ -136,8 +155,41 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
     be().mla_decode(MlaArgs{dq, dpages, dkv_b, scale, absorbed}, layout);
     EXPECT_TRUE(testing::all_close(host(expanded), expect, tol())) << "prefill (expanded)";
     EXPECT_TRUE(testing::all_close(host(absorbed), expect, tol())) << "decode (absorbed)";
+#if KLINEAR_WITH_CUDA
+    if (auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be())) {
+      // bf16 rows of the head shape q/k 128 + 64, v 128 (the 48B rows among them) run FlashInfer's.
+      EXPECT_EQ(cuda::mla_prefill_sm90_fits(act(), c.nope, c.rope, c.v, layout),
+                act() == DType::kBF16 && c.nope == 128 && c.rope == 64 && c.v == 128)
+          << "which rows FlashInfer's kernel takes";
+      Tensor own = poisoned({n, c.heads, c.v});
+      cuda->mla_prefill(MlaArgs{dq, dpages, dkv_b, scale, own}, layout, cuda::MlaPrefillKernel::kOwn);
+      EXPECT_TRUE(testing::all_close(host(own), expect, tol())) << "prefill (expanded), mla.cu's kernels forced";
+    }
+#endif
   }
 }
+
+#if KLINEAR_WITH_CUDA
+// Which steps FlashInfer's kernel takes (a host decision: runs without a GPU too).
+TEST(MlaPrefillSm90, FitsOnlyTheCompiledShape) {
+  std::mt19937_64 rng(1);
+  const SeqLayout step = testing::make_layout({8192}, {0}, {0}, 64, 130, rng);
+  EXPECT_TRUE(cuda::mla_prefill_sm90_fits(DType::kBF16, 128, 64, 128, step)) << "the 48B shape in bf16";
+  EXPECT_FALSE(cuda::mla_prefill_sm90_fits(DType::kF32, 128, 64, 128, step)) << "the F32 exact mode";
+  EXPECT_FALSE(cuda::mla_prefill_sm90_fits(DType::kBF16, 64, 64, 128, step)) << "q/k 64 + 64";
+  EXPECT_FALSE(cuda::mla_prefill_sm90_fits(DType::kBF16, 128, 0, 128, step)) << "no rope part";
+  EXPECT_FALSE(cuda::mla_prefill_sm90_fits(DType::kBF16, 128, 64, 64, step)) << "v 64";
+  // FlashInfer plans ceil(rows / 128) + B − 1 tiles per head; past 4,096 it picks a scheduler not
+  // compiled here.
+  // B one-row sequences: ceil(B / 128) + B − 1 tiles, 4,096 at B = 4,065.
+  const auto one_row_each = [&](int seqs) {
+    return testing::make_layout(std::vector<int32_t>(seqs, 1), std::vector<int32_t>(seqs, 0),
+                                std::vector<int32_t>(seqs, 0), 64, seqs, rng);
+  };
+  EXPECT_TRUE(cuda::mla_prefill_sm90_fits(DType::kBF16, 128, 64, 128, one_row_each(4065))) << "4,065 sequences";
+  EXPECT_FALSE(cuda::mla_prefill_sm90_fits(DType::kBF16, 128, 64, 128, one_row_each(4066))) << "4,066 sequences";
+}
+#endif
 
 KL_BACKEND_SUITE(MlaOps);
 

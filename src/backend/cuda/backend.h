@@ -70,6 +70,15 @@ enum class GroupedGemmKernel {
             // benchmarks compare CUTLASS's against)
 };
 
+// Which kernel runs mla_prefill's attention over the expanded keys and values.
+enum class MlaPrefillKernel {
+  kBest,  // FlashInfer's Hopper ragged prefill (mla_prefill_sm90.cu) where mla_prefill_sm90_fits (bf16,
+          // q/k 128 + 64, v 128), else as kOwn
+  kOwn,   // mla.cu's kernels only: `expanded` (mma.sync) for bf16 at q/k 128 + 64, v 128, `attend` for
+          // the rest (the F32 exact mode, other head shapes); the reference the tests and benchmarks
+          // compare FlashInfer's against
+};
+
 class CudaBackend final : public Backend {
  public:
   // Fails (NotSupported) when no CUDA device is visible or `dtype` is not F32/BF16.
@@ -123,6 +132,8 @@ class CudaBackend final : public Backend {
 
   void mla_cache_write(const Tensor& rows, const Tensor& pages, const SeqLayout& layout) override;
   void mla_prefill(const MlaArgs& a, const SeqLayout& layout) override;
+  // mla_prefill with its attention kernel picked by `kernel`.
+  void mla_prefill(const MlaArgs& a, const SeqLayout& layout, MlaPrefillKernel kernel);
   void mla_decode(const MlaArgs& a, const SeqLayout& layout) override;
 
   void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,

@@ -10,6 +10,9 @@
 //     and the static shapes (a CUDA graph can capture it); `combine` merges the splits.
 //   prefill (`expanded_kernel`, q/k 128 + 64, v 128): a flash-attention forward over the expanded
 //     keys and values, a block per (64 query rows, head, sequence), causal over cached + new keys.
+//     By default the same shape runs FlashInfer's Hopper kernel instead (mla_prefill_sm90.cu, wgmma
+//     and TMA); this one is the fallback (MlaPrefillKernel::kOwn, and steps FlashInfer's is not
+//     compiled for).
 // Everything else (float32 mode, other head shapes) runs `attend`: a warp per (query row, head),
 // 8 heads per block, the key range of each row cut into splits across blocks whose partial softmax
 // states `combine` merges. A key is [A part ‖ B part], each read from rows of a buffer: the paged
@@ -24,6 +27,7 @@
 
 #include "backend/cuda/device.cuh"
 #include "backend/cuda/mla_mma.cuh"
+#include "backend/cuda/mla_prefill_sm90.h"
 
 namespace klinear::cuda {
 
@@ -712,6 +716,10 @@ __global__ void __launch_bounds__(expanded::kThreads, 2) expanded_kernel(Expande
 }  // namespace
 
 void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout) {
+  mla_prefill(a, layout, MlaPrefillKernel::kBest);
+}
+
+void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout, MlaPrefillKernel kernel) {
   const MlaShape s = mla_shape(a, layout, "mla_prefill");
   if (s.n == 0) return;
   const std::string what = "mla_prefill q " + shapes(a.q) + " seqs " + std::to_string(layout.num_seqs());
@@ -733,10 +741,25 @@ void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout) {
   const Tensor kv = alloc(dtype_, {total, s.heads * (s.nope + s.vd)});
   linear(latent, a.kv_b, kv);
 
-  if (dtype_ == DType::kBF16 && s.nope == expanded::kNope && s.r == expanded::kRope && s.vd == expanded::kV) {
+  // The one place the attention kernel is chosen: FlashInfer's (wgmma + TMA), then mla.cu's
+  // tensor-core kernel for the same head shape, then `attend` for everything else.
+  const bool sm90 =
+      kernel == MlaPrefillKernel::kBest && mla_prefill_sm90_fits(dtype_, s.nope, s.r, s.vd, layout);
+  const bool mma =
+      dtype_ == DType::kBF16 && s.nope == expanded::kNope && s.r == expanded::kRope && s.vd == expanded::kV;
+  if (sm90 || mma) {
+    KL_CHECK(a.out.dtype() == DType::kBF16, what + ": out must have the activation dtype");
     for (const Tensor* t : {&a.q, &a.out, &kv, &gathered})
       KL_CHECK(reinterpret_cast<uintptr_t>(t->data()) % 16 == 0 && width % 8 == 0 && s.c % 8 == 0,
                what + ": the tensor-core path copies 16-byte pieces; pages " + shapes(a.pages) + " must have rows on them");
+  }
+  if (sm90) {
+    const MlaPrefillSm90Args f{a.q.data(), kv.data(), gathered.data_as<const __nv_bfloat16>() + s.c, width,
+                               a.out.data(), s.heads, total, a.scale};
+    mla_prefill_sm90(*this, f, layout, base);
+    return;
+  }
+  if (mma) {
     static const bool smem_set = [] {
       KL_CUDA(cudaFuncSetAttribute(expanded_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(expanded::kSmem)),
