@@ -2,7 +2,9 @@
 // of timed repeats (CUDA events on the backend's stream, after warm-up), the FLOP and byte counts,
 // the floors they give on an H200 (4.2 TB/s copy bandwidth, 770 TFLOP/s bf16 dense) and the
 // achieved fraction of the larger floor. Inputs are random (never zeros); bf16 activations.
-//   ops_bench [kda|kda_decode|mla|moe|grouped_gemm|norm|all]
+//   ops_bench [kda|kda_decode|mla|moe|grouped_gemm|norm|all] [SHAPE]
+// SHAPE (optional): the decode rows of kda_decode and mla run only where their shape contains it,
+// e.g. `ops_bench mla "batch=64 ctx=32768"` (one shape under ncu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +24,9 @@ namespace klinear {
 namespace {
 
 constexpr double kBandwidth = 4.2e12, kFlops = 770e12;
+
+std::string g_shape_filter;  // ops_bench's second argument; empty: every shape
+bool wanted(const char* shape) { return g_shape_filter.empty() || std::strstr(shape, g_shape_filter.c_str()) != nullptr; }
 
 // A persistent device tensor of uniform draws in [lo, hi), made on the device (the benches' weights
 // run to gigabytes; drawing them on the host took longer than the timings).
@@ -196,6 +201,9 @@ double graph_ms(cuda::CudaBackend& be, const std::function<void()>& fn, int reps
 void bench_kda_decode_fused(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const int64_t H = 32, D = 128, P = H * D, C = 3 * P, Kc = 4;
   for (int B : {1, 64, 256}) {
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "B=%d H=32 D=128 softplus", B);
+    if (!wanted(shape)) continue;
     be.begin_step();
     SeqLayout layout = layout_for(std::vector<int>(B, 1), std::vector<int>(B, 100), 64);
     const Tensor qkv = random_tensor(be, {B, C}, gen, DType::kBF16);
@@ -219,8 +227,6 @@ void bench_kda_decode_fused(cuda::CudaBackend& be, std::mt19937_64& gen) {
     const double bytes = 2.0 * B * H * D * D * 4 + B * (C + 2.0 * P) * 2 + 2.0 * B * (Kc - 1) * C * 2 +
                          B * (P + H) * 4.0 + C * Kc * 2.0 + P * 4.0 + D * 2.0;
     const double flop = 7.0 * B * H * D * D;
-    char shape[64];
-    std::snprintf(shape, sizeof shape, "B=%d H=32 D=128 softplus", B);
     row("kda_decode (fused)", shape, ms, flop, bytes);
     row("  as a graph replay", shape, graphed, flop, bytes);
     // What the state's traffic alone takes (the measured ceiling beside the 4.2 TB/s floor): the
@@ -236,6 +242,9 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const float scale = 1.0f / std::sqrt(192.0f);
   for (int64_t batch : {1, 64}) {
     for (int ctx : {4096, 32768}) {
+      char shape[64];
+      std::snprintf(shape, sizeof shape, "batch=%lld ctx=%d H=32 page=64", (long long)batch, ctx);
+      if (!wanted(shape)) continue;
       SeqLayout layout = layout_for(std::vector<int>(batch, 1), std::vector<int>(batch, ctx - 1), ps);
       persistent_layout(be, layout);
       const int64_t pages_n = batch * layout.max_pages;
@@ -249,8 +258,6 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
       };
       const double bytes = double(batch) * ctx * (c + r) * 2 + H * (n + vd) * c * 2.0;
       const double flop = double(batch) * H * ctx * (2.0 * (c + r) + 2.0 * c);
-      char shape[64];
-      std::snprintf(shape, sizeof shape, "batch=%lld ctx=%d H=32 page=64", (long long)batch, ctx);
       row("mla_decode eager", shape, time_ms(be, step), flop, bytes);
       const double g = graph_ms(be, step);
       if (g > 0) row("mla_decode graph", shape, g, flop, bytes);
@@ -445,6 +452,7 @@ int main(int argc, char** argv) {
   using namespace klinear;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows reach a log as they are measured, even under a timeout
   const std::string what = argc > 1 ? argv[1] : "all";
+  if (argc > 2) g_shape_filter = argv[2];
   auto be = cuda::CudaBackend::create(DType::kBF16);
   if (!be.ok()) {
     std::fprintf(stderr, "ops_bench: %s\n", be.status().to_string().c_str());
