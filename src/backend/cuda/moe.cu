@@ -35,8 +35,8 @@
 //   the experts alone at N=256 1.098 ms (R = 32). The rest to the floor is latency: ~4 µs per
 //   picked expert, a block streaming one expert's 16 or 32 rows at a time.
 // - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
-//   cuBLAS launch per projection over the active experts (a problem each), the same combine in a
-//   separate kernel.
+//   GEMM launch per projection over the active experts (a problem each: CUTLASS's kernel for BF16,
+//   cuBLAS's grouped call otherwise, gemm.cu), the same combine in a separate kernel.
 #include <algorithm>
 #include <climits>
 #include <cmath>
