@@ -50,9 +50,7 @@ void steps(std::ostringstream& o, const std::array<StepMetrics, kStepKinds>& by_
   header(o, "engine_step_forward_seconds", "histogram", "The forward (and device sampling) of engine steps by kind.");
   for (int k = 0; k < kStepKinds; ++k) histogram_rows(o, "engine_step_forward_seconds", label(k), by_kind[k].forward_seconds);
   header(o, "engine_step_tokens_total", "counter", "Tokens computed by engine steps by kind.");
-  for (int k = 0; k < kStepKinds; ++k)
-    o << "klinear:engine_step_tokens_total{kind=\"" << step_kind_name(static_cast<StepKind>(k)) << "\"} "
-      << by_kind[k].tokens << "\n";
+  for (int k = 0; k < kStepKinds; ++k) o << "klinear:engine_step_tokens_total{" << label(k) << "} " << by_kind[k].tokens << "\n";
 }
 
 }  // namespace
