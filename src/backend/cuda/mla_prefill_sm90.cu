@@ -22,6 +22,8 @@
 //      head, sequence) items balanced over the SMs, uploaded into an arena buffer by the planner's
 //      own cudaMemcpyAsync. That upload cannot be captured, so the call is skipped while a graph
 //      capture runs (breaks_capture); prefill steps run eagerly.
+//   4. launches FlashInfer's kernel with its mainloop and scheduler but our epilogue (SafeEpilogue
+//      below): FlashInfer's own copy-out of O races with itself, see there.
 // One kernel is instantiated (CTA 128 queries × 128 keys, causal, the per-head persistent scheduler);
 // steps with more than 4,096 query tiles per head, which FlashInfer plans for its other scheduler, go
 // to mla.cu's own kernel instead (mla_prefill_sm90_fits).
@@ -78,6 +80,88 @@ __global__ void assemble_keys_kernel(const uint4* kv, const __nv_bfloat16* k_r, 
       key_row[j] = piece < kNopePieces ? kv_row[h * kKvPieces + piece] : kr_row[piece - kNopePieces];
     }
   }
+}
+
+// The epilogue: O from the consumer warpgroups' registers → shared memory → the rows of the work item.
+// FlashInfer 0.7.2's CollectiveEpilogue::store (hopper/epilogue.cuh) orders this with two holes:
+//   a. its 256 consumer threads `arrive` at the EpilogueBarrier and then `sync` on it with the same
+//      count of 256, so the early warps count twice and release the barrier while late warps are
+//      still writing their part of O to shared memory;
+//   b. shared O aliases the V stages (a union in SharedStorageQKVO), and only the last consumer warp
+//      tells the producer that the buffer is free, when it starts its next work item, whether or not
+//      the other warps have finished copying the previous O out of it.
+// Both depend on timing: the ops tests passed at full speed and failed under compute-sanitizer's
+// memcheck (rows off by 0.77 relative, no memory error). SafeEpilogue keeps FlashInfer's layouts,
+// shared-memory atom and copy-out (write_O, which masks the rows past the sequence), and orders them
+// with full barriers: every consumer thread has written its O before any reads it back, and every
+// consumer thread has read O back before any starts the next work item. No LSE is written (the
+// launcher passes none).
+template <typename Ktraits>
+struct SafeEpilogue : flashinfer::CollectiveEpilogue<Ktraits> {
+  using Base = flashinfer::CollectiveEpilogue<Ktraits>;
+
+  template <typename BlockCoord, typename SharedStorage, typename FrgTensorO, typename FrgTensorLSE,
+            typename TiledMma>
+  CUTLASS_DEVICE void store(typename Base::Params const& params, FrgTensorO const& acc, FrgTensorLSE const&,
+                            SharedStorage& shared, TiledMma tiled_mma, int thread_idx,
+                            BlockCoord const& coord) {
+    using namespace cute;
+    using Barrier = cutlass::arch::NamedBarrier;
+    const auto [q_tile, qo_head, kv_head, qo_offset, kv_offset, qo_len, kv_len, batch] = coord;
+    auto o_smem = make_tensor(make_smem_ptr(shared.smem_o.data()), typename Base::SmemLayoutO{});
+    const auto to_smem = make_tiled_copy_C(typename Base::SmemCopyAtomO{}, tiled_mma);
+    const auto mine = to_smem.get_thread_slice(thread_idx);
+    auto o_regs = flashinfer::convert_type<typename Base::DTypeO>(acc);
+
+    // Shared O overwrites V: every consumer warp must be done with the last V tile.
+    Barrier::sync(Base::NUM_MMA_THREADS, static_cast<int>(flashinfer::NamedBarriers::kValueEmpty));
+    auto o_part = mine.partition_D(o_smem);
+    copy(to_smem, mine.retile_S(o_regs), o_part);
+    Barrier::sync(Base::NUM_MMA_THREADS, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+    flashinfer::write_O<Base::NUM_COPY_THREADS>(params.O_ptr, typename Base::TiledCopyO{}, params.layout_O,
+                                                select<0, 1>(typename Base::TileShape_PDV{}), o_smem, thread_idx,
+                                                q_tile, qo_head, qo_offset, qo_len, Base::NUM_WARPS - 1);
+    // The next work item's V lands here once its first consumer warp signals the producer.
+    Barrier::sync(Base::NUM_MMA_THREADS, cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
+  }
+};
+
+// FlashInfer's BatchPrefillWithRaggedKVCacheKernelTraitsDispatched with SafeEpilogue in place of its
+// epilogue (the only difference) and our Params' causal, full-window, per-head-scheduled case.
+cudaError_t launch_attention(Params& p, cudaStream_t stream) {
+  using namespace flashinfer;
+  constexpr auto tile = getCTATileSize<kQk, kV, /*CAUSAL=*/true>();
+  using Traits = AttentionKernelTraits</*USE_TMA_LOAD_KV=*/true, kQk, kV, std::get<0>(tile), std::get<1>(tile),
+                                       /*NUM_STAGES_=*/2, Element, Element, Element, int32_t, StandardAttention>;
+  using Mainloop = CollectiveMainloop<Params::AdditionalParams, Traits, /*CAUSAL=*/true>;
+  using Epilogue = SafeEpilogue<Traits>;
+  using Scheduler = BatchPrefillPersistentTileScheduler<int32_t>;
+  typename Mainloop::Params mainloop = Mainloop::to_underlying_arguments(
+      {p.q_ptr, get_gmem_layout(p.nnz_qo, p.num_qo_heads, kQk, p.q_stride_n, p.q_stride_h), p.k_ptr,
+       get_gmem_layout(p.nnz_kv, p.num_kv_heads, kQk, p.k_stride_n, p.k_stride_h), p.v_ptr,
+       get_gmem_layout(p.nnz_kv, p.num_kv_heads, kV, p.v_stride_n, p.v_stride_h), p.window_left,
+       p.additional_params});
+  typename Epilogue::Params epilogue = Epilogue::to_underlying_arguments(
+      {p.o_ptr, get_gmem_layout(p.nnz_qo, p.num_qo_heads, kV, p.o_stride_n, p.o_stride_h), nullptr,
+       get_lse_gmem_layout(p.nnz_qo, p.num_qo_heads)});
+  typename Scheduler::Arguments scheduler_args = {
+      p.work_indptr, p.head_indices, p.qo_tile_indices, p.qo_indptr, p.kv_indptr, p.qo_lens, p.kv_lens,
+      p.batch_indices, cutlass::FastDivmod(p.num_qo_heads / p.num_kv_heads), p.num_qo_heads};
+  typename Scheduler::Params scheduler = Scheduler::to_underlying_arguments(scheduler_args);
+
+  void* kernel = reinterpret_cast<void*>(
+      PrefillWithKVCacheKernel<Mainloop, Epilogue, Traits, /*LEFT_SLIDING_WINDOW=*/false, /*CAUSAL=*/true, Scheduler>);
+  const int smem = sizeof(typename Traits::SharedStorage);
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  int device = 0, sms = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
+    return e;
+  void* args[] = {&mainloop, &epilogue, &scheduler};
+  return cudaLaunchKernel(kernel, Scheduler::get_grid_dim(scheduler_args, sms), dim3(Traits::NUM_WARPS * 32), args,
+                          smem, stream);
 }
 
 int64_t tiles_per_head(const SeqLayout& layout) {
@@ -171,12 +255,7 @@ void mla_prefill_sm90(CudaBackend& be, const MlaPrefillSm90Args& a, const SeqLay
   p.group_size = 1;
   p.window_left = -1;
   p.causal = true;
-  const cudaError_t launched =
-      flashinfer::BatchPrefillWithRaggedKVCacheDispatched<kQk, kV, flashinfer::MaskMode::kCausal,
-                                                          /*LEFT_SLIDING_WINDOW=*/false,
-                                                          /*SAME_SCHEDULE_FOR_ALL_HEADS=*/false,
-                                                          flashinfer::StandardAttention>(p, /*enable_pdl=*/false,
-                                                                                         be.stream());
+  const cudaError_t launched = launch_attention(p, be.stream());
   KL_CUDA(launched, what + " (attention)");
 }
 
