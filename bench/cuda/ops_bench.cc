@@ -295,7 +295,7 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
 // route + experts at N in {1, 64, 256, 8192} (the path moe_experts picks), the router alone, the
 // experts alone on each path at N in {256, 512, 1024} (where the grouped path hands over to the
 // per-expert GEMMs), and the grouped experts at each tile size (R weight rows per block) at N in
-// {64, 256} (where moe_tile_rows_for picks 32), each timed eagerly (one call between two
+// {1, 64, 256} (moe_tile_rows_for picks 16 at 1, 32 at 64 and 256), each timed eagerly (one call between two
 // events: host launch time included);
 // then route + experts at N in {1, 64, 256} replayed from a CUDA graph (the decode step's view).
 // Bytes count the experts the draw actually uses: their weights (3·D·F each), x and out (bf16),
@@ -361,7 +361,7 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   for (int64_t n : {1, 256}) run(n, Part::kRoute);
   for (int64_t n : {1, 64, 256, 512, 1024}) run(n, Part::kGrouped);
   for (int64_t n : {256, 512, 1024}) run(n, Part::kPerExpertGemm);
-  for (int64_t n : {64, 256})
+  for (int64_t n : {1, 64, 256})
     for (int tile_rows : {16, 32}) run(n, Part::kGrouped, tile_rows);
   for (int64_t n : {1, 64, 256}) run(n, Part::kGraphed);  // last: a failed capture leaves the rows above
 }
