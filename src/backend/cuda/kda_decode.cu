@@ -63,12 +63,10 @@
 // fused_recurrent_kda 0.1199 / 0.1879 / 0.4722; the single-block fused kernel before this measured
 // 0.0142 / 0.1248 / 0.4651 (predicted for this one: 0.36-0.42 at B = 256, 0.09-0.11 at B = 64, B = 1
 // a few µs slower for its three launches). That was with the old prelude and norm.
-// PREDICTED with this prelude and norm (not yet run on a GPU): per launch (ncu) prelude 2-3 / 5-7 /
-// 18-24 µs (was ~30 at B = 64), state unchanged (~77 µs at B = 64), norm 2 / 2-3 / 3-5 µs; the
-// whole op 0.016-0.019 / 0.080-0.088 / 0.29-0.32 ms at B = 1 / 64 / 256 (graph replays 0.008-0.010
-// / 0.071-0.079 / 0.28-0.31): at B = 64 and 256 the old prelude's ~30 and ~100 µs shrink to its
-// bytes; at B = 1 the chain gets shorter by the conv pool's serial round trips and the launch gap
-// before the prelude.
+// With this prelude and norm (2026-12-02, the same command): 0.0204 / 0.0980 / 0.3395 ms (graph
+// replays 0.0094 / 0.0889 / 0.3291; predicted 0.008-0.010 / 0.071-0.079 / 0.28-0.31), FLA's
+// 0.1722 / 0.2036 / 0.4853; the prelude 16.6 µs a launch in a batch-64 step (was ~30, predicted
+// 5-7): at B = 64 and 256 the state launch's ~77 µs and the prelude still run one after the other.
 // Not done: folding the norm into the state launch's tail at small B (the last of a head's four
 // tile blocks normalising the row after an atomic ticket) saves one grid hand-off, ~1 µs at B = 1;
 // folding the prelude into the state launch's head would race on the conv pool (the head's four
