@@ -49,11 +49,9 @@ Result<RunnerSeq> ModelRunner::open_prefix(std::span<const int32_t> tokens, int6
 }
 
 void ModelRunner::close(RunnerSeq seq) {
-  if (prefix_) {
-    prefix_->on_close(seq);
-    history_.erase(seq);
-  }
-  cache_->close(seq);
+  if (!prefix_) return cache_->close(seq);
+  prefix_->close(seq);
+  history_.erase(seq);
 }
 
 void ModelRunner::clear_prefix_cache() {

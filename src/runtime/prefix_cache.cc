@@ -42,6 +42,18 @@ PrefixCache::PrefixCache(Cache& cache, int64_t interval)
 
 PrefixCache::~PrefixCache() { clear(); }
 
+bool PrefixCache::evictable(int32_t page) const {
+  const auto it = holds_.find(page);
+  return it != holds_.end() && cache_.page_refs(page) == it->second;
+}
+
+template <typename F>
+void PrefixCache::recount(std::span<const int32_t> pages, F&& change) {
+  for (int32_t p : pages) evictable_pages_ -= evictable(p) ? 1 : 0;
+  change();
+  for (int32_t p : pages) evictable_pages_ += evictable(p) ? 1 : 0;
+}
+
 std::vector<PrefixCache::Node*> PrefixCache::chain(std::span<const int32_t> tokens) const {
   std::vector<Node*> nodes{root_.get()};
   for (int64_t i = 0; (i + 1) * page_size_ <= static_cast<int64_t>(tokens.size()); ++i) {
@@ -98,11 +110,18 @@ Result<SeqId> PrefixCache::open(std::span<const int32_t> tokens, int64_t cached)
   // by a reference of their own.
   f.snap->pinned = true;
   snap_lru_.erase({f.snap->used, f.snap});
-  for (int32_t p : f.pages) cache_.retain_page(p);
-  reclaim(paged_ && cached % page_size_ ? 1 : 0, 1);
-  Result<SeqId> seq = cache_.open();
-  Status adopted = seq.ok() ? cache_.adopt(*seq, cached, f.snap->slot, f.pages) : seq.status();
-  for (int32_t p : f.pages) cache_.release_page(p);
+  std::vector<int32_t> distinct = f.pages;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  Result<SeqId> seq = SeqId{-1};
+  Status adopted;
+  recount(distinct, [&] {
+    for (int32_t p : f.pages) cache_.retain_page(p);
+    reclaim(paged_ && cached % page_size_ ? 1 : 0, 1);
+    seq = cache_.open();
+    adopted = seq.ok() ? cache_.adopt(*seq, cached, f.snap->slot, f.pages) : seq.status();
+    for (int32_t p : f.pages) cache_.release_page(p);
+  });
   f.snap->pinned = false;
   snap_lru_.insert({f.snap->used, f.snap});
   if (!adopted.ok()) {
@@ -121,6 +140,7 @@ std::vector<Snapshot> PrefixCache::plan_snapshots(SeqId seq, std::span<const int
   std::vector<int64_t> points;
   for (int64_t g = (done / interval_ + 1) * interval_; g <= end; g += interval_) points.push_back(g);
   if (prompt > done && prompt <= done + n && (points.empty() || points.back() != prompt)) points.push_back(prompt);
+  if (points.empty()) return out;  // every decode step past the prompt: no walk down its pages
   const std::vector<Node*> nodes = chain(history.first(static_cast<size_t>(end)));
   for (int64_t g : points) {
     if ((g - done) % 64 != 0 && g != done + n) continue;  // the scheduler's chunks avoid this
@@ -195,7 +215,7 @@ void PrefixCache::abandon() {
   pending_.clear();
 }
 
-void PrefixCache::on_close(SeqId seq) {
+void PrefixCache::close(SeqId seq) {
   for (auto it = awaiting_.begin(); it != awaiting_.end();) {
     Snap* s = *it;
     if (s->producer != seq) {
@@ -207,24 +227,24 @@ void PrefixCache::on_close(SeqId seq) {
     s->producer = -1;
     it = awaiting_.erase(it);
   }
+  const std::vector<int32_t> pages = cache_.pages(seq);
+  recount(pages, [&] { cache_.close(seq); });
 }
 
 void PrefixCache::hold_page(int32_t page) {
-  cache_.retain_page(page);
-  ++holds_[page];
+  recount(std::span<const int32_t>(&page, 1), [&] {
+    cache_.retain_page(page);
+    ++holds_[page];
+  });
 }
 
 void PrefixCache::drop_page(int32_t page) {
-  auto it = holds_.find(page);
-  KL_CHECK(it != holds_.end(), "prefix cache drops page " + std::to_string(page) + " it does not hold");
-  if (--it->second == 0) holds_.erase(it);
-  cache_.release_page(page);
-}
-
-int64_t PrefixCache::evictable_pages() const {
-  int64_t n = 0;
-  for (const auto& [page, holds] : holds_) n += cache_.page_refs(page) == holds ? 1 : 0;
-  return n;
+  recount(std::span<const int32_t>(&page, 1), [&] {
+    auto it = holds_.find(page);
+    KL_CHECK(it != holds_.end(), "prefix cache drops page " + std::to_string(page) + " it does not hold");
+    if (--it->second == 0) holds_.erase(it);
+    cache_.release_page(page);
+  });
 }
 
 int32_t PrefixCache::tail_page(const Snap& s) const {

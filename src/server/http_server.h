@@ -53,6 +53,7 @@ class HttpServer {
 
  private:
   struct Channel;
+  class Waker;
   void routes();
   void count(int status);
 
@@ -67,6 +68,8 @@ class HttpServer {
   std::atomic<uint64_t> next_response_id_{1};
   std::mutex mu_;
   std::map<int, uint64_t> responses_;  // by HTTP status; guarded by mu_
+  // Shared with the engine's sinks, which may outlive the server in an engine not yet drained.
+  std::shared_ptr<Waker> waker_;
 };
 
 }  // namespace klinear

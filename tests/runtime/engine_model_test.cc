@@ -286,6 +286,14 @@ TEST_P(EngineOnModel, PrefixCacheRandomOpsLeavePoolsEmpty) {
       engine.cancel(live[rng() % live.size()]);
     }
     for (int k = static_cast<int>(rng() % 4); k > 0; --k) engine.step();
+    if (round == 19 || round == 39) {
+      // What usage() counts free (free pages and slots plus those only the prefix cache holds,
+      // kept as running counts) is exactly what evicting everything frees, mid-run too.
+      const CacheUsage u = runner->usage();
+      runner->clear_prefix_cache();
+      EXPECT_EQ(runner->cache().free_pages(), u.pages_free) << "round " << round;
+      EXPECT_EQ(runner->cache().free_slots(), u.slots_free) << "round " << round;
+    }
   }
   engine.run_until_idle();
   EXPECT_EQ(ended, submitted);
