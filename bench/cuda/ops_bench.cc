@@ -294,9 +294,7 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
 // The MoE layer of Kimi-Linear-48B (E=256, top-8, D=2304, F=1024; bf16 experts). Rows:
 // route + experts at N in {1, 64, 256, 8192} (the path moe_experts picks), the router alone, the
 // experts alone on each path at N in {256, 512, 1024} (where the grouped path hands over to the
-// per-expert GEMMs), and the grouped experts at each tile size (R weight rows per block) at N in
-// {1, 64, 256} (moe_tile_rows_for picks 16 at 1, 32 at 64 and 256), each timed eagerly (one call between two
-// events: host launch time included);
+// per-expert GEMMs), each timed eagerly (one call between two events: host launch time included);
 // then route + experts at N in {1, 64, 256} replayed from a CUDA graph (the decode step's view).
 // Bytes count the experts the draw actually uses: their weights (3·D·F each), x and out (bf16),
 // logits (fp32).
@@ -311,8 +309,7 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const Tensor bias = random_tensor(be, {E}, gen, DType::kF32, -1e-3f, 1e-3f);
   const RouteParams rp{static_cast<int>(K), 1, 1, true, 2.446f};
   enum class Part { kRouteAndExperts, kRoute, kGrouped, kPerExpertGemm, kGraphed };
-  // tile_rows: kGrouped at that many rows per block (0: the one moe_tile_rows_for picks).
-  auto run = [&](int64_t n, Part part, int tile_rows = 0) {
+  auto run = [&](int64_t n, Part part) {
     be.begin_step();
     const Tensor x = random_tensor(be, {n, D}, gen, DType::kBF16);
     const Tensor logits = random_tensor(be, {n, E}, gen, DType::kF32, -3, 3);
@@ -329,9 +326,7 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
       if (part == Part::kRouteAndExperts || part == Part::kRoute || part == Part::kGraphed)
         be.moe_route(logits, bias, rp, idx, w);
       if (part == Part::kRouteAndExperts || part == Part::kGraphed) be.moe_experts(x, idx, w, w13, w2, GluParams{}, o);
-      if (part == Part::kGrouped && tile_rows > 0)
-        cuda::moe_experts_grouped(be, tile_rows, x, idx, w, w13, w2, GluParams{}, o);
-      else if (part == Part::kGrouped || part == Part::kPerExpertGemm)
+      if (part == Part::kGrouped || part == Part::kPerExpertGemm)
         cuda::moe_experts_on(be, part == Part::kGrouped ? cuda::MoePath::kGrouped : cuda::MoePath::kPerExpertGemm, x,
                              idx, w, w13, w2, GluParams{}, o);
     };
@@ -348,9 +343,8 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
                      : part == Part::kRouteAndExperts ? "moe route+experts"
                      : part == Part::kGraphed         ? (ms < 0 ? "route+experts NO GRAPH" : "route+experts graph")
                                                       : "moe_experts";
-    const int rows = tile_rows > 0 ? tile_rows : cuda::moe_tile_rows_for(n, K, E);
     const std::string path = part == Part::kRoute ? ""
-                             : grouped            ? "grouped R=" + std::to_string(rows) + ", "
+                             : grouped            ? "grouped, "
                                                   : "per-expert GEMM, ";
     char shape[96];
     std::snprintf(shape, sizeof shape, "N=%lld %s%d experts used", (long long)n, path.c_str(),
@@ -361,8 +355,6 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   for (int64_t n : {1, 256}) run(n, Part::kRoute);
   for (int64_t n : {1, 64, 256, 512, 1024}) run(n, Part::kGrouped);
   for (int64_t n : {256, 512, 1024}) run(n, Part::kPerExpertGemm);
-  for (int64_t n : {1, 64, 256})
-    for (int tile_rows : {16, 32}) run(n, Part::kGrouped, tile_rows);
   for (int64_t n : {1, 64, 256}) run(n, Part::kGraphed);  // last: a failed capture leaves the rows above
 }
 

@@ -2,14 +2,10 @@
 // down_e(glu(gate_up_e(x[t]))) with e = idx[t,k]. The table covers 1 to 300 tokens (CUDA: both its
 // grouped path, up to kMoeGroupedMaxTokens = 256, and the per-expert GEMMs above, with widths that
 // are and are not multiples of 8 on both), widths that are and are not multiples of 8 and of the
-// grouped path's 16- and 32-row tiles, experts with no
-// tokens, an expert picked by every token (more than one 32-token pass) at each tile size, many
-// picked experts (up to 512, more than the plan's 256 threads), and both activations. Outputs are
-// poisoned first, and a second run must give the same bits.
-// CUDA also runs every case on its grouped path at each tile size (16 and 32 weight rows per block),
-// which must give the bits of the default run wherever that is grouped too; the default size
-// (moe_tile_rows_for) switches for E = 64, k = 4 at 15 tokens, and the "rows*" cases sit on both
-// sides of the switch (MoeTileRows checks where it is).
+// grouped path's 32-row tiles, experts with no tokens, an expert picked by every token (more than
+// one 32-token pass), many picked experts (up to 512, more than the plan's 256 threads), and both
+// activations. Outputs are poisoned first, and a second run must give the same bits.
+// CUDA also runs every case on its grouped path, where the default takes the per-expert GEMMs.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -54,11 +50,11 @@ const MoeCase kCases[] = {
     {"256_tokens_spread", 256, 64, 24, 64, 64, 8, Picks::kSpread, kSituLinear},
     {"300_tokens", 300, 32, 16, 40, 20, 4, Picks::kHot, kSitu},
     {"300_tokens_odd_widths", 300, 36, 20, 50, 24, 4, Picks::kHot, kSituLinear},
-    {"rows16_last", 14, 64, 40, 72, 64, 4, Picks::kSpread, kSilu},
-    {"rows32_first", 15, 64, 40, 72, 64, 4, Picks::kSpread, kSituLinear},
-    {"rows32_hot_odd_widths", 45, 36, 20, 50, 64, 4, Picks::kHot, kSitu},
-    {"rows32_narrow_hot", 70, 40, 12, 20, 64, 4, Picks::kHot, kSituLinear},
-    {"rows16_hot_512_experts", 40, 32, 24, 40, 512, 2, Picks::kHot, kSitu},
+    {"14_tokens", 14, 64, 40, 72, 64, 4, Picks::kSpread, kSilu},
+    {"15_tokens", 15, 64, 40, 72, 64, 4, Picks::kSpread, kSituLinear},
+    {"45_tokens_hot_odd_widths", 45, 36, 20, 50, 64, 4, Picks::kHot, kSitu},
+    {"70_tokens_narrow_hot", 70, 40, 12, 20, 64, 4, Picks::kHot, kSituLinear},
+    {"hot_512_experts", 40, 32, 24, 40, 512, 2, Picks::kHot, kSitu},
     {"300_experts_odd_f", 48, 40, 20, 24, 300, 2, Picks::kSpread, kSilu},
     {"256_experts_spread", 256, 32, 24, 48, 256, 8, Picks::kSpread, kSilu},
 };
@@ -122,39 +118,16 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
     ASSERT_EQ(runs[0].nbytes(), runs[1].nbytes());
     EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].nbytes()), 0) << "two runs differ";
 #if KLINEAR_WITH_CUDA
-    if (auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be()))
-      for (int rows : {16, 32}) {
-        SCOPED_TRACE(std::to_string(rows) + " rows per block");
-        const Tensor out = poisoned({n, dout});
-        cuda::moe_experts_grouped(*cuda, rows, dx, didx, dweights, dw13, dw2, c.glu, out);
-        const Tensor got = host(out);
-        EXPECT_TRUE(testing::all_close(got, expect, tol()));
-        if (cuda::moe_path_for(n, c.num_experts) == cuda::MoePath::kGrouped) {
-          EXPECT_EQ(std::memcmp(got.data(), runs[0].data(), got.nbytes()), 0) << "differs from the default tile size";
-        }
-      }
+    if (auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be());
+        cuda && cuda::moe_path_for(n, c.num_experts) != cuda::MoePath::kGrouped) {
+      SCOPED_TRACE("grouped path");
+      const Tensor out = poisoned({n, dout});
+      cuda::moe_experts_on(*cuda, cuda::MoePath::kGrouped, dx, didx, dweights, dw13, dw2, c.glu, out);
+      EXPECT_TRUE(testing::all_close(host(out), expect, tol()));
+    }
 #endif
   }
 }
-
-#if KLINEAR_WITH_CUDA
-// Where the grouped path's default tile size switches (a host rule: runs without a GPU).
-TEST(MoeTileRows, SwitchWithTokensPerPickedExpert) {
-  struct Case {
-    int64_t n, k, num_experts;
-    int rows;
-  };
-  const Case cases[] = {
-      {14, 4, 64, 16}, {15, 4, 64, 32}, {70, 4, 64, 32},  // the table's rows* cases
-      {1, 8, 256, 16}, {28, 8, 256, 16}, {32, 8, 256, 32}, {64, 8, 256, 32},
-      {256, 8, 256, 32},  // Kimi-Linear-48B decode
-      {40, 2, 512, 16}, {300, 4, 20, 32}, {1, 1, 1, 16}, {3, 3, 6, 32},
-  };
-  for (const Case& c : cases)
-    EXPECT_EQ(cuda::moe_tile_rows_for(c.n, c.k, c.num_experts), c.rows)
-        << "n " << c.n << " k " << c.k << " experts " << c.num_experts;
-}
-#endif
 
 KL_BACKEND_SUITE(MoeExperts);
 

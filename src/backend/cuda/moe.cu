@@ -18,11 +18,13 @@
 //              dtype (SPEC 3.4); then per (token, tile) a counter: the block whose slot completes a
 //              token's K outputs sums them in k order in fp32 and writes out. Deterministic (no float
 //              atomics; the integer counters only pick which block adds).
-//   R (16 or 32, moe_tile_rows_for) grows with the expected tokens per picked expert: a block reads
-//   each token's input row once for all its R rows, so at ~8 tokens per expert 16 rows re-read half
-//   as many bytes as the weights themselves, 32 rows a quarter. 64 rows were measured and dropped:
-//   their 146-158 registers leave 3 blocks per SM, slower at every N (N=64 1.108 ms, N=256 1.357 ms
-//   against 0.832 and 1.098 at 32 rows).
+//   R = kTileRows = 32 at every N: a block reads each token's input row once for all its R rows, and
+//   16 and 64 rows were measured slower at every N and dropped. 64 rows: 146-158 registers leave 3
+//   blocks per SM (N=64 1.108 ms, N=256 1.357 ms against 0.832 and 1.098 at 32 rows, 2026-12-01).
+//   16 rows (the default at ~1 token per picked expert until then, for twice the blocks): N=1
+//   0.061 ms, N=64 0.984, N=256 1.331 against 0.051, 0.852 and 1.104 at 32 rows (experts alone,
+//   eager, ops_bench moe, 2026-12-02): at N=1 its 1,024 gate/up blocks ran as 1.55 waves of short
+//   blocks, at 47.6 % of DRAM bandwidth (ncu).
 //   bf16 uses tensor cores (mma.sync m16n8k16 per 16-row m-tile, fp32 accumulate; each thread loads
 //   8 consecutive k of a row, permuting k identically in A and B), the K dimension split over the 4
 //   warps and summed in a fixed order, so a value does not depend on R; f32 uses fp32 FMAs (the
@@ -33,7 +35,7 @@
 //   0.87 ms): before the plan (every block finding its expert and slots from idx itself, R = 16)
 //   N=1 0.057 ms, N=64 1.058 ms, N=256 1.681 ms; with the plan N=1 0.058 ms, N=64 0.865 ms (R = 32);
 //   the experts alone at N=256 1.098 ms (R = 32). The rest to the floor is latency: ~4 µs per
-//   picked expert, a block streaming one expert's 16 or 32 rows at a time.
+//   picked expert, a block streaming one expert's 32 rows at a time.
 // - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
 //   GEMM launch per projection over the active experts (a problem each: CUTLASS's kernel for BF16,
 //   cuBLAS's grouped call otherwise, gemm.cu), the same combine in a separate kernel.
@@ -147,6 +149,7 @@ constexpr int kThreads = 128, kWarps = kThreads / 32;
 constexpr int kGroup = 32;              // tokens per pass over the rows (4 mma n-tiles of 8)
 constexpr int kChunk = 32;              // k per warp step: 4 threads × 8 consecutive elements
 constexpr int kLoadTiles = 4;           // (16-row tile, chunk) pairs whose weight loads a warp issues together
+constexpr int kTileRows = 32;           // weight rows per block (R): two 16-row m-tiles
 constexpr int kPlanThreads = 256, kPlanWarps = kPlanThreads / 32;
 constexpr int kSmemLimit = 48 * 1024;   // the default per-block limit (no opt-in attribute)
 
@@ -512,17 +515,7 @@ void launch_stages(CudaBackend& be, ExpertsArgs a, int64_t n, int64_t entries, c
                    dim3(kThreads), what + " (down)", a);
 }
 
-template <typename T, bool kVec>
-void launch_grouped(CudaBackend& be, const ExpertsArgs& a, int rows, int64_t n, int64_t entries,
-                    const std::string& what) {
-  switch (rows) {
-    case 16: return launch_stages<T, kVec, 16>(be, a, n, entries, what);
-    case 32: return launch_stages<T, kVec, 32>(be, a, n, entries, what);
-  }
-  KL_CHECK(false, what + ": no grouped kernel for " + std::to_string(rows) + " rows per block");
-}
-
-void experts_grouped(CudaBackend& be, int rows, const Tensor& x, const Tensor& idx, const Tensor& weights,
+void experts_grouped(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights,
                      const Tensor& w13, const Tensor& w2, const GluParams& gp, const Tensor& o,
                      const std::string& what) {
   const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f = w13.dim(1) / 2, dout = w2.dim(1);
@@ -559,11 +552,11 @@ void experts_grouped(CudaBackend& be, int rows, const Tensor& x, const Tensor& i
   if (x.dtype() == DType::kBF16) {
     const bool vec = din % 8 == 0 && f % 8 == 0 && aligned16(x.data()) && aligned16(w13.data()) && aligned16(w2.data());
     if (vec)
-      launch_grouped<__nv_bfloat16, true>(be, a, rows, n, entries, what);
+      launch_stages<__nv_bfloat16, true, kTileRows>(be, a, n, entries, what);
     else
-      launch_grouped<__nv_bfloat16, false>(be, a, rows, n, entries, what);
+      launch_stages<__nv_bfloat16, false, kTileRows>(be, a, n, entries, what);
   } else {
-    launch_grouped<float, false>(be, a, rows, n, entries, what);
+    launch_stages<float, false, kTileRows>(be, a, n, entries, what);
   }
 }
 
@@ -682,26 +675,13 @@ MoePath moe_path_for(int64_t n, int64_t num_experts) {
   return n <= kMoeGroupedMaxTokens && grouped_fits(num_experts) ? MoePath::kGrouped : MoePath::kPerExpertGemm;
 }
 
-int moe_tile_rows_for(int64_t n, int64_t k, int64_t num_experts) {
-  const double unpicked = std::max(0.0, 1.0 - static_cast<double>(k) / num_experts);  // per expert and token
-  const double picked = num_experts * (1.0 - std::pow(unpicked, n));
-  const double per_expert = n * k / std::max(picked, 1.0);
-  return per_expert < 1.5 ? 16 : 32;
-}
-
-void moe_experts_grouped(CudaBackend& be, int tile_rows, const Tensor& x, const Tensor& idx, const Tensor& weights,
-                         const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o) {
-  const std::string what = checked_moe_args(x, idx, weights, w13, w2, o);
-  if (x.dim(0) > 0) experts_grouped(be, tile_rows, x, idx, weights, w13, w2, p, o, what);
-}
-
 void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
                     const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o) {
   const std::string what = checked_moe_args(x, idx, weights, w13, w2, o);
   const int64_t n = x.dim(0);
   if (n == 0) return;
   if (path == MoePath::kGrouped)
-    experts_grouped(be, moe_tile_rows_for(n, idx.dim(1), w13.dim(0)), x, idx, weights, w13, w2, p, o, what);
+    experts_grouped(be, x, idx, weights, w13, w2, p, o, what);
   else
     experts_per_expert_gemm(be, x, idx, weights, w13, w2, p, o, what);
 }

@@ -31,18 +31,6 @@ inline constexpr int64_t kMoeGroupedMaxTokens = 256;
 // The path moe_experts takes for n tokens routed to num_experts experts (any number per token).
 MoePath moe_path_for(int64_t n, int64_t num_experts);
 
-// Weight rows per block on the grouped path: 16 or 32 by the expected tokens per picked expert
-// under uniform routing, n·k / (E·(1 − (1 − k/E)^n)): 16 below 1.5, else 32. A block
-// reads each of its tokens' input rows once for all its weight rows, so more rows cut those re-reads
-// where experts have several tokens; fewer rows make more blocks where they have about one. Only
-// the shapes count: the grids must not depend on the routing.
-int moe_tile_rows_for(int64_t n, int64_t k, int64_t num_experts);
-
-// moe_experts on the grouped path with tile_rows (16 or 32) weight rows per block; every size
-// gives the same bits (the tests run each).
-void moe_experts_grouped(CudaBackend& be, int tile_rows, const Tensor& x, const Tensor& idx, const Tensor& weights,
-                         const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& out);
-
 // moe_experts (Backend interface, same arguments) on the given path; kGrouped aborts naming the
 // shape when num_experts is beyond what its planning launch holds in shared memory.
 void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
