@@ -4,8 +4,9 @@
 // each bucket's graph is captured once and replayed while every context grows across page
 // boundaries (8-position pages). On the fixtures' models and a random config; the CPU rows run
 // the same padded steps eagerly (both sides), the CUDA rows compare replay with eager. And
-// Backend::run_graph itself: a replay reads what write() put in the fixed buffers since, and a
-// body that reads the host fails its capture with a Status naming the op.
+// Backend::run_graph itself: a replay reads what write() put in the fixed buffers since, a body
+// that reads the host fails its capture with a Status naming the op, and a body that lets go of
+// the block its eager run grew the arena by still captures.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -150,6 +151,30 @@ TEST_P(RunGraph, ReplaysReadTheFixedBuffersAndHostReadsFailCapture) {
     }
   }
   EXPECT_EQ(failed, GetParam().device == Device::kCuda);
+  be().clear_graphs();
+}
+
+// Model::decode_step keeps each bucket's outputs from one call to the next. When a body's eager run
+// grows the step arena, the next begin_step() merges the arena's blocks, so during the capture that
+// follows, replacing the kept outputs lets go of the last hold on the block they lie in; that block
+// must outlive the capture (a cudaFree inside it invalidates the capture: the 48B model's batch-256
+// decode step after a short prefill failed this way).
+TEST_P(RunGraph, CapturesWhenTheBodyLetsGoOfABlockTheEagerRunGrew) {
+  const int64_t n = int64_t{192} << 20 >> 2;  // 192 MiB of f32: more than the arena holds before
+  const Tensor in = be().alloc_persistent(DType::kF32, {4});
+  Tensor kept;
+  for (int call = 0; call < 3; ++call) {  // eager (the arena grows), capture, replay
+    be().begin_step();
+    be().fill(in, static_cast<float>(call + 1));
+    const Status s = be().run_graph(9, [&] {
+      const Tensor big = be().alloc(DType::kF32, {n});
+      kept = big.rows(n - 4, n);
+      be().copy(in, kept);
+    });
+    ASSERT_TRUE(s.ok()) << "call " << call << ": " << s.to_string();
+    const Tensor h = host(kept);
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(h.f32()[i], static_cast<float>(call + 1)) << "call " << call;
+  }
   be().clear_graphs();
 }
 

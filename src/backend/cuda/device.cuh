@@ -153,6 +153,14 @@ __device__ __forceinline__ int chunk_size(int64_t col, int64_t width) {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Device blocks (the step arena's, persistent tensors) whose last holder lets go between
+// hold_block_frees() and the matching free_held_blocks() are freed by the latter (memory.cu): a
+// graph capture is bracketed by them, since a cudaFree inside a capture invalidates it, and a
+// body drops blocks there when it replaces what it kept from the run before (Model::decode_step
+// keeps each bucket's outputs; the arena's blocks are merged at begin_step after a run grew it).
+void hold_block_frees();
+void free_held_blocks();
+
 // Launch shape of a row-wise kernel: x over a row's `units` (chunks or copy units), in blocks of at
 // most `max_threads` (a multiple of 32) sized so the last one is not mostly idle; y over `runs`
 // (rows or runs of rows), at most 65535, the kernel striding over the rest

@@ -1,7 +1,8 @@
 // CUDA graphs of steps (backend.h, run_graph): per key, one eager run, then one capture of the
-// stream in global mode (any other thread's unsafe CUDA call fails rather than corrupts it), then
-// replays. Ops that cannot be captured check breaks_capture() first and skip their work, so a
-// body that uses one fails here with the op's name, not with an invalidated capture deep in CUDA.
+// stream in global mode (any other thread's unsafe CUDA call fails rather than corrupts it; device
+// blocks let go of meanwhile are freed after it, device.cuh), then replays. Ops that cannot be
+// captured check breaks_capture() first and skip their work, so a body that uses one fails here
+// with the op's name, not with an invalidated capture deep in CUDA.
 #include <string>
 
 #include "backend/cuda/device.cuh"
@@ -35,6 +36,7 @@ Status CudaBackend::run_graph(int64_t key, const std::function<void()>& body) {
   }
   if (!g->exec) {
     const std::string what = "graph " + std::to_string(key) + " capture";
+    hold_block_frees();
     KL_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), what);
     capturing_ = true;
     capture_breaker_.clear();
@@ -42,6 +44,7 @@ Status CudaBackend::run_graph(int64_t key, const std::function<void()>& body) {
     capturing_ = false;
     cudaGraph_t graph = nullptr;
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    free_held_blocks();
     std::string why = capture_breaker_;
     if (why.empty() && end != cudaSuccess)
       why = std::string("the capture was invalidated (") + cudaGetErrorName(end) + ": " + cudaGetErrorString(end) + ")";

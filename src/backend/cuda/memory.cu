@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "backend/cuda/device.cuh"
@@ -41,10 +42,33 @@ namespace {
 constexpr size_t kInitialArenaBytes = size_t{64} << 20;
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
 
+// Blocks let go of while graphs are captured, and how many captures run (hold_block_frees).
+struct HeldFrees {
+  std::mutex mu;
+  int captures = 0;
+  std::vector<void*> blocks;
+};
+HeldFrees& held_frees() {
+  static HeldFrees h;
+  return h;
+}
+
+void free_block(void* p) {
+  {
+    HeldFrees& h = held_frees();
+    std::lock_guard<std::mutex> lock(h.mu);
+    if (h.captures > 0) {
+      h.blocks.push_back(p);
+      return;
+    }
+  }
+  cudaFree(p);
+}
+
 std::shared_ptr<void> device_block(size_t bytes, const std::string& what) {
   void* p = nullptr;
   KL_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 256)), what + " (" + std::to_string(bytes) + " bytes)");
-  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+  return std::shared_ptr<void>(p, free_block);
 }
 
 // device_block while a capture runs on this thread (relaxed mode lets cudaMalloc through).
@@ -146,6 +170,23 @@ __global__ void mxfp4_kernel(const uint8_t* packed, const uint8_t* scale, int64_
 }  // namespace
 
 CudaBackend::CudaBackend(DType dtype, CudaGraphs graphs) : dtype_(dtype), graphs_(graphs) {}
+
+void hold_block_frees() {
+  HeldFrees& h = held_frees();
+  std::lock_guard<std::mutex> lock(h.mu);
+  ++h.captures;
+}
+
+void free_held_blocks() {
+  std::vector<void*> blocks;
+  {
+    HeldFrees& h = held_frees();
+    std::lock_guard<std::mutex> lock(h.mu);
+    KL_CHECK(h.captures > 0, "free_held_blocks without hold_block_frees");
+    if (--h.captures == 0) blocks.swap(h.blocks);
+  }
+  for (void* p : blocks) cudaFree(p);
+}
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype, CudaGraphs graphs) {
   if (dtype != DType::kF32 && dtype != DType::kBF16)
