@@ -3,8 +3,9 @@
 // grouped path, up to kMoeGroupedMaxTokens = 256, and the per-expert GEMMs above, with widths that
 // are and are not multiples of 8 on both), widths that are and are not multiples of 8 and of the
 // grouped path's 32-row tiles, experts with no tokens, an expert picked by every token (more than
-// one 32-token pass), many picked experts (up to 512, more than the plan's 256 threads), and both
-// activations. Outputs are poisoned first, and a second run must give the same bits.
+// one 32-slot group), many picked experts (up to 512, more than the plan's 256 threads), a wide
+// case whose hot expert spreads over six groups beside ~130 others, and both activations. Outputs
+// are poisoned first, and a second run must give the same bits.
 // CUDA also runs every case on its grouped path, where the default takes the per-expert GEMMs.
 #include <gtest/gtest.h>
 
@@ -57,6 +58,7 @@ const MoeCase kCases[] = {
     {"hot_512_experts", 40, 32, 24, 40, 512, 2, Picks::kHot, kSitu},
     {"300_experts_odd_f", 48, 40, 20, 24, 300, 2, Picks::kSpread, kSilu},
     {"256_experts_spread", 256, 32, 24, 48, 256, 8, Picks::kSpread, kSilu},
+    {"wide_hot_six_groups", 192, 600, 200, 300, 128, 6, Picks::kHot, kSilu},
 };
 
 class MoeExperts : public testing::BackendTest {};

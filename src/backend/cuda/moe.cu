@@ -7,12 +7,11 @@
 // - kGrouped (decode, N ≤ kMoeGroupedMaxTokens): three launches, no host synchronisation, grids fixed
 //   by N and the shapes.
 //   plan: one block sorts the slots (token·K + k) by expert, stably (a counting sort: slot order
-//     within an expert is kept), and lists the picked experts in ascending order: entry a = the a-th
-//     smallest expert index picked by any token, with its slots (e = −1 past the number picked). It
-//     checks every index (an index outside [0, E) prints and traps).
-//   gate/up, then down: block (tile, a) serves entry a's expert (blocks past the number picked
-//   return at once). Its R weight rows are streamed once (16-byte loads) for all its tokens, 32 at
-//   a time:
+//     within an expert is kept), and cuts each picked expert's slots into groups of at most 32, in
+//     ascending expert order (e = −1 past the last group). It checks every index (an index outside
+//     [0, E) prints and traps).
+//   gate/up, then down: block (tile, a) serves group a (blocks past the last group return at once).
+//   Its R weight rows are streamed once (16-byte loads) for the group's tokens:
 //     gate/up: rows = R/2 gate + the R/2 matching up rows; epilogue GLU → act[slot] (activation dtype).
 //     down:    rows = R output features; epilogue y[slot] = expert output rounded to the activation
 //              dtype (SPEC 3.4); then per (token, tile) a counter: the block whose slot completes a
@@ -36,6 +35,15 @@
 //   N=1 0.057 ms, N=64 1.058 ms, N=256 1.681 ms; with the plan N=1 0.058 ms, N=64 0.865 ms (R = 32);
 //   the experts alone at N=256 1.098 ms (R = 32). The rest to the floor is latency: ~4 µs per
 //   picked expert, a block streaming one expert's 32 rows at a time.
+//   Groups of at most 32 slots (before: one block per picked expert, looping over its slots 32 at a
+//   time): a popular expert's tokens spread over blocks instead of lengthening one. Route + experts,
+//   graph, 2026-12-02: N=1 / 64 / 256 0.0508 / 0.822 / 1.103 ms (before 0.0509 / 0.834 / 1.101), the
+//   experts alone at N=512 / 1024 1.443 / 2.452 ms (before 1.471 / 2.550); the 48B decode step at
+//   batch 64 / 256 × 4k 26.60-27.00 / 53.10 ms (before 27.06 / 54.37, the same day).
+//   Tried and dropped (2026-12-02): a persistent grid of 64-thread blocks, each streaming its items'
+//   weight rows (and then also the tokens) through a 5-8-stage cp.async ring in shared memory
+//   without draining it between items. 149 registers and the ring's shared memory left 5 blocks
+//   (10 warps) an SM; ncu put DRAM at 44 %, and N=64 / 256 took 0.97-1.31 / 1.24-1.59 ms.
 // - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
 //   GEMM launch per projection over the active experts (a problem each: CUTLASS's kernel for BF16,
 //   cuBLAS's grouped call otherwise, gemm.cu), the same combine in a separate kernel.
@@ -146,19 +154,23 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 // ---- grouped experts
 
 constexpr int kThreads = 128, kWarps = kThreads / 32;
-constexpr int kGroup = 32;              // tokens per pass over the rows (4 mma n-tiles of 8)
+constexpr int kGroup = 32;              // slots per group (4 mma n-tiles of 8)
 constexpr int kChunk = 32;              // k per warp step: 4 threads × 8 consecutive elements
 constexpr int kLoadTiles = 4;           // (16-row tile, chunk) pairs whose weight loads a warp issues together
 constexpr int kTileRows = 32;           // weight rows per block (R): two 16-row m-tiles
 constexpr int kPlanThreads = 256, kPlanWarps = kPlanThreads / 32;
 constexpr int kSmemLimit = 48 * 1024;   // the default per-block limit (no opt-in attribute)
 
-// The a-th smallest expert index picked by any token: its slots are plan slots[begin, begin + count).
-struct Picked {
-  int e;  // -1: fewer than a + 1 experts are picked
+// A group: up to kGroup slots of one expert, plan slots[begin, begin + count).
+struct Group {
+  int e;  // -1: past the groups of this step
   int begin;
   int count;
 };
+
+// Groups the plan may write for nk slots over num_experts experts: one per picked expert, plus one
+// per kGroup slots beyond.
+int64_t max_groups(int64_t nk, int64_t num_experts) { return std::min(num_experts, nk) + nk / kGroup; }
 
 // Shared memory of the plan: per warp and expert a count, then per expert a total.
 size_t plan_smem(int64_t num_experts) { return static_cast<size_t>((kPlanWarps + 1) * num_experts * 4); }
@@ -184,14 +196,14 @@ __device__ int block_exclusive_scan(int v, int* scratch, int& total) {
   return before + inclusive - v;
 }
 
-// One block plans the step: picked[a] for a < num_entries (the a-th smallest picked expert, e = -1
-// past the number picked) and slots [nk], the slots grouped by expert in ascending expert order and
-// in slot order within an expert (a stable counting sort). Warp w owns the slot range
+// One block plans the step: slots [nk], the slots grouped by expert in ascending expert order and
+// in slot order within an expert (a stable counting sort), and groups[a] for a < num_entries: each
+// picked expert's slots in runs of at most kGroup, experts ascending (e = −1 past the last run). Warp w owns the slot range
 // [nk·w/8, nk·(w+1)/8): it counts its slots per expert, the counts become per-(warp, expert) start
 // positions (experts in order, warps in order within an expert), and the warp places its slots 32
 // at a time in slot order (lanes with the same expert ranked by lane).
 __global__ void __launch_bounds__(kPlanThreads)
-    plan_kernel(const int32_t* idx, int nk, int num_experts, int num_entries, Picked* picked, int32_t* slots) {
+    plan_kernel(const int32_t* idx, int nk, int num_experts, int num_entries, Group* groups, int32_t* slots) {
   // The gate/up blocks may start: they zero the down counters, then wait for this plan.
   cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ int plan_sm[];
@@ -215,7 +227,7 @@ __global__ void __launch_bounds__(kPlanThreads)
   // Thread t owns the experts [E·t/256, E·(t+1)/256): their counts become offsets within the expert.
   const int e0 = static_cast<int>(int64_t{num_experts} * threadIdx.x / kPlanThreads);
   const int e1 = static_cast<int>(int64_t{num_experts} * (threadIdx.x + 1) / kPlanThreads);
-  int mine = 0, mine_picked = 0;
+  int mine = 0, mine_groups = 0;
   for (int e = e0; e < e1; ++e) {
     int run = 0;
     for (int w = 0; w < kPlanWarps; ++w) {
@@ -225,18 +237,18 @@ __global__ void __launch_bounds__(kPlanThreads)
     }
     total[e] = run;
     mine += run;
-    mine_picked += run > 0;
+    mine_groups += (run + kGroup - 1) / kGroup;
   }
-  int all = 0, all_picked = 0;
+  int all = 0, all_groups = 0;
   int begin = block_exclusive_scan(mine, scratch, all);
-  int a = block_exclusive_scan(mine_picked, scratch, all_picked);
+  int a = block_exclusive_scan(mine_groups, scratch, all_groups);
   for (int e = e0; e < e1; ++e) {
     const int c = total[e];
-    if (c > 0) picked[a++] = Picked{e, begin, c};
+    for (int g = 0; g < c; g += kGroup) groups[a++] = Group{e, begin + g, min(kGroup, c - g)};
     for (int w = 0; w < kPlanWarps; ++w) cnt[w * num_experts + e] += begin;
     begin += c;
   }
-  for (int i = all_picked + threadIdx.x; i < num_entries; i += kPlanThreads) picked[i] = Picked{-1, 0, 0};
+  for (int i = all_groups + threadIdx.x; i < num_entries; i += kPlanThreads) groups[i] = Group{-1, 0, 0};
   __syncthreads();
   for (int base = s0; base < s1; base += 32) {
     const int s = base + lane;
@@ -255,7 +267,7 @@ struct ExpertsArgs {
   int64_t din;
   const float* weights;   // [N, K]
   int k;
-  const Picked* picked;   // [min(E, N·K)] from plan_kernel
+  const Group* groups;    // [max_groups] from plan_kernel
   const int32_t* slots;   // [N·K] from plan_kernel
   const void* w13;        // [E, 2f, din]
   const void* w2;         // [E, dout, f]
@@ -407,7 +419,7 @@ __device__ __forceinline__ float from_t(T v) {
 }
 
 enum class Stage {
-  kGateUp,  // block (tile, a): gate rows [R/2·tile, R/2·tile + R/2) of the a-th picked expert and the
+  kGateUp,  // block (tile, a): gate rows [R/2·tile, R/2·tile + R/2) of group a's expert and the
             // matching up rows, GLU into act
   kDown,    // block (tile, a): down rows [R·tile, R·tile + R) into y; the block finishing a token's
             // tile adds its K outputs in k order into out
@@ -420,7 +432,7 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ExpertsArgs p) {
   constexpr int kHalf = kRows / 2;  // gate/up: gate row r pairs with up row r + kHalf
   __shared__ float red[kWarps][kRows][kGroup];
   __shared__ const T* xrows[kGroup];
-  __shared__ int slot[kGroup];  // the pass's slots; down: −1 − slot where this block does the combine
+  __shared__ int slot[kGroup];  // the group's slots; down: −1 − slot where this block does the combine
   if constexpr (kUp) {
     // The down launch may start (its blocks wait for this grid to finish).
     cudaTriggerProgrammaticLaunchCompletion();
@@ -431,14 +443,14 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ExpertsArgs p) {
   // gate/up: the plan is ready; down: act and the counters too (and the plan, which finished
   // before any gate/up block got past this wait).
   cudaGridDependencySynchronize();
-  const Picked pk = p.picked[blockIdx.y];
-  if (pk.e < 0) return;
+  const Group grp = p.groups[blockIdx.y];
+  if (grp.e < 0) return;
   const int tile = blockIdx.x;
   // The block's input rows (x per token, or act per slot) and weight rows.
   const T* in = static_cast<const T*>(kUp ? p.x : p.act);
   const int64_t width = kUp ? p.din : p.f;
-  const T* w = kUp ? static_cast<const T*>(p.w13) + int64_t{pk.e} * 2 * p.f * p.din
-                   : static_cast<const T*>(p.w2) + int64_t{pk.e} * p.dout * p.f;
+  const T* w = kUp ? static_cast<const T*>(p.w13) + int64_t{grp.e} * 2 * p.f * p.din
+                   : static_cast<const T*>(p.w2) + int64_t{grp.e} * p.dout * p.f;
   auto row = [&](int r) -> const T* {
     if constexpr (kUp) {
       const int64_t f = int64_t{tile} * kHalf + r % kHalf;
@@ -450,52 +462,49 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ExpertsArgs p) {
   };
   T* act = static_cast<T*>(p.act);
   T* y = static_cast<T*>(p.y);
-  for (int g0 = 0; g0 < pk.count; g0 += kGroup) {
-    const int gm = min(kGroup, pk.count - g0);
-    if (threadIdx.x < kGroup) {
-      const int s = threadIdx.x < gm ? p.slots[pk.begin + g0 + threadIdx.x] : 0;
-      slot[threadIdx.x] = s;
-      xrows[threadIdx.x] = threadIdx.x < gm ? in + int64_t{kUp ? s / p.k : s} * width : nullptr;
+  const int gm = grp.count;
+  if (threadIdx.x < kGroup) {
+    const int s = threadIdx.x < gm ? p.slots[grp.begin + threadIdx.x] : 0;
+    slot[threadIdx.x] = s;
+    xrows[threadIdx.x] = threadIdx.x < gm ? in + int64_t{kUp ? s / p.k : s} * width : nullptr;
+  }
+  __syncthreads();
+  tile_product<T, kVec, kRows>(row, xrows, gm, width, red);
+  __syncthreads();
+  if constexpr (kUp) {
+    for (int i = threadIdx.x; i < kHalf * gm; i += kThreads) {
+      const int j = i / kHalf, r = i % kHalf;
+      const int64_t f = int64_t{tile} * kHalf + r;
+      if (f < p.f)
+        act[int64_t{slot[j]} * p.f + f] = to_t<T>(glu_value(tile_value<T, kRows>(red, r, j),
+                                                            tile_value<T, kRows>(red, r + kHalf, j), p.kind, p.beta,
+                                                            p.has_linear_beta, p.linear_beta));
     }
-    __syncthreads();
-    tile_product<T, kVec, kRows>(row, xrows, gm, width, red);
-    __syncthreads();
-    if constexpr (kUp) {
-      for (int i = threadIdx.x; i < kHalf * gm; i += kThreads) {
-        const int j = i / kHalf, r = i % kHalf;
-        const int64_t f = int64_t{tile} * kHalf + r;
-        if (f < p.f)
-          act[int64_t{slot[j]} * p.f + f] = to_t<T>(glu_value(tile_value<T, kRows>(red, r, j),
-                                                              tile_value<T, kRows>(red, r + kHalf, j), p.kind, p.beta,
-                                                              p.has_linear_beta, p.linear_beta));
-      }
-    } else {
-      for (int i = threadIdx.x; i < kRows * gm; i += kThreads) {
-        const int j = i / kRows, r = i % kRows;
-        const int64_t d = int64_t{tile} * kRows + r;
-        if (d < p.dout) y[int64_t{slot[j]} * p.dout + d] = to_t<T>(tile_value<T, kRows>(red, r, j));
-      }
-      // Publish these outputs, then count them; a slot completing its token's K marks itself
-      // (−1 − slot) and this block does that token's combine.
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x < gm) {
-        const int s = slot[threadIdx.x];
-        if (atomicAdd(&p.counters[int64_t{s / p.k} * gridDim.x + tile], 1) == p.k - 1) slot[threadIdx.x] = -1 - s;
-      }
-      __threadfence();
-      __syncthreads();
-      for (int i = threadIdx.x; i < kRows * gm; i += kThreads) {
-        const int j = i / kRows, r = i % kRows;
-        const int64_t d = int64_t{tile} * kRows + r;
-        if (slot[j] >= 0 || d >= p.dout) continue;
-        const int64_t t = (-1 - slot[j]) / p.k;
-        float acc = 0.0f;
-        for (int k = 0; k < p.k; ++k) acc += p.weights[t * p.k + k] * from_t<T>(__ldcg(y + (t * p.k + k) * p.dout + d));
-        p.o.set(t * p.dout + d, acc);
-      }
+  } else {
+    for (int i = threadIdx.x; i < kRows * gm; i += kThreads) {
+      const int j = i / kRows, r = i % kRows;
+      const int64_t d = int64_t{tile} * kRows + r;
+      if (d < p.dout) y[int64_t{slot[j]} * p.dout + d] = to_t<T>(tile_value<T, kRows>(red, r, j));
     }
+    // Publish these outputs, then count them; a slot completing its token's K marks itself
+    // (−1 − slot) and this block does that token's combine.
+    __threadfence();
     __syncthreads();
+    if (threadIdx.x < gm) {
+      const int s = slot[threadIdx.x];
+      if (atomicAdd(&p.counters[int64_t{s / p.k} * gridDim.x + tile], 1) == p.k - 1) slot[threadIdx.x] = -1 - s;
+    }
+    __threadfence();
+    __syncthreads();
+    for (int i = threadIdx.x; i < kRows * gm; i += kThreads) {
+      const int j = i / kRows, r = i % kRows;
+      const int64_t d = int64_t{tile} * kRows + r;
+      if (slot[j] >= 0 || d >= p.dout) continue;
+      const int64_t t = (-1 - slot[j]) / p.k;
+      float acc = 0.0f;
+      for (int k = 0; k < p.k; ++k) acc += p.weights[t * p.k + k] * from_t<T>(__ldcg(y + (t * p.k + k) * p.dout + d));
+      p.o.set(t * p.dout + d, acc);
+    }
   }
 }
 
@@ -523,20 +532,20 @@ void experts_grouped(CudaBackend& be, const Tensor& x, const Tensor& idx, const 
   KL_CHECK(grouped_fits(num_experts),
            what + ": the grouped path plans " + std::to_string(num_experts) + " experts in more than " +
                std::to_string(kSmemLimit) + " bytes of shared memory");
-  const int64_t entries = std::min(num_experts, nk);  // at most this many experts are picked
+  const int64_t entries = max_groups(nk, num_experts);
   const Tensor act = be.alloc(x.dtype(), {nk, f}), y = be.alloc(x.dtype(), {nk, dout});
-  const Tensor picked = be.alloc(DType::kI32, {entries, 3}), slots = be.alloc(DType::kI32, {nk});
-  static_assert(sizeof(Picked) == 3 * sizeof(int32_t));
+  const Tensor groups = be.alloc(DType::kI32, {entries, 3}), slots = be.alloc(DType::kI32, {nk});
+  static_assert(sizeof(Group) == 3 * sizeof(int32_t));
   plan_kernel<<<1, kPlanThreads, plan_smem(num_experts), be.stream()>>>(
       idx.data_as<const int32_t>(), static_cast<int>(nk), static_cast<int>(num_experts), static_cast<int>(entries),
-      static_cast<Picked*>(picked.data()), slots.data_as<int32_t>());
+      static_cast<Group*>(groups.data()), slots.data_as<int32_t>());
   KL_LAUNCHED(what + " (plan)");
   ExpertsArgs a;
   a.x = x.data();
   a.din = din;
   a.weights = weights.data_as<const float>();
   a.k = static_cast<int>(k);
-  a.picked = static_cast<const Picked*>(picked.data());
+  a.groups = static_cast<const Group*>(groups.data());
   a.slots = slots.data_as<const int32_t>();
   a.w13 = w13.data();
   a.w2 = w2.data();
