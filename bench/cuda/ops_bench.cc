@@ -193,7 +193,8 @@ double graph_ms(cuda::CudaBackend& be, const std::function<void()>& fn, int reps
 
 // MLA at the Kimi-Linear shape (32 heads, q/k 128 + 64, v 128, latent 512 + 64, pages of 64).
 // Decode: batch × context, bytes = the latent cache read once + kv_b, FLOP = the absorbed products
-// (q'·k over 576, p·v over 512); eager (step rewind + the op) and replayed as a CUDA graph.
+// (q'·k over 576, p·v over 512); eager (step rewind + the op) and replayed as a CUDA graph, with
+// each attention kernel (MlaDecodeKernel: FlashInfer's Hopper MLA kernel, mla.cu's mma.sync one).
 // Prefill: 8k new tokens, FLOP = the causal attention products of the expanded form (q·k over 192,
 // p·v over 128, half the square); the time also holds the page gather and the kv_b expansion GEMM.
 // The fused decode step of a KDA layer after its projections (kda_decode): conv step, gate, β, the
@@ -252,15 +253,19 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
       const Tensor q = random_tensor(be, {batch, H, n + r}, gen, DType::kBF16);
       const Tensor o = be.alloc_persistent(DType::kBF16, {batch, H, vd});
       const MlaArgs args{q, pages, kvb, scale, o};
-      auto step = [&] {
-        be.begin_step();
-        be.mla_decode(args, layout);
-      };
       const double bytes = double(batch) * ctx * (c + r) * 2 + H * (n + vd) * c * 2.0;
       const double flop = double(batch) * H * ctx * (2.0 * (c + r) + 2.0 * c);
-      row("mla_decode eager", shape, time_ms(be, step), flop, bytes);
-      const double g = graph_ms(be, step);
-      if (g > 0) row("mla_decode graph", shape, g, flop, bytes);
+      for (const auto kernel : {cuda::MlaDecodeKernel::kFlashInfer, cuda::MlaDecodeKernel::kOwn}) {
+        auto step = [&] {
+          be.begin_step();
+          be.mla_decode(args, layout, kernel);
+        };
+        char label[96];
+        std::snprintf(label, sizeof label, "%s %s", shape, kernel == cuda::MlaDecodeKernel::kFlashInfer ? "FlashInfer" : "mma.sync");
+        row("mla_decode eager", label, time_ms(be, step), flop, bytes);
+        const double g = graph_ms(be, step);  // the layout does not change: the plan is made before the capture
+        if (g > 0) row("mla_decode graph", label, g, flop, bytes);
+      }
     }
   }
   // The prefill (gather, kv_b GEMM and attention) of one sequence of T new tokens with each attention

@@ -266,6 +266,10 @@ class Backend {
   }
   // Forgets every graph (a new cache: the captured pools and buffers are gone).
   virtual void clear_graphs() {}
+  // Host-side planning for kernels that read a plan from fixed device buffers: called with the
+  // step's layout before each run_graph of a step (eager, capture and replay alike), since a replay
+  // runs no host code. Not inside a body. Nothing to do on the CPU.
+  virtual void plan_step(const SeqLayout& layout) { (void)layout; }
 
   // ---- elementwise and small ops
   // out [N, C] ← table [V, C] rows ids [N] (I32, validated by the caller).

@@ -175,6 +175,7 @@ Result<StepOutput> Model::decode_step(Batch& batch, Cache& cache, std::span<cons
                          region(kSeed, 2 * bucket).view({bucket, 2}), region(kCounter, bucket), out.ids});
     decode_.out[bucket] = out;
   };
+  be.plan_step(batch.layout);
   KL_RETURN_IF_ERROR(be.run_graph(bucket, body));
   KL_RETURN_IF_ERROR(failed);
   cache.advance(batch);

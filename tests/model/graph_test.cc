@@ -189,7 +189,11 @@ INSTANTIATE_TEST_SUITE_P(
                                  Json{{"hidden_size", 80}, {"num_attention_heads", 5}, {"num_experts", 10},
                                       {"num_experts_per_token", 2}, {"num_expert_group", 2}, {"topk_group", 1}, {"kv_lora_rank", 40}, {"qk_nope_head_dim", 16},
                                       {"qk_rope_head_dim", 8}, {"v_head_dim", 16},
-                                      {"linear_attn_config", {{"num_heads", 5}, {"head_dim", 16}}}}}),
+                                      {"linear_attn_config", {{"num_heads", 5}, {"head_dim", 16}}}}},
+                          // The latent shape of the 48B model (512 + 64), where the CUDA bf16 decode
+                          // runs its tensor-core kernels.
+                          Source{"random_latent_512", "", "kimi-linear-tiny",
+                                 Json{{"kv_lora_rank", 512}, {"qk_rope_head_dim", 64}}}),
         ::testing::ValuesIn(testing::backend_cases())),
     [](const auto& info) { return std::get<0>(info.param).name + "_" + std::get<1>(info.param).name; });
 

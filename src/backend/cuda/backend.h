@@ -79,6 +79,17 @@ enum class MlaPrefillKernel {
           // compare FlashInfer's against
 };
 
+// Which kernel runs mla_decode's attention in the latent space.
+enum class MlaDecodeKernel {
+  kOwn,         // mla.cu's kernels (the default): `absorbed` (mma.sync) for bf16 at latent 512 + 64,
+                // `attend` for the rest
+  kFlashInfer,  // FlashInfer's Hopper MLA kernel (mla_decode_sm90.cu) for bf16 at latent 512 + 64, else
+                // as kOwn. Not yet run on a GPU: the tests and ops_bench take it by name until it has
+                // been measured against kOwn.
+};
+
+class MlaDecodeSm90;
+
 class CudaBackend final : public Backend {
  public:
   // Fails (NotSupported) when no CUDA device is visible or `dtype` is not F32/BF16.
@@ -109,6 +120,8 @@ class CudaBackend final : public Backend {
   void write(const Tensor& host, const Tensor& dst) override;
   Status run_graph(int64_t key, const std::function<void()>& body) override;
   void clear_graphs() override;
+  // Plans the FlashInfer MLA decode (mla_decode_sm90.cu) for `layout` once one has run.
+  void plan_step(const SeqLayout& layout) override;
 
   void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
   void add(const Tensor& acc, const Tensor& x) override;
@@ -135,6 +148,8 @@ class CudaBackend final : public Backend {
   // mla_prefill with its attention kernel picked by `kernel`.
   void mla_prefill(const MlaArgs& a, const SeqLayout& layout, MlaPrefillKernel kernel);
   void mla_decode(const MlaArgs& a, const SeqLayout& layout) override;
+  // mla_decode with its attention kernel picked by `kernel`.
+  void mla_decode(const MlaArgs& a, const SeqLayout& layout, MlaDecodeKernel kernel);
 
   void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
                  const Tensor& weights) override;
@@ -200,6 +215,7 @@ class CudaBackend final : public Backend {
   size_t lt_workspace_bytes_ = 0;
   std::unordered_map<std::string, std::shared_ptr<GemmPlan>> gemm_plans_;
   std::unique_ptr<Arena> arena_;
+  std::unique_ptr<MlaDecodeSm90> mla_decode_sm90_;  // made by the first bf16 decode at latent 512 + 64
 };
 
 // Shapes as "[2, 3]" for messages.

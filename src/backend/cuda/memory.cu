@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cuda/device.cuh"
+#include "backend/cuda/mla_decode_sm90.h"
 #include "core/counter_rng.h"
 
 namespace klinear::cuda {
@@ -233,6 +234,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype, CudaGraphs
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
+  mla_decode_sm90_.reset();
   arena_.reset();
   if (lt_workspace_) cudaFree(lt_workspace_);
   if (blas_) cublasDestroy(blas_);

@@ -8,6 +8,8 @@
 //     two stages): S = Q'·Kᵀ (32 × 64 × 576), O += P·V (32 × 512 × 64). Each block finds its key
 //     range on the device from the row's length, so the launch depends only on the number of rows
 //     and the static shapes (a CUDA graph can capture it); `combine` merges the splits.
+//     MlaDecodeKernel::kFlashInfer runs the same shape on FlashInfer's Hopper MLA kernel instead
+//     (mla_decode_sm90.cu, wgmma, planned per step on the host); not yet measured, so not the default.
 //   prefill (`expanded_kernel`, q/k 128 + 64, v 128): a flash-attention forward over the expanded
 //     keys and values, a block per (64 query rows, head, sequence), causal over cached + new keys.
 //     By default the same shape runs FlashInfer's Hopper kernel instead (mla_prefill_sm90.cu, wgmma
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "backend/cuda/device.cuh"
+#include "backend/cuda/mla_decode_sm90.h"
 #include "backend/cuda/mla_mma.cuh"
 #include "backend/cuda/mla_prefill_sm90.h"
 
@@ -289,6 +292,7 @@ static_assert(kThreads == 4 * kTokens, "a tile load gives each thread a quarter 
 static_assert(kWarps * 64 == kLatent, "each warp owns 64 output columns");
 static_assert(kWarps == 2 * (kTokens / 16), "each warp scores one m16 head tile × 16 keys");
 static_assert(kThreads == 8 * kHeads, "the softmax gives each head row 8 threads");
+static_assert(kLatent == kSm90Latent && kRope == kSm90LatentRope, "both decode kernels serve latent 512 + 64");
 }  // namespace absorbed
 
 struct AbsorbedArgs {
@@ -803,7 +807,14 @@ void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout, MlaPref
   run_attend(*this, p, a.out, what);
 }
 
-void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout) {
+void CudaBackend::plan_step(const SeqLayout& layout) {
+  if (mla_decode_sm90_ && mla_decode_sm90_->heads() > 0 && layout.num_seqs() > 0)
+    mla_decode_sm90_->plan(layout, mla_decode_sm90_->heads());
+}
+
+void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout) { mla_decode(a, layout, MlaDecodeKernel::kOwn); }
+
+void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout, MlaDecodeKernel kernel) {
   const MlaShape s = mla_shape(a, layout, "mla_decode");
   if (s.n == 0) return;
   const std::string what = "mla_decode q " + shapes(a.q) + " seqs " + std::to_string(layout.num_seqs());
@@ -829,7 +840,21 @@ void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout) {
   gemm(uk, "mla_decode q·W_UK");
 
   const Tensor olat = alloc(dtype_, {s.n, s.heads, s.c});
-  if (dtype_ == DType::kBF16 && s.c == absorbed::kLatent && s.r == absorbed::kRope) {
+  const bool latent_512 = dtype_ == DType::kBF16 && s.c == kSm90Latent && s.r == kSm90LatentRope;
+  if (latent_512 && kernel == MlaDecodeKernel::kFlashInfer) {
+    // FlashInfer's kernel on a plan for this layout: made here when the step runs eagerly, by
+    // plan_step before a graph's capture and replays (the plan's upload cannot be captured).
+    if (!capturing_) {
+      if (!mla_decode_sm90_) mla_decode_sm90_ = std::make_unique<MlaDecodeSm90>(*this);
+      mla_decode_sm90_->plan(layout, s.heads);
+    } else if (!mla_decode_sm90_ || !mla_decode_sm90_->planned(layout, s.heads)) {
+      breaks_capture(what + " (no FlashInfer plan for this step: plan_step was not called before the capture)");
+      return;
+    }
+    mla_decode_sm90_->run(MlaDecodeSm90Args{qlat.data(), width, a.q.data(), s.qk, s.nope, a.pages.data(), olat.data(),
+                                            s.heads, a.scale},
+                          layout);
+  } else if (latent_512) {
     run_absorbed(*this, a, qlat, layout, olat, what);  // reads q_r from q itself
   } else {
     copy_columns(a.q.view({s.n * s.heads, s.qk}), s.nope, qlat.view({s.n * s.heads, width}), s.c, s.r);
