@@ -29,7 +29,7 @@
 
 #include <cuda_bf16.h>
 
-#include <algorithm>
+#include <utility>
 
 #include "backend/cuda/device.cuh"
 #include "backend/cuda/mla_decode_sm90.h"
@@ -71,12 +71,11 @@ std::vector<int32_t> MlaDecodeSm90::key(const SeqLayout& layout, int64_t heads) 
   return k;
 }
 
-bool MlaDecodeSm90::planned(const SeqLayout& layout, int64_t heads) const {
-  return !info_.empty() && key_ == key(layout, heads);
-}
+bool MlaDecodeSm90::planned(const SeqLayout& layout, int64_t heads) const { return key_ == key(layout, heads); }
 
 void MlaDecodeSm90::plan(const SeqLayout& layout, int64_t heads) {
-  if (planned(layout, heads)) return;
+  std::vector<int32_t> k = key(layout, heads);
+  if (k == key_) return;
   const int64_t nseq = layout.num_seqs();
   const std::string what = "mla_decode (FlashInfer sm90) plan of " + std::to_string(nseq) + " sequences";
   KL_CHECK(nseq > 0 && heads > 0 && layout.max_pages * nseq <= INT32_MAX, what + ": nothing to plan or too many pages");
@@ -106,8 +105,7 @@ void MlaDecodeSm90::plan(const SeqLayout& layout, int64_t heads) {
   KL_CUDA(cudaMemcpyAsync(int_dev_.data(), int_host_, staged, cudaMemcpyHostToDevice, be_.stream()), what);
   KL_CUDA(cudaEventRecord(uploaded_, be_.stream()), what);
   info_ = info.ToVector();
-  key_ = key(layout, heads);
-  heads_ = heads;
+  key_ = std::move(k);
 }
 
 void MlaDecodeSm90::run(const MlaDecodeSm90Args& a, const SeqLayout& layout) {

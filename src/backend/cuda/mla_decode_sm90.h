@@ -43,7 +43,7 @@ class MlaDecodeSm90 {
   // Whether the last plan was for these lengths and heads (a capture may then launch on it).
   bool planned(const SeqLayout& layout, int64_t heads) const;
   // The heads of the last plan (0: none yet).
-  int64_t heads() const { return heads_; }
+  int64_t heads() const { return key_.empty() ? 0 : key_[0]; }
   // out ← the attention, on the last plan (planned(layout, a.heads) must hold).
   void run(const MlaDecodeSm90Args& a, const SeqLayout& layout);
 
@@ -55,8 +55,7 @@ class MlaDecodeSm90 {
   int32_t* int_host_ = nullptr;  // pinned staging of the work lists
   cudaEvent_t uploaded_ = nullptr;
   std::vector<int64_t> info_;    // flashinfer::MLAPlanInfo as its 18 values
-  std::vector<int32_t> key_;     // what the last plan was for (key())
-  int64_t heads_ = 0;
+  std::vector<int32_t> key_;     // what the last plan was for (key(): heads first); empty before one
 };
 
 }  // namespace klinear::cuda

@@ -198,10 +198,11 @@ __device__ int block_exclusive_scan(int v, int* scratch, int& total) {
 
 // One block plans the step: slots [nk], the slots grouped by expert in ascending expert order and
 // in slot order within an expert (a stable counting sort), and groups[a] for a < num_entries: each
-// picked expert's slots in runs of at most kGroup, experts ascending (e = −1 past the last run). Warp w owns the slot range
-// [nk·w/8, nk·(w+1)/8): it counts its slots per expert, the counts become per-(warp, expert) start
-// positions (experts in order, warps in order within an expert), and the warp places its slots 32
-// at a time in slot order (lanes with the same expert ranked by lane).
+// picked expert's slots in runs of at most kGroup, experts ascending (e = −1 past the last run).
+// Warp w owns the slot range [nk·w/8, nk·(w+1)/8): it counts its slots per expert, the counts
+// become per-(warp, expert) start positions (experts in order, warps in order within an expert),
+// and the warp places its slots 32 at a time in slot order (lanes with the same expert ranked by
+// lane).
 __global__ void __launch_bounds__(kPlanThreads)
     plan_kernel(const int32_t* idx, int nk, int num_experts, int num_entries, Group* groups, int32_t* slots) {
   // The gate/up blocks may start: they zero the down counters, then wait for this plan.
