@@ -126,12 +126,13 @@ double time_decode(Model& m, Backend& be, const CacheSizes& unit, const std::vec
 int main(int argc, char** argv) {
   int prefill = 150, decode = 32, runs = 3;
   int64_t context = 0, chunk = 0;  // 0: the engine's default step budget on the device
-  std::string device = "cpu", dtype, load_format = "safetensors";
+  std::string device = "cpu", dtype, load_format = "safetensors", attention = "best";
   std::vector<int> batches{1};
   std::vector<std::string> dirs;
   const char* usage =
       "usage: model_bench [--device cpu|cuda] [--dtype float32|bfloat16] [--load-format safetensors|dummy]\n"
       "                   [--prefill T] [--prefill-chunk K] [--decode N] [--batch B]... [--context C] [--runs R]\n"
+      "                   [--attention-kernels best|own]\n"
       "                   MODEL_DIR...\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -145,6 +146,7 @@ int main(int argc, char** argv) {
     else if (a == "--device" && has) device = argv[++i];
     else if (a == "--dtype" && has) dtype = argv[++i];
     else if (a == "--load-format" && has) load_format = argv[++i];
+    else if (a == "--attention-kernels" && has) attention = argv[++i];
     else if (a == "--help" || a == "-h") {
       std::printf("%s", usage);
       return 0;
@@ -161,6 +163,7 @@ int main(int argc, char** argv) {
   BackendOptions options;
   options.device = value_or_die(parse_device(device));
   options.dtype = value_or_die(parse_compute_dtype(dtype.empty() ? (options.device == Device::kCpu ? "float32" : "bfloat16") : dtype));
+  options.attention = value_or_die(parse_attention_kernels(attention));
   const LoadFormat format = value_or_die(parse_load_format(load_format));
   if (chunk == 0) chunk = default_max_num_tokens(options.device);
   auto backend = value_or_die(make_backend(options));

@@ -14,6 +14,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/backend.h"
@@ -241,31 +242,33 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const int64_t H = 32, n = 128, r = 64, c = 512, vd = 128, ps = 64;
   const Tensor kvb = random_tensor(be, {H * (n + vd), c}, gen, DType::kBF16, -0.05f, 0.05f);
   const float scale = 1.0f / std::sqrt(192.0f);
-  for (int64_t batch : {1, 64}) {
-    for (int ctx : {4096, 32768}) {
-      char shape[64];
-      std::snprintf(shape, sizeof shape, "batch=%lld ctx=%d H=32 page=64", (long long)batch, ctx);
-      if (!wanted(shape)) continue;
-      SeqLayout layout = layout_for(std::vector<int>(batch, 1), std::vector<int>(batch, ctx - 1), ps);
-      persistent_layout(be, layout);
-      const int64_t pages_n = batch * layout.max_pages;
-      const Tensor pages = random_tensor(be, {pages_n, ps, c + r}, gen, DType::kBF16);
-      const Tensor q = random_tensor(be, {batch, H, n + r}, gen, DType::kBF16);
-      const Tensor o = be.alloc_persistent(DType::kBF16, {batch, H, vd});
-      const MlaArgs args{q, pages, kvb, scale, o};
-      const double bytes = double(batch) * ctx * (c + r) * 2 + H * (n + vd) * c * 2.0;
-      const double flop = double(batch) * H * ctx * (2.0 * (c + r) + 2.0 * c);
-      for (const auto kernel : {cuda::MlaDecodeKernel::kFlashInfer, cuda::MlaDecodeKernel::kOwn}) {
-        auto step = [&] {
-          be.begin_step();
-          be.mla_decode(args, layout, kernel);
-        };
-        char label[96];
-        std::snprintf(label, sizeof label, "%s %s", shape, kernel == cuda::MlaDecodeKernel::kFlashInfer ? "FlashInfer" : "mma.sync");
-        row("mla_decode eager", label, time_ms(be, step), flop, bytes);
-        const double g = graph_ms(be, step);  // the layout does not change: the plan is made before the capture
-        if (g > 0) row("mla_decode graph", label, g, flop, bytes);
-      }
+  // Small batches find where FlashInfer's kernel overtakes mla.cu's (kFlashInferDecodeMinSeqs in
+  // mla.cu); 256 × 4k / 8k are the 48B decode step's.
+  const std::pair<int64_t, int> decode_shapes[] = {{1, 4096}, {1, 32768}, {2, 4096},  {4, 4096},    {8, 4096},
+                                                   {16, 4096}, {64, 4096}, {64, 32768}, {256, 4096}, {256, 8192}};
+  for (const auto& [batch, ctx] : decode_shapes) {
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "batch=%lld ctx=%d H=32 page=64", (long long)batch, ctx);
+    if (!wanted(shape)) continue;
+    SeqLayout layout = layout_for(std::vector<int>(batch, 1), std::vector<int>(batch, ctx - 1), ps);
+    persistent_layout(be, layout);
+    const int64_t pages_n = batch * layout.max_pages;
+    const Tensor pages = random_tensor(be, {pages_n, ps, c + r}, gen, DType::kBF16);
+    const Tensor q = random_tensor(be, {batch, H, n + r}, gen, DType::kBF16);
+    const Tensor o = be.alloc_persistent(DType::kBF16, {batch, H, vd});
+    const MlaArgs args{q, pages, kvb, scale, o};
+    const double bytes = double(batch) * ctx * (c + r) * 2 + H * (n + vd) * c * 2.0;
+    const double flop = double(batch) * H * ctx * (2.0 * (c + r) + 2.0 * c);
+    for (const auto kernel : {cuda::MlaDecodeKernel::kFlashInfer, cuda::MlaDecodeKernel::kOwn}) {
+      auto step = [&] {
+        be.begin_step();
+        be.mla_decode(args, layout, kernel);
+      };
+      char label[96];
+      std::snprintf(label, sizeof label, "%s %s", shape, kernel == cuda::MlaDecodeKernel::kFlashInfer ? "FlashInfer" : "mma.sync");
+      row("mla_decode eager", label, time_ms(be, step), flop, bytes);
+      const double g = graph_ms(be, step);  // the layout does not change: the plan is made before the capture
+      if (g > 0) row("mla_decode graph", label, g, flop, bytes);
     }
   }
   // The prefill (gather, kv_b GEMM and attention) of one sequence of T new tokens with each attention
@@ -279,7 +282,7 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
     const MlaArgs args{q, pages, kvb, scale, o};
     const double flop = double(H) * t * (t + 1) / 2.0 * 2.0 * ((n + r) + vd);
     const double bytes = double(t) * (c + r) * 2 + double(t) * H * (n + r + vd) * 2 + H * (n + vd) * c * 2.0;
-    for (const auto kernel : {cuda::MlaPrefillKernel::kBest, cuda::MlaPrefillKernel::kOwn}) {
+    for (const auto kernel : {AttentionKernels::kBest, AttentionKernels::kOwn}) {
       const double ms = time_ms(
           be,
           [&] {
@@ -289,7 +292,7 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
           1, 5);
       char shape[64];
       std::snprintf(shape, sizeof shape, "T=%d H=32 qk=192 v=128 %s", t,
-                    kernel == cuda::MlaPrefillKernel::kBest ? "FlashInfer" : "mma.sync");
+                    kernel == AttentionKernels::kBest ? "FlashInfer" : "mma.sync");
       row("mla_prefill (causal)", shape, ms, flop, bytes);  // of floor × 770 = TFLOP/s
     }
   }

@@ -194,6 +194,13 @@ struct SampleRow {
 enum class CudaGraphs { kOff, kOn };
 Result<CudaGraphs> parse_cuda_graphs(const std::string& name);
 
+// Which kernels run MLA attention on CUDA (--attention-kernels); the CPU has one of each.
+enum class AttentionKernels {
+  kBest,  // FlashInfer's Hopper kernels where they fit the step and are the faster, else klinear's own
+  kOwn,   // klinear's own kernels everywhere (mla.cu): the reference FlashInfer's are tested against
+};
+Result<AttentionKernels> parse_attention_kernels(const std::string& name);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -371,7 +378,8 @@ KdaSummaryDims check_kda_summary(const KdaSummaryArgs& a, const SeqLayout& layou
 struct BackendOptions {
   Device device = Device::kCpu;
   DType dtype = DType::kF32;
-  CudaGraphs graphs = CudaGraphs::kOn;  // CUDA only
+  CudaGraphs graphs = CudaGraphs::kOn;              // CUDA only
+  AttentionKernels attention = AttentionKernels::kBest;  // CUDA only
 };
 
 // The only place a device is chosen. kCpu always works; kCuda needs a CUDA build and a GPU.

@@ -25,6 +25,12 @@ Result<CudaGraphs> parse_cuda_graphs(const std::string& name) {
   return Status::InvalidArgument("--cuda-graphs '" + name + "' is not one of: on, off");
 }
 
+Result<AttentionKernels> parse_attention_kernels(const std::string& name) {
+  if (name == "best") return AttentionKernels::kBest;
+  if (name == "own") return AttentionKernels::kOwn;
+  return Status::InvalidArgument("--attention-kernels '" + name + "' is not one of: best, own");
+}
+
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& o) {
   switch (o.device) {
     case Device::kCpu:
@@ -33,7 +39,7 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& o) {
       return std::unique_ptr<Backend>(std::make_unique<cpu::CpuBackend>());
     case Device::kCuda: {
 #ifdef KLINEAR_WITH_CUDA
-      auto be = cuda::CudaBackend::create(o.dtype, o.graphs);
+      auto be = cuda::CudaBackend::create(o.dtype, o.graphs, o.attention);
       if (!be.ok()) return be.status();
       return std::unique_ptr<Backend>(std::move(be).value());
 #else

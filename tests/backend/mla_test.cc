@@ -4,9 +4,9 @@
 // cached positions, several sequences with scattered pages, q-head widths with and without a rope
 // part, page sizes that do and do not divide the lengths, and the model's latent shape 512 + 64,
 // which the CUDA bf16 decode runs on tensor cores). Outputs are poisoned before each op.
-// CUDA rows run the prefill and the decode with each attention kernel (MlaPrefillKernel and
-// MlaDecodeKernel: FlashInfer's Hopper kernels where they fit, and mla.cu's own; FlashInfer's
-// decode serves the bf16 rows of latent 512 + 64), and check which rows FlashInfer's prefill
+// CUDA rows run the prefill and the decode with each attention kernel (AttentionKernels for the
+// prefill, MlaDecodeKernel for the decode: FlashInfer's Hopper kernels where they fit, and mla.cu's
+// own; FlashInfer's decode serves the bf16 rows of latent 512 + 64), and check which rows FlashInfer's prefill
 // takes: every bf16 row of the Kimi-Linear-48B head shape (H = 32, q/k 128 + 64, v 128, latent
 // 512 + 64), 1 to 1,000 new tokens with and without cached ones, several sequences of different
 // lengths in one step.
@@ -164,12 +164,14 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
                 act() == DType::kBF16 && c.nope == 128 && c.rope == 64 && c.v == 128)
           << "which rows FlashInfer's kernel takes";
       Tensor own = poisoned({n, c.heads, c.v});
-      cuda->mla_prefill(MlaArgs{dq, dpages, dkv_b, scale, own}, layout, cuda::MlaPrefillKernel::kOwn);
+      cuda->mla_prefill(MlaArgs{dq, dpages, dkv_b, scale, own}, layout, AttentionKernels::kOwn);
       EXPECT_TRUE(testing::all_close(host(own), expect, tol())) << "prefill (expanded), mla.cu's kernels forced";
-      // The decode with FlashInfer's kernel asked for (it serves bf16 at latent 512 + 64).
-      Tensor fi_decode = poisoned({n, c.heads, c.v});
-      cuda->mla_decode(MlaArgs{dq, dpages, dkv_b, scale, fi_decode}, layout, cuda::MlaDecodeKernel::kFlashInfer);
-      EXPECT_TRUE(testing::all_close(host(fi_decode), expect, tol())) << "decode (absorbed), FlashInfer's kernel asked for";
+      for (const auto kernel : {cuda::MlaDecodeKernel::kFlashInfer, cuda::MlaDecodeKernel::kOwn}) {
+        Tensor named = poisoned({n, c.heads, c.v});
+        cuda->mla_decode(MlaArgs{dq, dpages, dkv_b, scale, named}, layout, kernel);
+        EXPECT_TRUE(testing::all_close(host(named), expect, tol()))
+            << "decode (absorbed) on " << (kernel == cuda::MlaDecodeKernel::kFlashInfer ? "FlashInfer's" : "mla.cu's") << " kernel";
+      }
     }
 #endif
   }

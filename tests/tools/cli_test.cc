@@ -159,6 +159,7 @@ TEST(Cli, BadInputIsAClearErrorNotACrash) {
       {"generate --model " + model + " --prompt-ids 1 --temperature -1", "temperature"},
       {"generate --model " + model + " --prompt-ids 1 --top-p 0", "top_p"},
       {"logits --model " + model + " --ids 1 --device tpu --out /dev/null", "tpu"},
+      {"logits --model " + model + " --ids 1 --attention-kernels fastest --out /dev/null", "fastest"},
       {"init --preset nope --out " + tmp("nope"), "nope"},
   };
   for (const Case& c : cases) {

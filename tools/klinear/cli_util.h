@@ -30,12 +30,17 @@ inline int fail(const char* cmd, const Status& s) {
 }
 
 // Largest --max-tokens / --top-k accepted (far beyond any context or vocabulary we load).
-// --cuda-graphs on|off for every command that runs a model on a device (parsed by
-// parse_cuda_graphs into BackendOptions::graphs; the CPU runs eagerly either way).
-inline void add_cuda_graphs_option(CLI::App* sub, std::string& value) {
-  sub->add_option("--cuda-graphs", value,
+// --cuda-graphs on|off and --attention-kernels best|own for every command that runs a model on a
+// device (parsed by parse_cuda_graphs and parse_attention_kernels into BackendOptions; the CPU runs
+// eagerly, on its one kernel of each op, either way).
+inline void add_cuda_options(CLI::App* sub, std::string& graphs, std::string& attention) {
+  sub->add_option("--cuda-graphs", graphs,
                   "on or off: run decode steps as CUDA graphs captured per batch bucket (cuda only; "
                   "the results are the same either way)")
+      ->capture_default_str();
+  sub->add_option("--attention-kernels", attention,
+                  "best or own: MLA attention on FlashInfer's Hopper kernels where they fit and are the faster, "
+                  "or on klinear's own everywhere (cuda only; the same results within bfloat16 rounding)")
       ->capture_default_str();
 }
 

@@ -35,6 +35,7 @@ struct ModelArgs {
   bool check_finite = false;
   std::string load_format = "safetensors";
   std::string cuda_graphs = "on";
+  std::string attention_kernels = "best";
 };
 
 void add_model_args(CLI::App* sub, ModelArgs& a) {
@@ -47,7 +48,7 @@ void add_model_args(CLI::App* sub, ModelArgs& a) {
       ->capture_default_str();
   sub->add_flag("--check-finite", a.check_finite,
                 "check every layer's output and name the first one that is not finite (slower)");
-  add_cuda_graphs_option(sub, a.cuda_graphs);
+  add_cuda_options(sub, a.cuda_graphs, a.attention_kernels);
 }
 
 struct LoadedModel {
@@ -74,6 +75,7 @@ Result<LoadedModel> load(const ModelArgs& a) {
   KL_ASSIGN_OR_RETURN(o.dtype, parse_compute_dtype(a.dtype.empty() ? (o.device == Device::kCuda ? "bfloat16" : "float32")
                                                                    : a.dtype));
   KL_ASSIGN_OR_RETURN(o.graphs, parse_cuda_graphs(a.cuda_graphs));
+  KL_ASSIGN_OR_RETURN(o.attention, parse_attention_kernels(a.attention_kernels));
   if (a.page_size < 1 || a.page_size > 4096)
     return Status::InvalidArgument("--page-size " + std::to_string(a.page_size) + " is outside [1, 4096]");
   LoadedModel m;

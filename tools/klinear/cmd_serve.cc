@@ -76,6 +76,7 @@ struct EngineArgs {
   int64_t prefix_snapshot_interval = 256;
   std::optional<int64_t> prefix_snapshot_slots;    // not given: default_snapshot_slots(max_num_seqs)
   std::string cuda_graphs = "on";
+  std::string attention_kernels = "best";
 };
 
 void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
@@ -113,7 +114,7 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
                   "taking a state slot's memory from the latent pages (default: a quarter of the sequences at once, "
                   "rounded up)")
       ->check(int_in({1, kMaxFlagCount}));
-  add_cuda_graphs_option(sub, a.cuda_graphs);
+  add_cuda_options(sub, a.cuda_graphs, a.attention_kernels);
 }
 
 struct Serving {
@@ -136,6 +137,7 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   if (max_num_tokens < 1) return Status::InvalidArgument("--max-num-tokens must be >= 1");
   KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(!a.dtype.empty() ? a.dtype : bo.device == Device::kCuda ? "bfloat16" : "float32"));
   KL_ASSIGN_OR_RETURN(bo.graphs, parse_cuda_graphs(a.cuda_graphs));
+  KL_ASSIGN_OR_RETURN(bo.attention, parse_attention_kernels(a.attention_kernels));
   if (!a.cache_memory.empty() && a.gpu_memory_utilization)
     return Status::InvalidArgument("give --cache-memory or --gpu-memory-utilization, not both");
   const bool by_fraction = a.cache_memory.empty() && (bo.device == Device::kCuda || a.gpu_memory_utilization);

@@ -70,22 +70,11 @@ enum class GroupedGemmKernel {
             // benchmarks compare CUTLASS's against)
 };
 
-// Which kernel runs mla_prefill's attention over the expanded keys and values.
-enum class MlaPrefillKernel {
-  kBest,  // FlashInfer's Hopper ragged prefill (mla_prefill_sm90.cu) where mla_prefill_sm90_fits (bf16,
-          // q/k 128 + 64, v 128), else as kOwn
-  kOwn,   // mla.cu's kernels only: `expanded` (mma.sync) for bf16 at q/k 128 + 64, v 128, `attend` for
-          // the rest (the F32 exact mode, other head shapes); the reference the tests and benchmarks
-          // compare FlashInfer's against
-};
-
-// Which kernel runs mla_decode's attention in the latent space.
+// Which kernel runs mla_decode's attention in the latent space (mla_decode(a, layout) picks one by the
+// backend's AttentionKernels and the step; the tests and benchmarks name one).
 enum class MlaDecodeKernel {
-  kOwn,         // mla.cu's kernels (the default): `absorbed` (mma.sync) for bf16 at latent 512 + 64,
-                // `attend` for the rest
-  kFlashInfer,  // FlashInfer's Hopper MLA kernel (mla_decode_sm90.cu) for bf16 at latent 512 + 64, else
-                // as kOwn. Not yet run on a GPU: the tests and ops_bench take it by name until it has
-                // been measured against kOwn.
+  kFlashInfer,  // FlashInfer's Hopper MLA kernel (mla_decode_sm90.cu) for bf16 at latent 512 + 64, else as kOwn
+  kOwn,         // mla.cu's `absorbed` (mma.sync) for bf16 at latent 512 + 64, `attend` for the rest
 };
 
 class MlaDecodeSm90;
@@ -93,7 +82,8 @@ class MlaDecodeSm90;
 class CudaBackend final : public Backend {
  public:
   // Fails (NotSupported) when no CUDA device is visible or `dtype` is not F32/BF16.
-  static Result<std::unique_ptr<CudaBackend>> create(DType dtype, CudaGraphs graphs = CudaGraphs::kOn);
+  static Result<std::unique_ptr<CudaBackend>> create(DType dtype, CudaGraphs graphs = CudaGraphs::kOn,
+                                                     AttentionKernels attention = AttentionKernels::kBest);
   ~CudaBackend() override;
 
   Device device() const override { return Device::kCuda; }
@@ -145,10 +135,12 @@ class CudaBackend final : public Backend {
 
   void mla_cache_write(const Tensor& rows, const Tensor& pages, const SeqLayout& layout) override;
   void mla_prefill(const MlaArgs& a, const SeqLayout& layout) override;
-  // mla_prefill with its attention kernel picked by `kernel`.
-  void mla_prefill(const MlaArgs& a, const SeqLayout& layout, MlaPrefillKernel kernel);
+  // mla_prefill with its attention kernel picked by `kernels`: kBest runs FlashInfer's Hopper ragged
+  // prefill (mla_prefill_sm90.cu) where mla_prefill_sm90_fits (bf16, q/k 128 + 64, v 128); kOwn and
+  // the rest run mla.cu's `expanded` (mma.sync; bf16 at that shape) or `attend` (F32, other shapes).
+  void mla_prefill(const MlaArgs& a, const SeqLayout& layout, AttentionKernels kernels);
   void mla_decode(const MlaArgs& a, const SeqLayout& layout) override;
-  // mla_decode with its attention kernel picked by `kernel`.
+  // mla_decode on the kernel named.
   void mla_decode(const MlaArgs& a, const SeqLayout& layout, MlaDecodeKernel kernel);
 
   void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
@@ -181,7 +173,7 @@ class CudaBackend final : public Backend {
   bool breaks_capture(const std::string& what);
 
  private:
-  CudaBackend(DType dtype, CudaGraphs graphs);
+  CudaBackend(DType dtype, CudaGraphs graphs, AttentionKernels attention);
   struct GemmPlan;
   // gemm_grouped's two kernels (CUTLASS's in gemm_grouped.cu).
   void gemm_grouped_cutlass(std::span<const GemmArgs> problems, const std::string& what);
@@ -203,6 +195,7 @@ class CudaBackend final : public Backend {
 
   DType dtype_;
   CudaGraphs graphs_ = CudaGraphs::kOn;
+  AttentionKernels attention_ = AttentionKernels::kBest;  // what mla_prefill and mla_decode run
   bool capturing_ = false;
   std::string capture_breaker_;              // the first uncapturable op of the running capture
   std::map<int64_t, std::shared_ptr<Graph>> graph_by_key_;

@@ -170,7 +170,8 @@ __global__ void mxfp4_kernel(const uint8_t* packed, const uint8_t* scale, int64_
 
 }  // namespace
 
-CudaBackend::CudaBackend(DType dtype, CudaGraphs graphs) : dtype_(dtype), graphs_(graphs) {}
+CudaBackend::CudaBackend(DType dtype, CudaGraphs graphs, AttentionKernels attention)
+    : dtype_(dtype), graphs_(graphs), attention_(attention) {}
 
 void hold_block_frees() {
   HeldFrees& h = held_frees();
@@ -189,7 +190,7 @@ void free_held_blocks() {
   for (void* p : blocks) cudaFree(p);
 }
 
-Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype, CudaGraphs graphs) {
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype, CudaGraphs graphs, AttentionKernels attention) {
   if (dtype != DType::kF32 && dtype != DType::kBF16)
     return Status::InvalidArgument(std::string("CUDA dtype must be float32 or bfloat16, got ") + dtype_name(dtype));
   int count = 0;
@@ -197,7 +198,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype, CudaGraphs
   if (err != cudaSuccess || count == 0)
     return Status::NotSupported(std::string("no CUDA device is visible (") +
                                 (err == cudaSuccess ? "0 devices" : cudaGetErrorString(err)) + "); use --device cpu");
-  std::unique_ptr<CudaBackend> b(new CudaBackend(dtype, graphs));
+  std::unique_ptr<CudaBackend> b(new CudaBackend(dtype, graphs, attention));
   KL_CUDA(cudaGetDevice(&b->device_), "backend start");
   cudaDeviceProp prop{};
   KL_CUDA(cudaGetDeviceProperties(&prop, b->device_), "backend start");

@@ -8,13 +8,14 @@
 //     two stages): S = Q'·Kᵀ (32 × 64 × 576), O += P·V (32 × 512 × 64). Each block finds its key
 //     range on the device from the row's length, so the launch depends only on the number of rows
 //     and the static shapes (a CUDA graph can capture it); `combine` merges the splits.
-//     MlaDecodeKernel::kFlashInfer runs the same shape on FlashInfer's Hopper MLA kernel instead
-//     (mla_decode_sm90.cu, wgmma, planned per step on the host); not yet measured, so not the default.
+//     AttentionKernels::kBest runs the same shape on FlashInfer's Hopper MLA kernel instead
+//     (mla_decode_sm90.cu, wgmma, planned per step on the host) in steps of kFlashInferDecodeMinSeqs
+//     sequences or more; this one takes the smaller steps and AttentionKernels::kOwn.
 //   prefill (`expanded_kernel`, q/k 128 + 64, v 128): a flash-attention forward over the expanded
 //     keys and values, a block per (64 query rows, head, sequence), causal over cached + new keys.
-//     By default the same shape runs FlashInfer's Hopper kernel instead (mla_prefill_sm90.cu, wgmma
-//     and TMA); this one is the fallback (MlaPrefillKernel::kOwn, and steps FlashInfer's is not
-//     compiled for).
+//     AttentionKernels::kBest runs the same shape on FlashInfer's Hopper kernel instead
+//     (mla_prefill_sm90.cu, wgmma and TMA); this one is the fallback (AttentionKernels::kOwn, and
+//     steps FlashInfer's is not compiled for).
 // Everything else (float32 mode, other head shapes) runs `attend`: a warp per (query row, head),
 // 8 heads per block, the key range of each row cut into splits across blocks whose partial softmax
 // states `combine` merges. A key is [A part ‖ B part], each read from rows of a buffer: the paged
@@ -717,13 +718,19 @@ __global__ void __launch_bounds__(expanded::kThreads, 2) expanded_kernel(Expande
   }
 }
 
+// The fewest sequences in a decode step for which AttentionKernels::kBest runs FlashInfer's MLA
+// kernel. H200, ops_bench mla (graph replays, 4k context, ms, FlashInfer / mla.cu's absorbed):
+// batch 1 0.0251 / 0.0200, 2 0.0254 / 0.0230, 4 0.0255 / 0.0355, 16 0.0401 / 0.0639,
+// 64 0.0941 / 0.1763, 256 0.3078 / 0.6414 (docs/PERF.md, tenth round).
+constexpr int64_t kFlashInferDecodeMinSeqs = 4;
+
 }  // namespace
 
 void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout) {
-  mla_prefill(a, layout, MlaPrefillKernel::kBest);
+  mla_prefill(a, layout, attention_);
 }
 
-void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout, MlaPrefillKernel kernel) {
+void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout, AttentionKernels kernels) {
   const MlaShape s = mla_shape(a, layout, "mla_prefill");
   if (s.n == 0) return;
   const std::string what = "mla_prefill q " + shapes(a.q) + " seqs " + std::to_string(layout.num_seqs());
@@ -748,7 +755,7 @@ void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout, MlaPref
   // The one place the attention kernel is chosen: FlashInfer's (wgmma + TMA), then mla.cu's
   // tensor-core kernel for the same head shape, then `attend` for everything else.
   const bool sm90 =
-      kernel == MlaPrefillKernel::kBest && mla_prefill_sm90_fits(dtype_, s.nope, s.r, s.vd, layout);
+      kernels == AttentionKernels::kBest && mla_prefill_sm90_fits(dtype_, s.nope, s.r, s.vd, layout);
   const bool mma =
       dtype_ == DType::kBF16 && s.nope == expanded::kNope && s.r == expanded::kRope && s.vd == expanded::kV;
   if (sm90 || mma) {
@@ -812,7 +819,10 @@ void CudaBackend::plan_step(const SeqLayout& layout) {
     mla_decode_sm90_->plan(layout, mla_decode_sm90_->heads());
 }
 
-void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout) { mla_decode(a, layout, MlaDecodeKernel::kOwn); }
+void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout) {
+  const bool flashinfer = attention_ == AttentionKernels::kBest && layout.num_seqs() >= kFlashInferDecodeMinSeqs;
+  mla_decode(a, layout, flashinfer ? MlaDecodeKernel::kFlashInfer : MlaDecodeKernel::kOwn);
+}
 
 void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout, MlaDecodeKernel kernel) {
   const MlaShape s = mla_shape(a, layout, "mla_decode");

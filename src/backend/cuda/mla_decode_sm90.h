@@ -1,7 +1,7 @@
 // The bf16 absorbed MLA decode attention on FlashInfer 0.7.2's Hopper MLA kernel
 // (mla_decode_sm90.cu), called by CudaBackend::mla_decode (mla.cu) after the absorption
-// q_lat = q_n·W_UK, in place of mla.cu's absorbed_kernel when MlaDecodeKernel::kFlashInfer is asked
-// for (not yet the default: it has not been run on a GPU).
+// q_lat = q_n·W_UK, in place of mla.cu's absorbed_kernel when MlaDecodeKernel::kFlashInfer runs
+// (AttentionKernels::kBest picks it for steps of several sequences).
 #pragma once
 
 #include <cstdint>
