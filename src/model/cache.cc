@@ -285,12 +285,13 @@ int64_t Cache::max_pages_per_seq() const {
   return context > 0 ? std::min<int64_t>(sizes_.pages, (context + sizes_.page_size - 1) / sizes_.page_size) : sizes_.pages;
 }
 
-void Cache::pad(Batch& b, int64_t seqs) const {
+void Cache::pad(Batch& b, int64_t seqs, int64_t cols) const {
   SeqLayout& L = b.layout;
-  const int64_t n = L.num_seqs(), cols = max_pages_per_seq();
-  KL_CHECK(b.num_decode == n && L.snap_seq.empty() && seqs >= n && L.max_pages <= cols &&
+  const int64_t n = L.num_seqs();
+  KL_CHECK(b.num_decode == n && L.snap_seq.empty() && seqs >= n && L.max_pages <= cols && cols <= max_pages_per_seq() &&
                static_cast<int64_t>(b.logit_rows.size()) == n,
-           "pad: not a decode-only batch of at most " + std::to_string(seqs) + " sequences");
+           "pad: not a decode-only batch of at most " + std::to_string(seqs) + " sequences and " +
+               std::to_string(cols) + " pages each");
   std::vector<int32_t> table(static_cast<size_t>(seqs * cols), -1);
   for (int64_t s = 0; s < n; ++s)
     std::copy_n(L.page_table.begin() + s * L.max_pages, L.max_pages, table.begin() + s * cols);

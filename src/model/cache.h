@@ -128,8 +128,9 @@ class Cache {
   int64_t max_pages_per_seq() const;
   // Pads a decode-only batch from plan() (no snapshots) to `seqs` sequences: each added one
   // decodes token 0 at position 0 of the scratch slot and page, its logits row after the batch's;
-  // the page table gets max_pages_per_seq() columns. advance() leaves the added ones out.
-  void pad(Batch& batch, int64_t seqs) const;
+  // the page table gets `cols` columns (at least the batch's, at most max_pages_per_seq()).
+  // advance() leaves the added ones out.
+  void pad(Batch& batch, int64_t seqs, int64_t cols) const;
   // Unique to this cache among all caches of the process (what captured steps are keyed by).
   uint64_t id() const { return id_; }
 

@@ -112,21 +112,28 @@ Result<StepOutput> Model::decode_step(Batch& batch, Cache& cache, std::span<cons
     return b;
   };
   // A step holds at most one row per state slot: the buffers are sized for the cache's largest bucket.
-  const int64_t n = batch.layout.num_seqs(), cols = cache.max_pages_per_seq(), bucket = bucket_of(n);
+  // The page table's columns: a power of two (at least 16) covering the step's longest sequence, never
+  // fewer than this cache's earlier steps had (a change recaptures every bucket, so they only grow),
+  // at most the cache's bound per sequence. Writing the bound itself (16,384 columns at a 1 M-token
+  // context) cost a batch of 256 a 16.8 MB table built and uploaded every step.
+  const bool same_cache = decode_.cache_id == cache.id();
+  const int64_t n = batch.layout.num_seqs(), bucket = bucket_of(n);
+  const int64_t cols = std::min(cache.max_pages_per_seq(),
+                                std::max(bucket_of(std::max<int64_t>(batch.layout.max_pages, 16)), same_cache ? decode_.cols : 0));
   const int64_t M = bucket_of(std::min(kMaxBucket, cache.sizes().slots));
   // I32 regions at fixed offsets (the page table last, so a step writes only what its bucket reads).
   enum Region { kIds, kCu, kCached, kSlots, kRows, kTopK, kSeed, kCounter, kTable, kRegions };
   const int64_t size[kRegions] = {M, M + 1, M, M, M, M, 2 * M, M, M * cols};
   int64_t at[kRegions + 1] = {0};
   for (int r = 0; r < kRegions; ++r) at[r + 1] = at[r] + size[r];
-  if (decode_.cache_id != cache.id() || decode_.cols != cols) {
+  if (!same_cache || decode_.cols != cols) {
     // Graphs captured over another cache's pools and these buffers are stale.
     be.clear_graphs();
     decode_ = DecodeBuffers{cache.id(), cols, be.alloc_persistent(DType::kI32, {at[kRegions]}),
                             be.alloc_persistent(DType::kF32, {2 * M}), {}};
   }
   be.begin_step();
-  cache.pad(batch, bucket);
+  cache.pad(batch, bucket, cols);
   std::vector<SampleRow> rows(draws.begin(), draws.end());
   rows.resize(static_cast<size_t>(bucket));  // greedy for the padding (and for every row without draws)
   const DrawArrays d(rows);

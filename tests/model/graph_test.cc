@@ -2,7 +2,8 @@
 // and on one with graphs off, fed the same tokens, give bit for bit the same logits and drawn ids
 // over many decode steps whose batch sizes move between buckets (exact ones and padded ones), so
 // each bucket's graph is captured once and replayed while every context grows across page
-// boundaries (8-position pages). On the fixtures' models and a random config; the CPU rows run
+// boundaries (8-position pages), and the first sequence's grows past the 16 page-table columns a
+// decode step starts with (so the table widens and every bucket is captured again). On the fixtures' models and a random config; the CPU rows run
 // the same padded steps eagerly (both sides), the CUDA rows compare replay with eager. And
 // Backend::run_graph itself: a replay reads what write() put in the fixed buffers since, a body
 // that reads the host fails its capture with a Status naming the op, and a body that lets go of
@@ -62,13 +63,14 @@ TEST_P(GraphReplay, EqualsEagerAcrossBucketsAndPages) {
   const ModelConfig& cfg = on.model->config();
   std::mt19937_64 rng(seed);
   std::vector<int32_t> next(kSeqs);
-  // Prompts of 1 .. 20 tokens, one prefill step for all (eager on both sides).
+  // Prompts of 1 .. 20 tokens, the first one 125 (16 pages less 3 positions), one prefill step for
+  // all (eager on both sides).
   {
     std::vector<std::vector<int32_t>> prompts(kSeqs);
     std::vector<SeqStep> steps;
     for (Side* s : {&on, &off}) s->seqs.clear();
     for (int i = 0; i < kSeqs; ++i) {
-      prompts[i].resize(1 + rng() % 20);
+      prompts[i].resize(i == 0 ? 125 : 1 + rng() % 20);
       for (int32_t& t : prompts[i]) t = static_cast<int32_t>(rng() % cfg.vocab_size);
     }
     for (Side* s : {&on, &off}) {
