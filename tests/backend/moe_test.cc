@@ -90,6 +90,14 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
       ASSERT_EQ(used[0], n);
     }
 
+    // The reference reads the inputs as the backend holds them (bf16 rows: rounded), so the tolerance
+    // covers the kernels' own rounding only. A 70-token row of 20 outputs from f32 inputs measured a
+    // 2.05 % RMS error on bf16 (seed 3134191403), nearly all of it the inputs' rounding.
+    const Tensor dw13 = persistent(w13, act()), dw2 = persistent(w2, act());
+    const Tensor dx = dev(x), didx = dev(idx, DType::kI32), dweights = dev(weights, DType::kF32);
+    x = host(dx);
+    w13 = host(dw13);
+    w2 = host(dw2);
     Tensor expect = Tensor::zeros(DType::kF32, {n, dout});
     for (int64_t t = 0; t < n; ++t)
       for (int64_t i = 0; i < k; ++i) {
@@ -108,8 +116,6 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
         }
       }
 
-    const Tensor dw13 = persistent(w13, act()), dw2 = persistent(w2, act());
-    const Tensor dx = dev(x), didx = dev(idx, DType::kI32), dweights = dev(weights, DType::kF32);
     Tensor runs[2];
     for (Tensor& got : runs) {
       const Tensor out = poisoned({n, dout});
