@@ -163,13 +163,8 @@ Result<StepOutput> Model::decode_step(Batch& batch, Cache& cache, std::span<cons
   batch.decode.dev = dev;
   Status failed;
   auto body = [&] {
-    // The padding shares the scratch slot: zero it each step so it stays finite.
-    for (int64_t l = 0; l < config_.num_layers; ++l)
-      if (cache.kda_states(l).defined()) {
-        const int64_t s = cache.scratch_slot();
-        be.fill(cache.kda_states(l).rows(s, s + 1), 0.0f);
-        be.fill(cache.conv_states(l).rows(s, s + 1), 0.0f);
-      }
+    // The padding's sequences sit in the scratch slot, whose pools kda_decode (pad_slot) neither reads
+    // nor writes.
     StepOutput out;
     Result<Tensor> lg = logits(batch, cache, region(kIds, bucket), region(kRows, bucket));
     if (!lg.ok()) {
