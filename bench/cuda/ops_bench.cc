@@ -2,7 +2,7 @@
 // of timed repeats (CUDA events on the backend's stream, after warm-up), the FLOP and byte counts,
 // the floors they give on an H200 (4.2 TB/s copy bandwidth, 770 TFLOP/s bf16 dense) and the
 // achieved fraction of the larger floor. Inputs are random (never zeros); bf16 activations.
-//   ops_bench [kda|kda_decode|mla|moe|grouped_gemm|norm|all] [SHAPE]
+//   ops_bench [kda|kda_decode|mla|moe|grouped_gemm|gemv|norm|all] [SHAPE]
 // SHAPE (optional): the decode rows of kda_decode and mla run only where their shape contains it,
 // e.g. `ops_bench mla "batch=64 ctx=32768"` (one shape under ncu).
 #include <cuda_runtime.h>
@@ -404,7 +404,7 @@ void bench_grouped_gemm(cuda::CudaBackend& be, std::mt19937_64& gen) {
     const auto gate_up = problems(x, D, w13, 2 * F, h), down = problems(act, F, w2, D, y);
     const double flop = 2.0 * rows * (2 * F * D + D * F);
     const double bytes = 2.0 * (E * 3.0 * D * F + rows * (D + 2 * F + F + D));
-    for (const auto kernel : {cuda::GroupedGemmKernel::kBest, cuda::GroupedGemmKernel::kCublas}) {
+    for (const auto kernel : {cuda::GemmKernel::kBest, cuda::GemmKernel::kCublas}) {
       const double ms = time_ms(be, [&] {
         be.begin_step();
         be.gemm_grouped(gate_up, "bench gate_up", kernel);
@@ -412,8 +412,50 @@ void bench_grouped_gemm(cuda::CudaBackend& be, std::mt19937_64& gen) {
       });
       char shape[96];
       std::snprintf(shape, sizeof shape, "N=%lld m~%lld max %lld %s", (long long)n, (long long)(rows / E),
-                    (long long)largest, kernel == cuda::GroupedGemmKernel::kBest ? "CUTLASS" : "cuBLAS");
+                    (long long)largest, kernel == cuda::GemmKernel::kBest ? "CUTLASS" : "cuBLAS");
       row("gemm_grouped 48B layer", shape, ms, flop, bytes);
+    }
+  }
+}
+
+// The dense projections of a Kimi-Linear-48B batch-1 decode step (bf16 weights [n, k]), on the
+// small-row kernel (kBest) and on cuBLASLt, replayed as a CUDA graph. Each graph runs the
+// projection over as many copies of the weight as make ≥ 256 MB (at most 1,024: the 147 KB β weight
+// stays partly in L2), so the weights come from memory as in a step (the H200's 50 MB L2 would hold
+// one small matrix between replays); the time is per projection. Bytes: the weight plus the rows
+// in and out.
+void bench_gemv(cuda::CudaBackend& be, std::mt19937_64& gen) {
+  struct Proj {
+    const char* name;
+    int64_t n, k;
+  };
+  const Proj projs[] = {{"KDA q/k/v", 12288, 2304}, {"KDA f_a / g_a", 128, 2304}, {"KDA f_b / g_b", 4096, 128},
+                        {"KDA b", 32, 2304},         {"KDA / MLA o", 2304, 4096},  {"MLA q", 6144, 2304},
+                        {"MLA kv_a", 576, 2304},     {"shared gate/up", 2048, 2304}, {"shared down", 2304, 1024},
+                        {"router", 256, 2304},       {"lm_head", 163840, 2304}};
+  for (const Proj& p : projs) {
+    const double wbytes = 2.0 * p.n * p.k;
+    const int copies = static_cast<int>(std::min<double>(1024, std::ceil(256e6 / wbytes)));
+    std::vector<Tensor> w;
+    for (int i = 0; i < copies; ++i) w.push_back(random_tensor(be, {p.n, p.k}, gen, DType::kBF16, -0.05f, 0.05f));
+    const Tensor x = random_tensor(be, {1, p.k}, gen, DType::kBF16);
+    const Tensor y = be.alloc_persistent(DType::kBF16, {1, p.n});
+    for (const auto kernel : {cuda::GemmKernel::kBest, cuda::GemmKernel::kCublas}) {
+      const double ms = graph_ms(be, [&] {
+        for (const Tensor& wi : w) {
+          cuda::GemmArgs g;
+          g.m = 1, g.n = p.n, g.k = p.k;
+          g.a = x.data(), g.lda = p.k;
+          g.b = wi.data(), g.ldb = p.k;
+          g.c = y.data(), g.ldc = p.n;
+          g.ab_dtype = g.c_dtype = DType::kBF16;
+          be.gemm(g, "bench gemv", kernel);
+        }
+      }, 5);
+      char shape[96];
+      std::snprintf(shape, sizeof shape, "%s n=%lld k=%lld %s", p.name, (long long)p.n, (long long)p.k,
+                    kernel == cuda::GemmKernel::kBest ? "small-row" : "cuBLASLt");
+      row("gemm (1 row)", shape, ms / copies, 2.0 * p.n * p.k, wbytes + 2.0 * (p.n + p.k));
     }
   }
 }
@@ -452,6 +494,12 @@ int main(int argc, char** argv) {
   using namespace klinear;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows reach a log as they are measured, even under a timeout
   const std::string what = argc > 1 ? argv[1] : "all";
+  if (what == "--help" || what == "-h") {
+    std::printf("usage: ops_bench [kda|kda_decode|mla|moe|grouped_gemm|gemv|norm|all] [SHAPE]\n"
+                "  prints a table of each op's median time against its floor on this GPU; SHAPE keeps the\n"
+                "  kda_decode and mla decode rows whose shape contains it\n");
+    return 0;
+  }
   if (argc > 2) g_shape_filter = argv[2];
   auto be = cuda::CudaBackend::create(DType::kBF16);
   if (!be.ok()) {
@@ -466,6 +514,7 @@ int main(int argc, char** argv) {
   if (what == "all" || what == "mla") bench_mla(*be.value(), gen);
   if (what == "all" || what == "moe") bench_moe(*be.value(), gen);
   if (what == "all" || what == "grouped_gemm") bench_grouped_gemm(*be.value(), gen);
+  if (what == "all" || what == "gemv") bench_gemv(*be.value(), gen);
   if (what == "all" || what == "norm") bench_norm(*be.value(), gen);
   return 0;
 }

@@ -1,6 +1,8 @@
 // linear (y = x·wᵀ) against a double-precision loop on every backend row, for shapes around tile
-// edges, one row, an F32 output from activation inputs (router logits, the lm_head) and an empty
-// inner dimension (y = 0).
+// edges, one row at inner sizes that are multiples of 8 (CUDA bf16 runs those on gemm.cu's
+// small-row kernel: output counts off its 8-column blocks, inner sizes of less than one and of
+// several 256-element passes), an F32 output from activation inputs (router logits, the lm_head) and
+// an empty inner dimension (y = 0); and, without a GPU, which problems the small-row kernel takes.
 // CUDA rows: gemm_grouped (the MoE per-expert GEMMs) against the same loop with each of its kernels
 // (CUTLASS's where the list fits it, and cuBLAS's), over lists of 1 to 300 rows per problem, more
 // than one tile of n and of k, row strides wider than the rows, 80 problems in one list, and the
@@ -28,7 +30,8 @@ TEST_P(Gemm, LinearMatchesLoop) {
   struct Shape3 {
     int64_t n, m, k;
   };
-  for (const Shape3 s : {Shape3{1, 17, 33}, Shape3{5, 64, 64}, Shape3{65, 31, 130}, Shape3{3, 8, 0}}) {
+  for (const Shape3 s : {Shape3{1, 17, 33}, Shape3{5, 64, 64}, Shape3{65, 31, 130}, Shape3{3, 8, 0}, Shape3{1, 300, 2304},
+                         Shape3{1, 9, 8}, Shape3{1, 1001, 136}, Shape3{1, 37, 520}}) {
     for (DType out_dtype : {act(), DType::kF32}) {
       Tensor x = testing::random_tensor(rng, {s.n, s.k}), w = testing::random_tensor(rng, {s.m, s.k});
       Tensor expect = Tensor::empty(DType::kF32, {s.n, s.m});
@@ -73,6 +76,42 @@ std::vector<GroupedCase> grouped_cases() {
   for (int64_t i = 0; i < 80; ++i) many.problems.push_back({1 + (i * 37) % 300, 264, 72});
   cases.push_back(many);
   return cases;
+}
+
+// Which problems gemm gives the small-row kernel (a host rule: runs without a GPU). Each row changes
+// the batch-1 decode's q/k/v projection of the 48B model.
+TEST(GemmKernel, SmallRowKernelTakesOneRowBf16Problems) {
+  auto at = [](uintptr_t address) { return reinterpret_cast<void*>(address); };
+  cuda::GemmArgs good;
+  good.m = 1, good.n = 12288, good.k = 2304;
+  good.a = at(0x10000), good.lda = 2304;
+  good.b = at(0x20000), good.ldb = 2304;
+  good.c = at(0x30008), good.ldc = 12288;  // C is written a scalar at a time: any address
+  good.ab_dtype = good.c_dtype = DType::kBF16;
+  struct Row {
+    const char* name;
+    std::function<void(cuda::GemmArgs&)> change;
+    bool fits;
+  };
+  const Row rows[] = {
+      {"the same shape", [](cuda::GemmArgs&) {}, true},
+      {"an F32 C, odd n", [](cuda::GemmArgs& g) { g.c_dtype = DType::kF32, g.n = g.ldc = 37; }, true},
+      {"wider row strides", [](cuda::GemmArgs& g) { g.lda += 8, g.ldb += 16, g.ldc += 3; }, true},
+      {"2 rows", [](cuda::GemmArgs& g) { g.m = 2; }, false},
+      {"F32 operands", [](cuda::GemmArgs& g) { g.ab_dtype = g.c_dtype = DType::kF32; }, false},
+      {"k 2300", [](cuda::GemmArgs& g) { g.k = 2300; }, false},
+      {"ldb + 4", [](cuda::GemmArgs& g) { g.ldb += 4; }, false},
+      {"A 8 bytes off 16", [&](cuda::GemmArgs& g) { g.a = at(0x10008); }, false},
+      {"B 2 bytes off 16", [&](cuda::GemmArgs& g) { g.b = at(0x20002); }, false},
+      {"accumulating", [](cuda::GemmArgs& g) { g.accumulate = true; }, false},
+      {"batched", [](cuda::GemmArgs& g) { g.batch = 2; }, false},
+      {"B not transposed", [](cuda::GemmArgs& g) { g.b_transposed = false; }, false},
+  };
+  for (const Row& r : rows) {
+    cuda::GemmArgs g = good;
+    r.change(g);
+    EXPECT_EQ(cuda::CudaBackend::gemv_fits(g), r.fits) << r.name;
+  }
 }
 
 // Which lists gemm_grouped gives CUTLASS's kernel (a host rule: runs without a GPU). Each row
@@ -144,8 +183,8 @@ TEST_P(Gemm, GroupedMatchesLoop) {
       keep.push_back(da), keep.push_back(db), expects.push_back(expect);
     }
     EXPECT_EQ(cuda::CudaBackend::cutlass_grouped_fits(args), c.cutlass && act() == DType::kBF16);
-    for (const auto kernel : {cuda::GroupedGemmKernel::kBest, cuda::GroupedGemmKernel::kCublas}) {
-      SCOPED_TRACE(kernel == cuda::GroupedGemmKernel::kBest ? "best kernel" : "cuBLAS");
+    for (const auto kernel : {cuda::GemmKernel::kBest, cuda::GemmKernel::kCublas}) {
+      SCOPED_TRACE(kernel == cuda::GemmKernel::kBest ? "best kernel" : "cuBLAS");
       for (const Tensor& o : outs) be().fill(o, std::numeric_limits<float>::quiet_NaN());
       cuda->gemm_grouped(args, "grouped test", kernel);
       for (size_t p = 0; p < args.size(); ++p) {

@@ -62,12 +62,14 @@ struct GemmArgs {
   bool accumulate = false;
 };
 
-// Which kernel runs gemm_grouped's list.
-enum class GroupedGemmKernel {
-  kBest,    // CUTLASS's sm90 grouped GEMM (gemm_grouped.cu) when cutlass_grouped_fits(list), else cuBLAS
-  kCublas,  // cublasGemmGroupedBatchedEx for any list, or cuBLASLt problem by problem where an address
-            // is not 16-byte aligned (the F32 exact mode's only kernel; the reference the tests and
-            // benchmarks compare CUTLASS's against)
+// Which kernel runs a GEMM (gemm) or a list of them (gemm_grouped).
+enum class GemmKernel {
+  kBest,    // gemm: gemm.cu's small-row kernel where gemv_fits (BF16, one row: the projections of a
+            // batch-1 decode step), else cuBLASLt; gemm_grouped: CUTLASS's sm90
+            // grouped GEMM (gemm_grouped.cu) when cutlass_grouped_fits(list), else as kCublas
+  kCublas,  // cuBLASLt; for a list cublasGemmGroupedBatchedEx, or cuBLASLt problem by problem where an
+            // address is not 16-byte aligned (the F32 exact mode's only kernel; the reference the
+            // tests and benchmarks compare the others against)
 };
 
 // Which kernel runs mla_decode's attention in the latent space (mla_decode(a, layout) picks one by the
@@ -155,13 +157,17 @@ class CudaBackend final : public Backend {
   // ---- for the op files
   cudaStream_t stream() const { return stream_; }
   int num_sms() const { return num_sms_; }
-  // Runs one (batched) GEMM through cuBLASLt on the stream; `what` names the op for errors.
-  void gemm(const GemmArgs& g, const char* what);
+  // Runs one (batched) GEMM on the stream (`kernel` picks the implementation); `what` names the op
+  // for errors.
+  void gemm(const GemmArgs& g, const char* what, GemmKernel kernel = GemmKernel::kBest);
+  // Whether kBest runs `g` on gemm.cu's small-row kernel: a single problem (batch 1) of one row,
+  // B stored [n, k], not accumulating, BF16 A and B, a BF16 or F32 C, A and B 16-byte aligned with k
+  // and ldb multiples of 8 elements, sizes in int.
+  static bool gemv_fits(const GemmArgs& g);
   // Runs many GEMMs of different shapes in one launch, each C[m, n] ← A[m, k] · Bᵀ with B stored
   // [n, k]: single problems (batch 1), no accumulation, one A/B dtype and one C dtype for all.
   // Not capturable (it uploads the problem list). `kernel` picks the implementation.
-  void gemm_grouped(std::span<const GemmArgs> problems, const char* what,
-                    GroupedGemmKernel kernel = GroupedGemmKernel::kBest);
+  void gemm_grouped(std::span<const GemmArgs> problems, const char* what, GemmKernel kernel = GemmKernel::kBest);
   // Whether kBest runs `problems` on CUTLASS's kernel: only when every problem is BF16·BF16→BF16
   // with what TMA needs, 16-byte aligned A, B and C, and n, k, lda, ldb, ldc multiples of 8
   // elements; any other list (F32, an F32 C, one odd shape or address) runs on cuBLAS whole.
