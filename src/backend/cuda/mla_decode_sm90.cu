@@ -22,7 +22,9 @@
 // computes 64 query rows for our 32, so twice that). mla.cu's absorbed_kernel (mma.sync, Q re-read
 // from shared memory for every key tile) measured 1.049 ms there and 1.30 ms a layer at 256 × 8k in
 // the 48B decode step (docs/PERF.md, eighth and ninth rounds).
-// Predicted (not yet run on a GPU): 0.62-0.75 ms at 64 × 32k, ~0.7 ms a layer at 256 × 8k.
+// Measured (H200, ops_bench mla, graph replays, docs/PERF.md tenth round): 0.648 ms at 64 × 32k
+// (89 % of the floor), 0.578 at 256 × 8k (~100 %), 0.0941 at 64 × 4k; at 1-2 sequences 0.025 ms,
+// slower than mla.cu's 0.020-0.023, which keeps those steps.
 #include <flashinfer/attention/mask.cuh>
 #include <flashinfer/attention/mla_hopper.cuh>
 #include <flashinfer/attention/scheduler.cuh>
