@@ -78,58 +78,54 @@ std::vector<GroupedCase> grouped_cases() {
   return cases;
 }
 
-// Which problems gemm gives the small-row kernel (a host rule: runs without a GPU). Each row changes
-// the batch-1 decode's q/k/v projection of the 48B model.
+// The host rules of which kernel takes a GEMM (they run without a GPU): a row changes a good BF16
+// problem, and says whether the kernel still takes it.
+struct FitsRow {
+  const char* name;
+  std::function<void(cuda::GemmArgs&)> change;
+  bool fits;
+};
+void* at(uintptr_t address) { return reinterpret_cast<void*>(address); }
+// A BF16 problem [m, k]·[n, k]ᵀ at 16-byte aligned addresses, rows packed.
+cuda::GemmArgs bf16_problem(int64_t m, int64_t n, int64_t k) {
+  cuda::GemmArgs g;
+  g.m = m, g.n = n, g.k = k;
+  g.a = at(0x10000), g.lda = k;
+  g.b = at(0x20000), g.ldb = k;
+  g.c = at(0x30000), g.ldc = n;
+  g.ab_dtype = g.c_dtype = DType::kBF16;
+  return g;
+}
+
+// gemm's small-row kernel; the rows change the batch-1 decode's q/k/v projection of the 48B model.
 TEST(GemmKernel, SmallRowKernelTakesOneRowBf16Problems) {
-  auto at = [](uintptr_t address) { return reinterpret_cast<void*>(address); };
-  cuda::GemmArgs good;
-  good.m = 1, good.n = 12288, good.k = 2304;
-  good.a = at(0x10000), good.lda = 2304;
-  good.b = at(0x20000), good.ldb = 2304;
-  good.c = at(0x30008), good.ldc = 12288;  // C is written a scalar at a time: any address
-  good.ab_dtype = good.c_dtype = DType::kBF16;
-  struct Row {
-    const char* name;
-    std::function<void(cuda::GemmArgs&)> change;
-    bool fits;
-  };
-  const Row rows[] = {
+  const FitsRow rows[] = {
       {"the same shape", [](cuda::GemmArgs&) {}, true},
       {"an F32 C, odd n", [](cuda::GemmArgs& g) { g.c_dtype = DType::kF32, g.n = g.ldc = 37; }, true},
       {"wider row strides", [](cuda::GemmArgs& g) { g.lda += 8, g.ldb += 16, g.ldc += 3; }, true},
+      {"C 8 bytes off 16 (written a value at a time)", [](cuda::GemmArgs& g) { g.c = at(0x30008); }, true},
       {"2 rows", [](cuda::GemmArgs& g) { g.m = 2; }, false},
       {"F32 operands", [](cuda::GemmArgs& g) { g.ab_dtype = g.c_dtype = DType::kF32; }, false},
       {"k 2300", [](cuda::GemmArgs& g) { g.k = 2300; }, false},
       {"ldb + 4", [](cuda::GemmArgs& g) { g.ldb += 4; }, false},
-      {"A 8 bytes off 16", [&](cuda::GemmArgs& g) { g.a = at(0x10008); }, false},
-      {"B 2 bytes off 16", [&](cuda::GemmArgs& g) { g.b = at(0x20002); }, false},
+      {"A 8 bytes off 16", [](cuda::GemmArgs& g) { g.a = at(0x10008); }, false},
+      {"B 2 bytes off 16", [](cuda::GemmArgs& g) { g.b = at(0x20002); }, false},
       {"accumulating", [](cuda::GemmArgs& g) { g.accumulate = true; }, false},
       {"batched", [](cuda::GemmArgs& g) { g.batch = 2; }, false},
       {"B not transposed", [](cuda::GemmArgs& g) { g.b_transposed = false; }, false},
   };
-  for (const Row& r : rows) {
-    cuda::GemmArgs g = good;
+  for (const FitsRow& r : rows) {
+    cuda::GemmArgs g = bf16_problem(1, 12288, 2304);
     r.change(g);
     EXPECT_EQ(cuda::CudaBackend::gemv_fits(g), r.fits) << r.name;
   }
 }
 
-// Which lists gemm_grouped gives CUTLASS's kernel (a host rule: runs without a GPU). Each row
-// changes the second problem of a list whose first is an expert's gate/up GEMM of the 48B model.
+// gemm_grouped's CUTLASS kernel; the rows change the second problem of a list whose first is an
+// expert's gate/up GEMM of the 48B model.
 TEST(GemmGroupedKernel, CutlassTakesOnlyBf16ListsTmaCanAddress) {
-  auto at = [](uintptr_t address) { return reinterpret_cast<void*>(address); };
-  cuda::GemmArgs good;
-  good.m = 64, good.n = 2048, good.k = 2304;
-  good.a = at(0x10000), good.lda = 2304;
-  good.b = at(0x20000), good.ldb = 2304;
-  good.c = at(0x30000), good.ldc = 2048;
-  good.ab_dtype = good.c_dtype = DType::kBF16;
-  struct Row {
-    const char* name;
-    std::function<void(cuda::GemmArgs&)> change;
-    bool fits;
-  };
-  const Row rows[] = {
+  const cuda::GemmArgs good = bf16_problem(64, 2048, 2304);
+  const FitsRow rows[] = {
       {"the same shape", [](cuda::GemmArgs&) {}, true},
       {"one row, another shape", [](cuda::GemmArgs& g) { g.m = 1, g.n = 2304, g.k = 1024, g.lda = g.ldb = 1024, g.ldc = 2304; }, true},
       {"odd m (rows are free)", [](cuda::GemmArgs& g) { g.m = 301; }, true},
@@ -141,11 +137,11 @@ TEST(GemmGroupedKernel, CutlassTakesOnlyBf16ListsTmaCanAddress) {
       {"lda + 4", [](cuda::GemmArgs& g) { g.lda += 4; }, false},
       {"ldb + 2", [](cuda::GemmArgs& g) { g.ldb += 2; }, false},
       {"ldc + 1", [](cuda::GemmArgs& g) { g.ldc += 1; }, false},
-      {"A 8 bytes off 16", [&](cuda::GemmArgs& g) { g.a = at(0x10008); }, false},
-      {"B 2 bytes off 16", [&](cuda::GemmArgs& g) { g.b = at(0x20002); }, false},
-      {"C 8 bytes off 16", [&](cuda::GemmArgs& g) { g.c = at(0x30008); }, false},
+      {"A 8 bytes off 16", [](cuda::GemmArgs& g) { g.a = at(0x10008); }, false},
+      {"B 2 bytes off 16", [](cuda::GemmArgs& g) { g.b = at(0x20002); }, false},
+      {"C 8 bytes off 16", [](cuda::GemmArgs& g) { g.c = at(0x30008); }, false},
   };
-  for (const Row& r : rows) {
+  for (const FitsRow& r : rows) {
     std::vector<cuda::GemmArgs> list = {good, good};
     r.change(list[1]);
     EXPECT_EQ(cuda::CudaBackend::cutlass_grouped_fits(list), r.fits) << r.name;
