@@ -144,6 +144,8 @@ class CudaBackend final : public Backend {
   void mla_decode(const MlaArgs& a, const SeqLayout& layout) override;
   // mla_decode on the kernel named.
   void mla_decode(const MlaArgs& a, const SeqLayout& layout, MlaDecodeKernel kernel);
+  // The kernel mla_decode(a, layout) runs for this step (by attention_ and the step's sequences).
+  MlaDecodeKernel mla_decode_kernel(const SeqLayout& layout) const;
 
   void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
                  const Tensor& weights) override;

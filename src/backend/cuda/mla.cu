@@ -814,15 +814,18 @@ void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout, Attenti
   run_attend(*this, p, a.out, what);
 }
 
+MlaDecodeKernel CudaBackend::mla_decode_kernel(const SeqLayout& layout) const {
+  return attention_ == AttentionKernels::kBest && layout.num_seqs() >= kFlashInferDecodeMinSeqs
+             ? MlaDecodeKernel::kFlashInfer
+             : MlaDecodeKernel::kOwn;
+}
+
 void CudaBackend::plan_step(const SeqLayout& layout) {
-  if (mla_decode_sm90_ && mla_decode_sm90_->heads() > 0 && layout.num_seqs() > 0)
+  if (mla_decode_sm90_ && mla_decode_sm90_->heads() > 0 && mla_decode_kernel(layout) == MlaDecodeKernel::kFlashInfer)
     mla_decode_sm90_->plan(layout, mla_decode_sm90_->heads());
 }
 
-void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout) {
-  const bool flashinfer = attention_ == AttentionKernels::kBest && layout.num_seqs() >= kFlashInferDecodeMinSeqs;
-  mla_decode(a, layout, flashinfer ? MlaDecodeKernel::kFlashInfer : MlaDecodeKernel::kOwn);
-}
+void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout) { mla_decode(a, layout, mla_decode_kernel(layout)); }
 
 void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout, MlaDecodeKernel kernel) {
   const MlaShape s = mla_shape(a, layout, "mla_decode");
