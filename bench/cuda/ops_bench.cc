@@ -265,7 +265,8 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
         be.mla_decode(args, layout, kernel);
       };
       char label[96];
-      std::snprintf(label, sizeof label, "%s %s", shape, kernel == cuda::MlaDecodeKernel::kFlashInfer ? "FlashInfer" : "mma.sync");
+      std::snprintf(label, sizeof label, "%s %s", shape,
+                    kernel == cuda::MlaDecodeKernel::kFlashInfer ? "FlashInfer" : "mma.sync");
       row("mla_decode eager", label, time_ms(be, step), flop, bytes);
       const double g = graph_ms(be, step);  // the layout does not change: the plan is made before the capture
       if (g > 0) row("mla_decode graph", label, g, flop, bytes);

@@ -118,8 +118,8 @@ Result<StepOutput> Model::decode_step(Batch& batch, Cache& cache, std::span<cons
   // context) cost a batch of 256 a 16.8 MB table built and uploaded every step.
   const bool same_cache = decode_.cache_id == cache.id();
   const int64_t n = batch.layout.num_seqs(), bucket = bucket_of(n);
-  const int64_t cols = std::min(cache.max_pages_per_seq(),
-                                std::max(bucket_of(std::max<int64_t>(batch.layout.max_pages, 16)), same_cache ? decode_.cols : 0));
+  const int64_t need = bucket_of(std::max<int64_t>(batch.layout.max_pages, 16));
+  const int64_t cols = std::min(cache.max_pages_per_seq(), std::max(need, same_cache ? decode_.cols : 0));
   const int64_t M = bucket_of(std::min(kMaxBucket, cache.sizes().slots));
   // I32 regions at fixed offsets (the page table last, so a step writes only what its bucket reads).
   enum Region { kIds, kCu, kCached, kSlots, kRows, kTopK, kSeed, kCounter, kTable, kRegions };

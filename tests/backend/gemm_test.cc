@@ -30,8 +30,8 @@ TEST_P(Gemm, LinearMatchesLoop) {
   struct Shape3 {
     int64_t n, m, k;
   };
-  for (const Shape3 s : {Shape3{1, 17, 33}, Shape3{5, 64, 64}, Shape3{65, 31, 130}, Shape3{3, 8, 0}, Shape3{1, 300, 2304},
-                         Shape3{1, 9, 8}, Shape3{1, 1001, 136}, Shape3{1, 37, 520}}) {
+  for (const Shape3 s : {Shape3{1, 17, 33}, Shape3{5, 64, 64}, Shape3{65, 31, 130}, Shape3{3, 8, 0},
+                         Shape3{1, 300, 2304}, Shape3{1, 9, 8}, Shape3{1, 1001, 136}, Shape3{1, 37, 520}}) {
     for (DType out_dtype : {act(), DType::kF32}) {
       Tensor x = testing::random_tensor(rng, {s.n, s.k}), w = testing::random_tensor(rng, {s.m, s.k});
       Tensor expect = Tensor::empty(DType::kF32, {s.n, s.m});

@@ -3,8 +3,9 @@
 // over many decode steps whose batch sizes move between buckets (exact ones and padded ones), so
 // each bucket's graph is captured once and replayed while every context grows across page
 // boundaries (8-position pages), and the first sequence's grows past the 16 page-table columns a
-// decode step starts with (so the table widens and every bucket is captured again). On the fixtures' models and a random config; the CPU rows run
-// the same padded steps eagerly (both sides), the CUDA rows compare replay with eager. And
+// decode step starts with (so the table widens and every bucket is captured again). On the
+// fixtures' models and a random config; the CPU rows run the same padded steps eagerly (both
+// sides), the CUDA rows compare replay with eager. And
 // Backend::run_graph itself: a replay reads what write() put in the fixed buffers since, a body
 // that reads the host fails its capture with a Status naming the op, and a body that lets go of
 // the block its eager run grew the arena by still captures.

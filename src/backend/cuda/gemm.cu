@@ -48,7 +48,8 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4& raw, float (&v)[8]) {
 
 // Grid: ceil(n / kGemvWarps) blocks of kGemvWarps warps; warp w of block x owns column x·kGemvWarps + w.
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_kernel(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int ldb, Out c, int n, int k) {
+    gemv_kernel(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int ldb, Out c, int n,
+                int k) {
   const int lane = threadIdx.x % 32, col = blockIdx.x * kGemvWarps + threadIdx.x / 32;
   if (col >= n) return;
   const __nv_bfloat16* row = b + static_cast<int64_t>(col) * ldb;

@@ -825,7 +825,9 @@ void CudaBackend::plan_step(const SeqLayout& layout) {
     mla_decode_sm90_->plan(layout, mla_decode_sm90_->heads());
 }
 
-void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout) { mla_decode(a, layout, mla_decode_kernel(layout)); }
+void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout) {
+  mla_decode(a, layout, mla_decode_kernel(layout));
+}
 
 void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout, MlaDecodeKernel kernel) {
   const MlaShape s = mla_shape(a, layout, "mla_decode");

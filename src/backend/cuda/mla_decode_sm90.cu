@@ -83,11 +83,15 @@ void MlaDecodeSm90::plan(const SeqLayout& layout, int64_t heads) {
   KL_CHECK(nseq > 0 && heads > 0 && layout.max_pages * nseq <= INT32_MAX, what + ": nothing to plan or too many pages");
   std::vector<int32_t> qo_indptr(layout.cu_seqlens.begin(), layout.cu_seqlens.end()), kv_indptr(nseq + 1),
       kv_len(nseq);
+  int64_t works = 0;  // query tiles: checked before MLAPlan writes its fixed-length lists
   for (int64_t b = 0; b < nseq; ++b) {
     kv_indptr[b] = static_cast<int32_t>(b * layout.max_pages);
     kv_len[b] = layout.cached[b] + static_cast<int32_t>(layout.new_tokens(b));
+    works += (layout.new_tokens(b) * heads + kTileQ - 1) / kTileQ;
   }
   kv_indptr[nseq] = static_cast<int32_t>(nseq * layout.max_pages);
+  KL_CHECK(works <= kMaxWorks / 2,
+           what + ": " + std::to_string(works) + " query tiles, more than the planner's lists hold");
   // The staging buffer is rewritten only after the last upload out of it has run.
   KL_CUDA(cudaEventSynchronize(uploaded_), what);
   flashinfer::MLAPlanInfo info;
@@ -101,9 +105,6 @@ void MlaDecodeSm90::plan(const SeqLayout& layout, int64_t heads) {
   } catch (const std::exception& e) {
     KL_CHECK(false, what + ": FlashInfer's planner: " + e.what());
   }
-  int64_t works = 0;
-  for (int64_t b = 0; b < nseq; ++b) works += (layout.new_tokens(b) * heads + kTileQ - 1) / kTileQ;
-  KL_CHECK(works <= kMaxWorks / 2, what + ": " + std::to_string(works) + " query tiles, more than the planner's lists hold");
   KL_CUDA(cudaMemcpyAsync(int_dev_.data(), int_host_, staged, cudaMemcpyHostToDevice, be_.stream()), what);
   KL_CUDA(cudaEventRecord(uploaded_, be_.stream()), what);
   info_ = info.ToVector();
