@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -302,9 +303,11 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
 
 // The MoE layer of Kimi-Linear-48B (E=256, top-8, D=2304, F=1024; bf16 experts). Rows:
 // route + experts at N in {1, 64, 256, 8192} (the path moe_experts picks), the router alone, the
-// experts alone on each path at N in {256, 512, 1024} (where the grouped path hands over to the
-// per-expert GEMMs), each timed eagerly (one call between two events: host launch time included);
-// then route + experts at N in {1, 64, 256} replayed from a CUDA graph (the decode step's view).
+// experts alone on each path at the token counts where it may be chosen (the grouped and swapped
+// paths up to 256, the per-expert GEMMs from 256), each timed eagerly (one call between two events:
+// host launch time included); then route + experts replayed from a CUDA graph (the decode step's
+// view) on the default path at N in {1, 64, 256} and on each path planned on the device at N in
+// {8, 16, 32, 64, 128, 256}, where the threshold between them falls.
 // Bytes count the experts the draw actually uses: their weights (3·D·F each), x and out (bf16),
 // logits (fp32).
 // FLOP: 2·3·D·F per (token, pick).
@@ -317,8 +320,9 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   // spreads 64 tokens over ~87 % of the experts (issue 9).
   const Tensor bias = random_tensor(be, {E}, gen, DType::kF32, -1e-3f, 1e-3f);
   const RouteParams rp{static_cast<int>(K), 1, 1, true, 2.446f};
-  enum class Part { kRouteAndExperts, kRoute, kGrouped, kPerExpertGemm, kGraphed };
-  auto run = [&](int64_t n, Part part) {
+  enum class Part { kRouteAndExperts, kRoute, kExperts, kGraphed };
+  // `path`: the path kExperts and kGraphed run; none: the one moe_experts picks.
+  auto run = [&](int64_t n, Part part, std::optional<cuda::MoePath> path) {
     be.begin_step();
     const Tensor x = random_tensor(be, {n, D}, gen, DType::kBF16);
     const Tensor logits = random_tensor(be, {n, E}, gen, DType::kF32, -3, 3);
@@ -330,41 +334,39 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
     std::vector<bool> used(E, false);
     for (int64_t i = 0; i < n * K; ++i) used[ih.data_as<int32_t>()[i]] = true;
     const double active = static_cast<double>(std::count(used.begin(), used.end(), true));
+    const cuda::MoePath taken = path.value_or(cuda::moe_path_for(x, w13, w2));
     const auto step = [&] {
       be.begin_step();
-      if (part == Part::kRouteAndExperts || part == Part::kRoute || part == Part::kGraphed)
-        be.moe_route(logits, bias, rp, idx, w);
-      if (part == Part::kRouteAndExperts || part == Part::kGraphed) be.moe_experts(x, idx, w, w13, w2, GluParams{}, o);
-      if (part == Part::kGrouped || part == Part::kPerExpertGemm)
-        cuda::moe_experts_on(be, part == Part::kGrouped ? cuda::MoePath::kGrouped : cuda::MoePath::kPerExpertGemm, x,
-                             idx, w, w13, w2, GluParams{}, o);
+      if (part != Part::kExperts) be.moe_route(logits, bias, rp, idx, w);
+      if (part != Part::kRoute) cuda::moe_experts_on(be, taken, x, idx, w, w13, w2, GluParams{}, o);
     };
     const double ms = part == Part::kGraphed ? graph_ms(be, step) : time_ms(be, step);
     const double route_bytes = n * E * 4.0 + n * K * 8.0;
     const double expert_bytes = active * 3.0 * D * F * 2 + n * D * 2.0 * 2;
-    const double bytes = part == Part::kRoute ? route_bytes
-                         : part == Part::kRouteAndExperts ? route_bytes + expert_bytes
-                                                          : expert_bytes;
+    const double bytes = part == Part::kRoute     ? route_bytes
+                         : part == Part::kExperts ? expert_bytes
+                                                  : route_bytes + expert_bytes;
     const double flop = part == Part::kRoute ? 0.0 : n * K * 2.0 * 3.0 * D * F;
-    const bool grouped = part == Part::kGrouped || ((part == Part::kRouteAndExperts || part == Part::kGraphed) &&
-                                                    cuda::moe_path_for(n, E) == cuda::MoePath::kGrouped);
     const char* op = part == Part::kRoute              ? "moe_route"
                      : part == Part::kRouteAndExperts ? "moe route+experts"
                      : part == Part::kGraphed         ? (ms < 0 ? "route+experts NO GRAPH" : "route+experts graph")
                                                       : "moe_experts";
-    const std::string path = part == Part::kRoute ? ""
-                             : grouped            ? "grouped, "
-                                                  : "per-expert GEMM, ";
     char shape[96];
-    std::snprintf(shape, sizeof shape, "N=%lld %s%d experts used", (long long)n, path.c_str(),
+    std::snprintf(shape, sizeof shape, "N=%lld %s%s%d experts used", (long long)n,
+                  part == Part::kRoute ? "" : cuda::moe_path_name(taken), part == Part::kRoute ? "" : ", ",
                   static_cast<int>(active));
     row(op, shape, ms, flop, bytes);
   };
-  for (int64_t n : {1, 64, 256, 8192}) run(n, Part::kRouteAndExperts);
-  for (int64_t n : {1, 256}) run(n, Part::kRoute);
-  for (int64_t n : {1, 64, 256, 512, 1024}) run(n, Part::kGrouped);
-  for (int64_t n : {256, 512, 1024}) run(n, Part::kPerExpertGemm);
-  for (int64_t n : {1, 64, 256}) run(n, Part::kGraphed);  // last: a failed capture leaves the rows above
+  using cuda::MoePath;
+  for (int64_t n : {1, 64, 256, 8192}) run(n, Part::kRouteAndExperts, std::nullopt);
+  for (int64_t n : {1, 256}) run(n, Part::kRoute, std::nullopt);
+  for (int64_t n : {1, 64, 256}) run(n, Part::kExperts, MoePath::kGrouped);
+  for (int64_t n : {64, 256}) run(n, Part::kExperts, MoePath::kSwappedGemm);
+  for (int64_t n : {256, 512, 1024}) run(n, Part::kExperts, MoePath::kPerExpertGemm);
+  // Last: a failed capture leaves the rows above.
+  for (int64_t n : {1, 64, 256}) run(n, Part::kGraphed, std::nullopt);
+  for (const MoePath p : {MoePath::kGrouped, MoePath::kSwappedGemm})
+    for (int64_t n : {1, 8, 16, 32, 64, 128, 256}) run(n, Part::kGraphed, p);
 }
 
 // The routed experts' GEMMs of Kimi-Linear-48B alone (gemm_grouped, moe.cu's per-expert path):

@@ -1,12 +1,12 @@
 // Routed experts (SPEC 3.4) on every backend row against a plain per-token loop: out[t] = Σ_k w[t,k] ·
-// down_e(glu(gate_up_e(x[t]))) with e = idx[t,k]. The table covers 1 to 300 tokens (CUDA: both its
-// grouped path, up to kMoeGroupedMaxTokens = 256, and the per-expert GEMMs above, with widths that
-// are and are not multiples of 8 on both), widths that are and are not multiples of 8 and of the
+// down_e(glu(gate_up_e(x[t]))) with e = idx[t,k]. The table covers 1 to 300 tokens (CUDA: every path
+// that fits a case, the default first: the grouped path and the swapped GEMMs up to
+// kMoeGroupedMaxTokens = 256, the per-expert GEMMs at any count; the swapped GEMMs take BF16 with
+// widths that are multiples of 8), widths that are and are not multiples of 8 and of the
 // grouped path's 32-row tiles, experts with no tokens, an expert picked by every token (more than
 // one 32-slot group), many picked experts (up to 512, more than the plan's 256 threads), a wide
 // case whose hot expert spreads over six groups beside ~130 others, and both activations. Outputs
 // are poisoned first, and a second run must give the same bits.
-// CUDA also runs every case on its grouped path, where the default takes the per-expert GEMMs.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -49,6 +49,7 @@ const MoeCase kCases[] = {
     {"64_tokens_hot", 64, 96, 40, 72, 24, 6, Picks::kHot, kSituLinear},
     {"256_tokens_hot", 256, 48, 16, 33, 40, 8, Picks::kHot, kSilu},
     {"256_tokens_spread", 256, 64, 24, 64, 64, 8, Picks::kSpread, kSituLinear},
+    {"256_tokens_hot_widths_of_8", 256, 64, 32, 64, 40, 8, Picks::kHot, kSitu},
     {"300_tokens", 300, 32, 16, 40, 20, 4, Picks::kHot, kSitu},
     {"300_tokens_odd_widths", 300, 36, 20, 50, 24, 4, Picks::kHot, kSituLinear},
     {"14_tokens", 14, 64, 40, 72, 64, 4, Picks::kSpread, kSilu},
@@ -106,7 +107,8 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
         for (int64_t r = 0; r < 2 * f; ++r) {
           double acc = 0;
           for (int64_t j = 0; j < din; ++j) acc += double(w13.f32()[(e * 2 * f + r) * din + j]) * x.f32()[t * din + j];
-          h[r] = float(acc);
+          // Rounded as every linear's output is in the activation dtype (SPEC's conventions).
+          h[r] = act() == DType::kBF16 ? bf16_to_f32(f32_to_bf16(float(acc))) : float(acc);
         }
         cpu::glu_rows(h.data(), 1, f, c.glu, a.data());
         for (int64_t r = 0; r < dout; ++r) {
@@ -126,13 +128,15 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
     ASSERT_EQ(runs[0].nbytes(), runs[1].nbytes());
     EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].nbytes()), 0) << "two runs differ";
 #if KLINEAR_WITH_CUDA
-    if (auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be());
-        cuda && cuda::moe_path_for(n, c.num_experts) != cuda::MoePath::kGrouped) {
-      SCOPED_TRACE("grouped path");
-      const Tensor out = poisoned({n, dout});
-      cuda::moe_experts_on(*cuda, cuda::MoePath::kGrouped, dx, didx, dweights, dw13, dw2, c.glu, out);
-      EXPECT_TRUE(testing::all_close(host(out), expect, tol()));
-    }
+    if (auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be()))
+      for (const cuda::MoePath path :
+           {cuda::MoePath::kGrouped, cuda::MoePath::kSwappedGemm, cuda::MoePath::kPerExpertGemm}) {
+        if (path == cuda::moe_path_for(dx, dw13, dw2) || !cuda::moe_path_fits(path, dx, dw13, dw2)) continue;
+        SCOPED_TRACE(cuda::moe_path_name(path));
+        const Tensor out = poisoned({n, dout});
+        cuda::moe_experts_on(*cuda, path, dx, didx, dweights, dw13, dw2, c.glu, out);
+        EXPECT_TRUE(testing::all_close(host(out), expect, tol()));
+      }
 #endif
   }
 }

@@ -12,7 +12,9 @@
 //     [0, E) prints and traps).
 //   gate/up, then down: block (tile, a) serves group a (blocks past the last group return at once).
 //   Its R weight rows are streamed once (16-byte loads) for the group's tokens:
-//     gate/up: rows = R/2 gate + the R/2 matching up rows; epilogue GLU → act[slot] (activation dtype).
+//     gate/up: rows = R/2 gate + the R/2 matching up rows; epilogue: both rounded to the activation
+//              dtype (as every linear's output, and the GEMM paths' h), GLU → act[slot] (activation
+//              dtype), so a slot's act is the same on every path up to the order of the fp32 sums.
 //     down:    rows = R output features; epilogue y[slot] = expert output rounded to the activation
 //              dtype (SPEC 3.4); then per (token, tile) a counter: the block whose slot completes a
 //              token's K outputs sums them in k order in fp32 and writes out. Deterministic (no float
@@ -55,6 +57,7 @@
 
 #include "backend/cuda/device.cuh"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_gemm_sm90.h"
 
 namespace klinear::cuda {
 
@@ -196,15 +199,25 @@ __device__ int block_exclusive_scan(int v, int* scratch, int& total) {
   return before + inclusive - v;
 }
 
+// What the plan writes besides slots; a null pointer is not written.
+struct PlanOut {
+  Group* groups;     // [num_entries]: the grouped path's runs of at most kGroup slots
+  int num_entries;
+  int32_t* offsets;  // [num_experts + 1]: expert e's slots are slots[offsets[e] .. offsets[e + 1])
+  int32_t* pos;      // [nk]: pos[s] = where slot s sits in slots
+  int32_t* tokens;   // [nk]: tokens[i] = slots[i] / k, the token whose row the i-th slot reads
+  int k;             // picks per token (for tokens)
+};
+
 // One block plans the step: slots [nk], the slots grouped by expert in ascending expert order and
-// in slot order within an expert (a stable counting sort), and groups[a] for a < num_entries: each
-// picked expert's slots in runs of at most kGroup, experts ascending (e = −1 past the last run).
-// Warp w owns the slot range [nk·w/8, nk·(w+1)/8): it counts its slots per expert, the counts
-// become per-(warp, expert) start positions (experts in order, warps in order within an expert),
-// and the warp places its slots 32 at a time in slot order (lanes with the same expert ranked by
-// lane).
+// in slot order within an expert (a stable counting sort), and what `out` asks for; groups[a] for
+// a < num_entries are each picked expert's slots in runs of at most kGroup, experts ascending (e =
+// −1 past the last run). Warp w owns the slot range [nk·w/8, nk·(w+1)/8): it counts its slots per
+// expert, the counts become per-(warp, expert) start positions (experts in order, warps in order
+// within an expert), and the warp places its slots 32 at a time in slot order (lanes with the same
+// expert ranked by lane).
 __global__ void __launch_bounds__(kPlanThreads)
-    plan_kernel(const int32_t* idx, int nk, int num_experts, int num_entries, Group* groups, int32_t* slots) {
+    plan_kernel(const int32_t* idx, int nk, int num_experts, int32_t* slots, PlanOut out) {
   // The gate/up blocks may start: they zero the down counters, then wait for this plan.
   cudaTriggerProgrammaticLaunchCompletion();
   extern __shared__ int plan_sm[];
@@ -245,18 +258,27 @@ __global__ void __launch_bounds__(kPlanThreads)
   int a = block_exclusive_scan(mine_groups, scratch, all_groups);
   for (int e = e0; e < e1; ++e) {
     const int c = total[e];
-    for (int g = 0; g < c; g += kGroup) groups[a++] = Group{e, begin + g, min(kGroup, c - g)};
+    if (out.groups)
+      for (int g = 0; g < c; g += kGroup) out.groups[a++] = Group{e, begin + g, min(kGroup, c - g)};
+    if (out.offsets) out.offsets[e] = begin;
     for (int w = 0; w < kPlanWarps; ++w) cnt[w * num_experts + e] += begin;
     begin += c;
   }
-  for (int i = all_groups + threadIdx.x; i < num_entries; i += kPlanThreads) groups[i] = Group{-1, 0, 0};
+  if (out.offsets && threadIdx.x == 0) out.offsets[num_experts] = all;
+  if (out.groups)
+    for (int i = all_groups + threadIdx.x; i < out.num_entries; i += kPlanThreads) out.groups[i] = Group{-1, 0, 0};
   __syncthreads();
   for (int base = s0; base < s1; base += 32) {
     const int s = base + lane;
     const int e = s < s1 ? idx[s] : -1;
     const unsigned peers = __match_any_sync(0xffffffffu, e);
     const unsigned earlier = peers & ((1u << lane) - 1u);
-    if (e >= 0) slots[cnt[warp * num_experts + e] + __popc(earlier)] = s;
+    if (e >= 0) {
+      const int at = cnt[warp * num_experts + e] + __popc(earlier);
+      slots[at] = s;
+      if (out.pos) out.pos[s] = at;
+      if (out.tokens) out.tokens[at] = s / out.k;
+    }
     __syncwarp();
     if (e >= 0 && earlier == 0) cnt[warp * num_experts + e] += __popc(peers);
     __syncwarp();
@@ -476,10 +498,12 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ExpertsArgs p) {
     for (int i = threadIdx.x; i < kHalf * gm; i += kThreads) {
       const int j = i / kHalf, r = i % kHalf;
       const int64_t f = int64_t{tile} * kHalf + r;
-      if (f < p.f)
-        act[int64_t{slot[j]} * p.f + f] = to_t<T>(glu_value(tile_value<T, kRows>(red, r, j),
-                                                            tile_value<T, kRows>(red, r + kHalf, j), p.kind, p.beta,
-                                                            p.has_linear_beta, p.linear_beta));
+      if (f >= p.f) continue;
+      // The gate and up projections' outputs are rounded to the activation dtype first (SPEC's
+      // conventions: every linear's output is), as the GEMM paths' h is.
+      const float gate = from_t<T>(to_t<T>(tile_value<T, kRows>(red, r, j)));
+      const float up = from_t<T>(to_t<T>(tile_value<T, kRows>(red, r + kHalf, j)));
+      act[int64_t{slot[j]} * p.f + f] = to_t<T>(glu_value(gate, up, p.kind, p.beta, p.has_linear_beta, p.linear_beta));
     }
   } else {
     for (int i = threadIdx.x; i < kRows * gm; i += kThreads) {
@@ -537,9 +561,11 @@ void experts_grouped(CudaBackend& be, const Tensor& x, const Tensor& idx, const 
   const Tensor act = be.alloc(x.dtype(), {nk, f}), y = be.alloc(x.dtype(), {nk, dout});
   const Tensor groups = be.alloc(DType::kI32, {entries, 3}), slots = be.alloc(DType::kI32, {nk});
   static_assert(sizeof(Group) == 3 * sizeof(int32_t));
+  PlanOut plan{};
+  plan.groups = static_cast<Group*>(groups.data());
+  plan.num_entries = static_cast<int>(entries);
   plan_kernel<<<1, kPlanThreads, plan_smem(num_experts), be.stream()>>>(
-      idx.data_as<const int32_t>(), static_cast<int>(nk), static_cast<int>(num_experts), static_cast<int>(entries),
-      static_cast<Group*>(groups.data()), slots.data_as<int32_t>());
+      idx.data_as<const int32_t>(), static_cast<int>(nk), static_cast<int>(num_experts), slots.data_as<int32_t>(), plan);
   KL_LAUNCHED(what + " (plan)");
   ExpertsArgs a;
   a.x = x.data();
@@ -596,6 +622,18 @@ __global__ void combine_kernel(In y, const int32_t* pos, const float* weights, i
     }
     store_chunk(o, t * dout + d, cn, vec, acc);
   }
+}
+
+// o[t] = Σ_k weights[t, k] · y[pos[t·K + k]] (combine_kernel).
+void combine(CudaBackend& be, const Tensor& y, const Tensor& pos, const Tensor& weights, const Tensor& o,
+             const std::string& what) {
+  const int64_t n = o.dim(0), dout = o.dim(1), k = weights.numel() / n;
+  const bool vec = dout % kRowChunk == 0 && aligned16(y.data()) && aligned16(o.data());
+  const RowGrid g = row_grid((dout + kRowChunk - 1) / kRowChunk, n);
+  combine_kernel<<<g.grid, g.block, 0, be.stream()>>>(in(y, "moe_experts"), pos.data_as<const int32_t>(),
+                                                      weights.data_as<const float>(), n, static_cast<int>(k), dout, vec,
+                                                      out(o, "moe_experts"));
+  KL_LAUNCHED(what + " (combine)");
 }
 
 void experts_per_expert_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights,
@@ -657,12 +695,39 @@ void experts_per_expert_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx
   per_expert(xp, din, w13, f2, h, "moe_experts gate_up");
   be.glu(h, p, act);
   per_expert(act, f, w2, dout, y, "moe_experts down");
-  const bool vec = dout % kRowChunk == 0 && aligned16(y.data()) && aligned16(o.data());
-  const RowGrid g = row_grid((dout + kRowChunk - 1) / kRowChunk, n);
-  combine_kernel<<<g.grid, g.block, 0, be.stream()>>>(in(y, "moe_experts"), pos_t.data_as<const int32_t>(),
-                                                      weights.data_as<const float>(), n, static_cast<int>(k), dout, vec,
-                                                      out(o, "moe_experts"));
-  KL_LAUNCHED(what + " (combine)");
+  combine(be, y, pos_t, weights, o, what);
+}
+
+// ---- swapped GEMMs
+
+void experts_swapped_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights,
+                          const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o,
+                          const std::string& what) {
+  const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f2 = w13.dim(1), f = f2 / 2;
+  const int64_t dout = w2.dim(1), k = idx.dim(1), nk = n * k;
+  KL_CHECK(grouped_fits(num_experts),
+           what + ": the swapped path plans " + std::to_string(num_experts) + " experts in more than " +
+               std::to_string(kSmemLimit) + " bytes of shared memory");
+  const Tensor slots = be.alloc(DType::kI32, {nk}), offsets = be.alloc(DType::kI32, {num_experts + 1});
+  const Tensor pos = be.alloc(DType::kI32, {nk}), tokens = be.alloc(DType::kI32, {nk});
+  PlanOut plan{};
+  plan.offsets = offsets.data_as<int32_t>();
+  plan.pos = pos.data_as<int32_t>();
+  plan.tokens = tokens.data_as<int32_t>();
+  plan.k = static_cast<int>(k);
+  plan_kernel<<<1, kPlanThreads, plan_smem(num_experts), be.stream()>>>(
+      idx.data_as<const int32_t>(), static_cast<int>(nk), static_cast<int>(num_experts), slots.data_as<int32_t>(), plan);
+  KL_LAUNCHED(what + " (plan)");
+  // Expert outputs in the activation dtype (SPEC 3.4), as on the other paths.
+  const Tensor xp = be.alloc(x.dtype(), {nk, din}), h = be.alloc(x.dtype(), {nk, f2});
+  const Tensor act = be.alloc(x.dtype(), {nk, f}), y = be.alloc(x.dtype(), {nk, dout});
+  be.gather_rows(x, tokens, xp);
+  expert_gemm_sm90(be, {xp.data(), w13.data(), h.data(), offsets.data_as<const int32_t>(), num_experts, f2, din},
+                   what + " (gate_up)");
+  be.glu(h, p, act);
+  expert_gemm_sm90(be, {act.data(), w2.data(), y.data(), offsets.data_as<const int32_t>(), num_experts, dout, f},
+                   what + " (down)");
+  combine(be, y, pos, weights, o, what);
 }
 
 // Checks moe_experts' arguments; returns the name its launches report.
@@ -681,19 +746,54 @@ std::string checked_moe_args(const Tensor& x, const Tensor& idx, const Tensor& w
 
 }  // namespace
 
-MoePath moe_path_for(int64_t n, int64_t num_experts) {
-  return n <= kMoeGroupedMaxTokens && grouped_fits(num_experts) ? MoePath::kGrouped : MoePath::kPerExpertGemm;
+const char* moe_path_name(MoePath path) {
+  switch (path) {
+    case MoePath::kGrouped:
+      return "grouped";
+    case MoePath::kSwappedGemm:
+      return "swapped GEMM";
+    case MoePath::kPerExpertGemm:
+      return "per-expert GEMM";
+  }
+  return "?";
+}
+
+bool moe_path_fits(MoePath path, const Tensor& x, const Tensor& w13, const Tensor& w2) {
+  const int64_t din = x.dim(1), num_experts = w13.dim(0), f2 = w13.dim(1), dout = w2.dim(1);
+  switch (path) {
+    case MoePath::kGrouped:
+      return grouped_fits(num_experts);
+    case MoePath::kSwappedGemm:
+      // The arena's intermediate rows are 16-byte aligned when their widths are multiples of 8.
+      return grouped_fits(num_experts) && expert_gemm_sm90_fits(x.dtype(), f2, din, x.data(), w13.data(), x.data()) &&
+             expert_gemm_sm90_fits(w2.dtype(), dout, f2 / 2, x.data(), w2.data(), x.data());
+    case MoePath::kPerExpertGemm:
+      return true;
+  }
+  return false;
+}
+
+MoePath moe_path_for(const Tensor& x, const Tensor& w13, const Tensor& w2) {
+  const int64_t n = x.dim(0);
+  if (n > kMoeGroupedMaxTokens) return MoePath::kPerExpertGemm;
+  if (n >= kMoeSwappedMinTokens && moe_path_fits(MoePath::kSwappedGemm, x, w13, w2)) return MoePath::kSwappedGemm;
+  return moe_path_fits(MoePath::kGrouped, x, w13, w2) ? MoePath::kGrouped : MoePath::kPerExpertGemm;
 }
 
 void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
                     const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o) {
   const std::string what = checked_moe_args(x, idx, weights, w13, w2, o);
-  const int64_t n = x.dim(0);
-  if (n == 0) return;
-  if (path == MoePath::kGrouped)
-    experts_grouped(be, x, idx, weights, w13, w2, p, o, what);
-  else
-    experts_per_expert_gemm(be, x, idx, weights, w13, w2, p, o, what);
+  KL_CHECK(moe_path_fits(path, x, w13, w2), what + ": the " + moe_path_name(path) +
+                                                " path cannot run these operands (dtype, widths or alignment)");
+  if (x.dim(0) == 0) return;
+  switch (path) {
+    case MoePath::kGrouped:
+      return experts_grouped(be, x, idx, weights, w13, w2, p, o, what);
+    case MoePath::kSwappedGemm:
+      return experts_swapped_gemm(be, x, idx, weights, w13, w2, p, o, what);
+    case MoePath::kPerExpertGemm:
+      return experts_per_expert_gemm(be, x, idx, weights, w13, w2, p, o, what);
+  }
 }
 
 void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
@@ -717,7 +817,7 @@ void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const Rout
 
 void CudaBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
                               const Tensor& w2, const GluParams& p, const Tensor& o) {
-  moe_experts_on(*this, moe_path_for(x.dim(0), w13.dim(0)), x, idx, weights, w13, w2, p, o);
+  moe_experts_on(*this, moe_path_for(x, w13, w2), x, idx, weights, w13, w2, p, o);
 }
 
 }  // namespace klinear::cuda
