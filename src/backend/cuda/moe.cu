@@ -764,9 +764,10 @@ bool moe_path_fits(MoePath path, const Tensor& x, const Tensor& w13, const Tenso
     case MoePath::kGrouped:
       return grouped_fits(num_experts);
     case MoePath::kSwappedGemm:
-      // The arena's intermediate rows are 16-byte aligned when their widths are multiples of 8.
-      return grouped_fits(num_experts) && expert_gemm_sm90_fits(x.dtype(), f2, din, x.data(), w13.data(), x.data()) &&
-             expert_gemm_sm90_fits(w2.dtype(), dout, f2 / 2, x.data(), w2.data(), x.data());
+      // The GEMMs' inputs and outputs are arena blocks (16-byte aligned rows when the widths fit).
+      return grouped_fits(num_experts) && x.dtype() == w13.dtype() &&
+             expert_gemm_sm90_fits(w13.dtype(), f2, din, w13.data()) &&
+             expert_gemm_sm90_fits(w2.dtype(), dout, f2 / 2, w2.data());
     case MoePath::kPerExpertGemm:
       return true;
   }

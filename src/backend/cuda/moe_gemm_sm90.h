@@ -19,9 +19,10 @@ struct ExpertGemmArgs {
   int64_t n, k;
 };
 
-// Whether expert_gemm_sm90 runs these operands: BF16, n and k multiples of 8 elements, the three
-// base addresses 16-byte aligned (what TMA needs of every expert's rows).
-bool expert_gemm_sm90_fits(DType dtype, int64_t n, int64_t k, const void* in, const void* w, const void* out);
+// Whether expert_gemm_sm90 runs weights w [E, n, k] of this dtype: BF16, n and k multiples of 8
+// elements, w 16-byte aligned (what TMA needs of every expert's rows). `in` and `out` must be
+// 16-byte aligned too (arena blocks are).
+bool expert_gemm_sm90_fits(DType dtype, int64_t n, int64_t k, const void* w);
 
 // One kernel writes each expert's problem (n × its row count × k) into the step arena from
 // `offsets`, then CUTLASS's grouped GEMM runs over all E problems (empty experts have no tiles). No
