@@ -3,8 +3,8 @@
 // Router: one kernel, a warp per token (sigmoid, bias for the choice only, grouped top-k,
 // renormalise, scale; ties go to the lower index as on the CPU).
 //
-// Routed experts, two paths (moe.h):
-// - kGrouped (decode, N ≤ kMoeGroupedMaxTokens): three launches, no host synchronisation, grids fixed
+// Routed experts, three paths (moe.h):
+// - kGrouped (decode, N < kMoeSwappedMinTokens): three launches, no host synchronisation, grids fixed
 //   by N and the shapes.
 //   plan: one block sorts the slots (token·K + k) by expert, stably (a counting sort: slot order
 //     within an expert is kept), and cuts each picked expert's slots into groups of at most 32, in
@@ -46,6 +46,12 @@
 //   weight rows (and then also the tokens) through a 5-8-stage cp.async ring in shared memory
 //   without draining it between items. 149 registers and the ring's shared memory left 5 blocks
 //   (10 warps) an SM; ncu put DRAM at 44 %, and N=64 / 256 took 0.97-1.31 / 1.24-1.59 ms.
+// - kSwappedGemm (decode, kMoeSwappedMinTokens ≤ N ≤ kMoeGroupedMaxTokens): the plan of kGrouped
+//   also writes each expert's slot range (offsets), each slot's position (pos) and each position's
+//   token; the tokens' rows are gathered in that order, and CUTLASS's grouped GEMM runs gate/up and
+//   down with the expert weights as the M operand (moe_gemm_sm90.cu: problem lists written on the
+//   device, capturable), the GLU and the combine in launches of their own. Eight launches; the
+//   weights stream at 94-98 % of the copy rate from N = 32 (moe.h has the measurements).
 // - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
 //   GEMM launch per projection over the active experts (a problem each: CUTLASS's kernel for BF16,
 //   cuBLAS's grouped call otherwise, gemm.cu), the same combine in a separate kernel.
