@@ -66,11 +66,10 @@ void CudaBackend::gemm_grouped_cutlass(std::span<const GemmArgs> problems, const
     host.set(static_cast<int64_t>(i), {static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k)}, g.a,
              g.lda, g.b, g.ldb, g.c, g.ldc);
   }
-  const std::vector<Shape3> shapes(host.shapes, host.shapes + groups);
   const Tensor dev = to_device(Tensor::wrap(DType::kI64, {static_cast<int64_t>(words.size())}, words.data(), nullptr,
                                             Device::kCpu),
                                DType::kI64);
-  launch<Prefill>(*this, static_cast<int>(groups), static_cast<char*>(dev.data()), shapes.data(), what);
+  launch<Prefill>(*this, static_cast<int>(groups), static_cast<char*>(dev.data()), host.shapes, what);
 }
 
 }  // namespace klinear::cuda

@@ -555,14 +555,23 @@ void launch_stages(CudaBackend& be, ExpertsArgs a, int64_t n, int64_t entries, c
                    dim3(kThreads), what + " (down)", a);
 }
 
+// plan_kernel over idx [N, K] into slots [N·K] and what `out` asks for.
+void launch_plan(CudaBackend& be, const Tensor& idx, int64_t num_experts, const Tensor& slots, const PlanOut& out,
+                 const std::string& what) {
+  KL_CHECK(grouped_fits(num_experts), what + ": the plan holds " + std::to_string(num_experts) +
+                                          " experts in more than " + std::to_string(kSmemLimit) +
+                                          " bytes of shared memory");
+  plan_kernel<<<1, kPlanThreads, plan_smem(num_experts), be.stream()>>>(
+      idx.data_as<const int32_t>(), static_cast<int>(idx.numel()), static_cast<int>(num_experts),
+      slots.data_as<int32_t>(), out);
+  KL_LAUNCHED(what + " (plan)");
+}
+
 void experts_grouped(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights,
                      const Tensor& w13, const Tensor& w2, const GluParams& gp, const Tensor& o,
                      const std::string& what) {
   const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f = w13.dim(1) / 2, dout = w2.dim(1);
   const int64_t k = idx.dim(1), nk = n * k;
-  KL_CHECK(grouped_fits(num_experts),
-           what + ": the grouped path plans " + std::to_string(num_experts) + " experts in more than " +
-               std::to_string(kSmemLimit) + " bytes of shared memory");
   const int64_t entries = max_groups(nk, num_experts);
   const Tensor act = be.alloc(x.dtype(), {nk, f}), y = be.alloc(x.dtype(), {nk, dout});
   const Tensor groups = be.alloc(DType::kI32, {entries, 3}), slots = be.alloc(DType::kI32, {nk});
@@ -570,9 +579,7 @@ void experts_grouped(CudaBackend& be, const Tensor& x, const Tensor& idx, const 
   PlanOut plan{};
   plan.groups = static_cast<Group*>(groups.data());
   plan.num_entries = static_cast<int>(entries);
-  plan_kernel<<<1, kPlanThreads, plan_smem(num_experts), be.stream()>>>(
-      idx.data_as<const int32_t>(), static_cast<int>(nk), static_cast<int>(num_experts), slots.data_as<int32_t>(), plan);
-  KL_LAUNCHED(what + " (plan)");
+  launch_plan(be, idx, num_experts, slots, plan, what);
   ExpertsArgs a;
   a.x = x.data();
   a.din = din;
@@ -711,9 +718,6 @@ void experts_swapped_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx, c
                           const std::string& what) {
   const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f2 = w13.dim(1), f = f2 / 2;
   const int64_t dout = w2.dim(1), k = idx.dim(1), nk = n * k;
-  KL_CHECK(grouped_fits(num_experts),
-           what + ": the swapped path plans " + std::to_string(num_experts) + " experts in more than " +
-               std::to_string(kSmemLimit) + " bytes of shared memory");
   const Tensor slots = be.alloc(DType::kI32, {nk}), offsets = be.alloc(DType::kI32, {num_experts + 1});
   const Tensor pos = be.alloc(DType::kI32, {nk}), tokens = be.alloc(DType::kI32, {nk});
   PlanOut plan{};
@@ -721,9 +725,7 @@ void experts_swapped_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx, c
   plan.pos = pos.data_as<int32_t>();
   plan.tokens = tokens.data_as<int32_t>();
   plan.k = static_cast<int>(k);
-  plan_kernel<<<1, kPlanThreads, plan_smem(num_experts), be.stream()>>>(
-      idx.data_as<const int32_t>(), static_cast<int>(nk), static_cast<int>(num_experts), slots.data_as<int32_t>(), plan);
-  KL_LAUNCHED(what + " (plan)");
+  launch_plan(be, idx, num_experts, slots, plan, what);
   // Expert outputs in the activation dtype (SPEC 3.4), as on the other paths.
   const Tensor xp = be.alloc(x.dtype(), {nk, din}), h = be.alloc(x.dtype(), {nk, f2});
   const Tensor act = be.alloc(x.dtype(), {nk, f}), y = be.alloc(x.dtype(), {nk, dout});
