@@ -427,7 +427,8 @@ void bench_grouped_gemm(cuda::CudaBackend& be, std::mt19937_64& gen) {
 // projection over as many copies of the weight as make ≥ 256 MB (at most 1,024: the 147 KB β weight
 // stays partly in L2), so the weights come from memory as in a step (the H200's 50 MB L2 would hold
 // one small matrix between replays); the time is per projection. Bytes: the weight plus the rows
-// in and out.
+// in and out. Then the groups of projections a step runs through `linears`, as one launch and as a
+// launch each (the time per group; bytes: the weights).
 void bench_gemv(cuda::CudaBackend& be, std::mt19937_64& gen) {
   struct Proj {
     const char* name;
@@ -460,6 +461,45 @@ void bench_gemv(cuda::CudaBackend& be, std::mt19937_64& gen) {
       std::snprintf(shape, sizeof shape, "%s n=%lld k=%lld %s", p.name, (long long)p.n, (long long)p.k,
                     kernel == cuda::GemmKernel::kBest ? "small-row" : "cuBLASLt");
       row("gemm (1 row)", shape, ms / copies, 2.0 * p.n * p.k, wbytes + 2.0 * (p.n + p.k));
+    }
+  }
+  // The projections of one input that a step runs through `linears`, as one launch and as one
+  // small-row launch each (outputs bf16 but the router's logits and β, F32), the same way.
+  struct Group {
+    const char* name;
+    std::vector<std::pair<int64_t, DType>> outs;  // n and output dtype of each projection
+  };
+  const int64_t k = 2304;
+  const Group groups[] = {
+      {"KDA q/k/v + f_a + b + g_a", {{12288, DType::kBF16}, {128, DType::kBF16}, {32, DType::kF32}, {128, DType::kBF16}}},
+      {"MLA q + kv_a", {{6144, DType::kBF16}, {576, DType::kBF16}}},
+      {"router + shared gate/up", {{256, DType::kF32}, {2048, DType::kBF16}}},
+  };
+  for (const Group& grp : groups) {
+    double wbytes = 0, flop = 0;
+    for (const auto& [n, dtype] : grp.outs) {
+      wbytes += 2.0 * n * k;
+      flop += 2.0 * n * k;
+    }
+    const int copies = static_cast<int>(std::min<double>(1024, std::ceil(256e6 / wbytes)));
+    std::vector<std::vector<Projection>> sets(copies);
+    for (auto& set : sets)
+      for (const auto& [n, dtype] : grp.outs)
+        set.push_back(Projection{random_tensor(be, {n, k}, gen, DType::kBF16, -0.05f, 0.05f),
+                                 be.alloc_persistent(dtype, {1, n})});
+    const Tensor x = random_tensor(be, {1, k}, gen, DType::kBF16);
+    for (const bool one_launch : {true, false}) {
+      const double ms = graph_ms(be, [&] {
+        for (const auto& set : sets)
+          if (one_launch)
+            be.linears(x, set);
+          else
+            for (const Projection& p : set) be.linear(x, p.w, p.y);
+      }, 5);
+      char shape[96];
+      std::snprintf(shape, sizeof shape, "%s k=%lld %s", grp.name, (long long)k,
+                    one_launch ? "one launch" : "a launch each");
+      row("linears (1 row)", shape, ms / copies, flop, wbytes);
     }
   }
 }

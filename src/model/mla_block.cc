@@ -19,19 +19,21 @@ Tensor Model::mla(const MlaWeights& w, const Tensor& x, int64_t layer, const Bat
   const int64_t N = x.dim(0), H = c.mla_heads, n = c.qk_nope_dim, r = c.qk_rope_dim, v = c.v_head_dim;
   const int64_t qk = n + r, kvc = c.kv_lora_rank;
 
-  Tensor q = act({N, H, qk});
-  if (w.q_proj.defined()) {
-    be.linear(x, w.q_proj, q);
-  } else {
-    Tensor qa = act({N, c.q_lora_rank});
-    be.linear(x, w.q_a, qa);
+  // The projections of x (one call: a backend may run them as one launch): q (full-rank, or the
+  // low-rank q_a), ckv = [latent ‖ k_r], and K3's output gate.
+  const Tensor q = act({N, H, qk}), ckv = act({N, kvc + r});
+  const bool low_rank_q = !w.q_proj.defined(), gated = w.g_proj.defined();
+  const Tensor qa = low_rank_q ? act({N, c.q_lora_rank}) : Tensor();
+  const Tensor gate = gated ? act({N, H * v}) : Tensor();
+  Projection projections[3] = {low_rank_q ? Projection{w.q_a, qa} : Projection{w.q_proj, q}, {w.kv_a, ckv}};
+  if (gated) projections[2] = {w.g_proj, gate};
+  be.linears(x, std::span<const Projection>(projections, gated ? 3 : 2));
+  if (low_rank_q) {
     be.rms_norm(qa, w.q_a_norm, kMlaNormEps, qa);
     be.linear(qa, w.q_b, q);
   }
 
-  // ckv = [latent ‖ k_r]; the latent columns are normalised in place before the cache write.
-  Tensor ckv = act({N, kvc + r});
-  be.linear(x, w.kv_a, ckv);
+  // The latent columns of ckv are normalised in place before the cache write.
   Tensor latent = act({N, kvc});
   be.copy_columns(ckv, 0, latent, 0, kvc);
   be.rms_norm(latent, w.kv_a_norm, kMlaNormEps, latent);
@@ -44,11 +46,7 @@ Tensor Model::mla(const MlaWeights& w, const Tensor& x, int64_t layer, const Bat
   const int64_t split = batch.decode.num_rows();
   if (batch.decode.num_seqs() > 0) be.mla_decode(args.rows(0, split), batch.decode);
   if (batch.prefill.num_seqs() > 0) be.mla_prefill(args.rows(split, N), batch.prefill);
-  if (w.g_proj.defined()) {
-    Tensor gate = act({N, H * v});
-    be.linear(x, w.g_proj, gate);
-    be.sigmoid_mul(attn, gate);
-  }
+  if (gated) be.sigmoid_mul(attn, gate);
   Tensor out = act({N, c.hidden_size});
   be.linear(attn.view({N, H * v}), w.o_proj, out);
   return out;

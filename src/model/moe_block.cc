@@ -12,10 +12,14 @@ GluParams glu_params(const ModelConfig& c) {
 }  // namespace
 
 Tensor Model::mlp(const MlpWeights& w, const Tensor& x) {
+  Tensor gu = act({x.dim(0), w.gate_up.dim(0)});
+  backend_.linear(x, w.gate_up, gu);
+  return mlp_down(w, gu);
+}
+
+Tensor Model::mlp_down(const MlpWeights& w, const Tensor& gu) {
   Backend& be = backend_;
-  const int64_t T = x.dim(0), F = w.down.dim(1);
-  Tensor gu = act({T, 2 * F});
-  be.linear(x, w.gate_up, gu);
+  const int64_t T = gu.dim(0), F = w.down.dim(1);
   Tensor a = act({T, F});
   be.glu(gu, glu_params(config_), a);
   Tensor out = act({T, w.down.dim(0)});
@@ -28,8 +32,16 @@ Tensor Model::moe(const MoeWeights& w, const Tensor& x) {
   const ModelConfig& c = config_;
   const int64_t T = x.dim(0), K = c.experts_per_token;
 
-  Tensor logits = be.alloc(DType::kF32, {T, c.num_experts});
-  be.linear(x, w.router, logits);
+  // The projections of x (one call: a backend may run them as one launch): the router's logits,
+  // the shared experts' gate/up and K3's latent down projection.
+  const Tensor logits = be.alloc(DType::kF32, {T, c.num_experts});
+  const Tensor shared_gu = w.has_shared ? act({T, w.shared.gate_up.dim(0)}) : Tensor();
+  const Tensor z = c.has_latent_moe() ? act({T, c.routed_expert_hidden_size}) : Tensor();
+  Projection projections[3] = {{w.router, logits}};
+  size_t count = 1;
+  if (w.has_shared) projections[count++] = {w.shared.gate_up, shared_gu};
+  if (c.has_latent_moe()) projections[count++] = {w.latent_down, z};
+  be.linears(x, std::span<const Projection>(projections, count));
   Tensor idx = be.alloc(DType::kI32, {T, K});
   Tensor weights = be.alloc(DType::kF32, {T, K});
   const RouteParams route{static_cast<int>(K),
@@ -40,17 +52,14 @@ Tensor Model::moe(const MoeWeights& w, const Tensor& x) {
 
   Tensor out = act({T, c.hidden_size});
   if (c.has_latent_moe()) {
-    const int64_t L = c.routed_expert_hidden_size;
-    Tensor z = act({T, L});
-    be.linear(x, w.latent_down, z);
-    Tensor r = act({T, L});
+    Tensor r = act({T, c.routed_expert_hidden_size});
     be.moe_experts(z, idx, weights, w.w13, w.w2, glu_params(c), r);
     if (w.latent_norm.defined()) be.rms_norm(r, w.latent_norm, static_cast<float>(c.rms_norm_eps), r);
     be.linear(r, w.latent_up, out);
   } else {
     be.moe_experts(x, idx, weights, w.w13, w.w2, glu_params(c), out);
   }
-  if (w.has_shared) be.add(out, mlp(w.shared, x));
+  if (w.has_shared) be.add(out, mlp_down(w.shared, shared_gu));
   return out;
 }
 

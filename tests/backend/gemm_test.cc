@@ -2,7 +2,8 @@
 // edges, one row at inner sizes that are multiples of 8 (CUDA bf16 runs those on gemm.cu's
 // small-row kernel: output counts off its 8-column blocks, inner sizes of less than one and of
 // several 256-element passes), an F32 output from activation inputs (router logits, the lm_head) and
-// an empty inner dimension (y = 0); and, without a GPU, which problems the small-row kernel takes.
+// an empty inner dimension (y = 0); linears (the projections of one input) over the same loop; and,
+// without a GPU, which problems the small-row kernel takes.
 // CUDA rows: gemm_grouped (the MoE per-expert GEMMs) against the same loop with each of its kernels
 // (CUTLASS's where the list fits it, and cuBLAS's), over lists of 1 to 300 rows per problem, more
 // than one tile of n and of k, row strides wider than the rows, 80 problems in one list, and the
@@ -51,6 +52,48 @@ TEST_P(Gemm, LinearMatchesLoop) {
         EXPECT_TRUE(testing::all_close(got, expect, tol())) << what;
       }
     }
+  }
+}
+
+// linears: the projections of one x, each against the same loop. Cases: one row and four
+// projections (CUDA bf16: one launch of the small-row kernel, an F32 output among bf16 ones,
+// outputs that end mid-block), one row and two at the 48B width, one row and five (more than that
+// launch takes: a GEMM each), four rows (a GEMM each), one row with k = 33 (not a multiple of 8: a
+// GEMM each). Outputs are poisoned first.
+TEST_P(Gemm, LinearsMatchLoop) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  struct Case {
+    int64_t n, k;
+    std::vector<std::pair<int64_t, DType>> outs;  // each projection's m and output dtype
+  };
+  const Case cases[] = {
+      {1, 264, {{300, act()}, {17, act()}, {5, DType::kF32}, {64, act()}}},
+      {1, 2304, {{33, DType::kF32}, {264, act()}}},
+      {1, 64, {{8, act()}, {9, act()}, {10, DType::kF32}, {11, act()}, {12, act()}}},
+      {4, 264, {{300, act()}, {17, DType::kF32}}},
+      {1, 33, {{40, act()}, {7, DType::kF32}}},
+  };
+  for (const Case& c : cases) {
+    const std::string what = "n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " projections " +
+                             std::to_string(c.outs.size());
+    Tensor x = testing::random_tensor(rng, {c.n, c.k});
+    std::vector<Tensor> ws, expects;
+    std::vector<Projection> ps;
+    for (const auto& [m, dtype] : c.outs) {
+      Tensor w = testing::random_tensor(rng, {m, c.k});
+      Tensor expect = Tensor::empty(DType::kF32, {c.n, m});
+      for (int64_t i = 0; i < c.n; ++i)
+        for (int64_t j = 0; j < m; ++j) {
+          double acc = 0;
+          for (int64_t e = 0; e < c.k; ++e) acc += double(x.f32()[i * c.k + e]) * w.f32()[j * c.k + e];
+          expect.f32()[i * m + j] = float(acc);
+        }
+      expects.push_back(expect);
+      ps.push_back(Projection{persistent(w, act()), poisoned({c.n, m}, dtype)});
+    }
+    be().linears(dev(x), ps);
+    for (size_t i = 0; i < ps.size(); ++i)
+      EXPECT_TRUE(testing::all_close(host(ps[i].y), expects[i], tol())) << what << ": projection " << i;
   }
 }
 

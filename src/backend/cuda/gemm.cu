@@ -16,12 +16,19 @@
 // read-only cache, where every warp of the block finds it) and sum in fp32 by shuffles; 8 warps a
 // block. Measured (ops_bench gemv, H200): 5-20 % under cuBLASLt at every 48B projection but the
 // lm_head (0.1733 against 0.1707 ms); at 4 rows, where each lane loads A four times per B load, it
-// lost on the large ones (q/k/v 0.0226 against 0.0169 ms), so it takes one row only.
+// lost on the large ones (q/k/v 0.0226 against 0.0169 ms), so it takes one row only. `linears` runs
+// the projections of one row that read the same input (a KDA layer's q/k/v, f_a, b and g_a; an MLA
+// layer's q and kv_a; the router beside the shared expert's gate/up) as one launch of it: their
+// blocks in a row of the grid. The small ones alone are latency-bound (f_a, 0.59 MB: 4.9 µs, a
+// 120 GB/s rate; b, 0.15 MB: 4.7 µs; the router, 1.2 MB: 5.0 µs), so one launch over the 58 MB of a
+// KDA layer's four should take about what q/k/v's 56.6 MB take alone (15.9 µs) instead of 30.4.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
 #include <climits>
+#include <span>
+#include <vector>
 
 #include <sstream>
 
@@ -46,13 +53,29 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4& raw, float (&v)[8]) {
   }
 }
 
-// Grid: ceil(n / kGemvWarps) blocks of kGemvWarps warps; warp w of block x owns column x·kGemvWarps + w.
+// Up to kGemvMaxProblems products c_i[n_i] = a[k]·B_i[n_i, k]ᵀ of one row `a`, in one launch: the
+// blocks of problem i are [first_block[i], first_block[i + 1]).
+constexpr int kGemvMaxProblems = 4;
+struct GemvProblem {
+  const __nv_bfloat16* b;  // [n, ldb]
+  int ldb, n;
+  Out c;                   // [n]
+};
+struct GemvProblems {
+  GemvProblem p[kGemvMaxProblems];
+  int first_block[kGemvMaxProblems + 1];
+  int count;
+};
+
+// Warp w of block x owns one column of the problem the block falls in.
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_kernel(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b, int ldb, Out c, int n,
-                int k) {
-  const int lane = threadIdx.x % 32, col = blockIdx.x * kGemvWarps + threadIdx.x / 32;
-  if (col >= n) return;
-  const __nv_bfloat16* row = b + static_cast<int64_t>(col) * ldb;
+    gemv_kernel(const __nv_bfloat16* __restrict__ a, int k, GemvProblems ps) {
+  int i = 0;
+  while (i + 1 < ps.count && static_cast<int>(blockIdx.x) >= ps.first_block[i + 1]) ++i;
+  const GemvProblem& p = ps.p[i];
+  const int lane = threadIdx.x % 32, col = (blockIdx.x - ps.first_block[i]) * kGemvWarps + threadIdx.x / 32;
+  if (col >= p.n) return;
+  const __nv_bfloat16* row = p.b + static_cast<int64_t>(col) * p.ldb;
   float acc = 0.0f;
 #pragma unroll 8
   for (int j = 8 * lane; j < k; j += 8 * 32) {
@@ -63,14 +86,23 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     for (int e = 0; e < 8; ++e) acc = fmaf(av[e], bv[e], acc);
   }
   acc = warp_sum(acc);
-  if (lane == 0) c.set(col, acc);
+  if (lane == 0) p.c.set(col, acc);
 }
 
-void launch_gemv(const GemmArgs& g, cudaStream_t stream, const std::string& what) {
-  const int n = static_cast<int>(g.n);
-  gemv_kernel<<<(n + kGemvWarps - 1) / kGemvWarps, kGemvWarps * 32, 0, stream>>>(
-      static_cast<const __nv_bfloat16*>(g.a), static_cast<const __nv_bfloat16*>(g.b), static_cast<int>(g.ldb),
-      Out{g.c, g.c_dtype == DType::kBF16}, n, static_cast<int>(g.k));
+// One launch over `problems` (each gemv_fits, the same a and k).
+void launch_gemv(std::span<const GemmArgs> problems, cudaStream_t stream, const std::string& what) {
+  KL_CHECK(!problems.empty() && problems.size() <= kGemvMaxProblems, what + ": gemv problem count");
+  GemvProblems ps{};
+  ps.count = static_cast<int>(problems.size());
+  for (int i = 0; i < ps.count; ++i) {
+    const GemmArgs& g = problems[i];
+    KL_CHECK(g.a == problems[0].a && g.k == problems[0].k, what + ": gemv problems with different rows");
+    ps.p[i] = GemvProblem{static_cast<const __nv_bfloat16*>(g.b), static_cast<int>(g.ldb), static_cast<int>(g.n),
+                          Out{g.c, g.c_dtype == DType::kBF16}};
+    ps.first_block[i + 1] = ps.first_block[i] + static_cast<int>((g.n + kGemvWarps - 1) / kGemvWarps);
+  }
+  gemv_kernel<<<ps.first_block[ps.count], kGemvWarps * 32, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(problems[0].a), static_cast<int>(problems[0].k), ps);
   KL_CUDA(cudaGetLastError(), what);
 }
 
@@ -115,7 +147,7 @@ void CudaBackend::gemm(const GemmArgs& g, const char* what, GemmKernel kernel) {
     return;
   }
   if (kernel == GemmKernel::kBest && gemv_fits(g)) {
-    launch_gemv(g, stream_, shape.str());
+    launch_gemv({&g, 1}, stream_, shape.str());
     return;
   }
   std::ostringstream key;
@@ -169,7 +201,10 @@ void CudaBackend::gemm(const GemmArgs& g, const char* what, GemmKernel kernel) {
             shape.str());
 }
 
-void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
+namespace {
+
+// linear's GEMM: y [n, m] ← x [n, k] · wᵀ, w [m, k].
+GemmArgs linear_args(const Tensor& x, const Tensor& w, const Tensor& y) {
   const int64_t k = w.dim(1), m = w.dim(0), n = k == 0 ? y.numel() / std::max<int64_t>(m, 1) : x.numel() / k;
   KL_CHECK(x.dim(-1) == k && y.numel() == n * m && x.dtype() == w.dtype() &&
                (y.dtype() == x.dtype() || y.dtype() == DType::kF32),
@@ -188,7 +223,23 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   g.ldc = m;
   g.ab_dtype = x.dtype();
   g.c_dtype = y.dtype();
-  gemm(g, "linear");
+  return g;
+}
+
+}  // namespace
+
+void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) { gemm(linear_args(x, w, y), "linear"); }
+
+void CudaBackend::linears(const Tensor& x, std::span<const Projection> projections) {
+  std::vector<GemmArgs> problems;
+  for (const Projection& p : projections) problems.push_back(linear_args(x, p.w, p.y));
+  const bool one_launch = problems.size() <= kGemvMaxProblems &&
+                          std::all_of(problems.begin(), problems.end(), [](const GemmArgs& g) { return gemv_fits(g); });
+  if (!one_launch) {
+    for (const GemmArgs& g : problems) gemm(g, "linear");
+    return;
+  }
+  launch_gemv(problems, stream_, "linears x " + shapes(x) + " (" + std::to_string(problems.size()) + " projections)");
 }
 
 void CudaBackend::gemm_grouped(std::span<const GemmArgs> problems, const char* what, GemmKernel kernel) {
