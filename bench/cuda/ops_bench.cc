@@ -307,8 +307,9 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
 // experts alone on each path at the token counts where it may be chosen (the grouped and swapped
 // paths up to 256, the per-expert GEMMs from 256), each timed eagerly (one call between two events:
 // host launch time included); then route + experts replayed from a CUDA graph (the decode step's
-// view) on the default path at N in {1, 64, 256} and on each path planned on the device at N in
-// {8, 16, 32, 64, 128, 256}, where the threshold between them falls.
+// view) on the default path at N in {1, 64, 256}, on the grouped and swapped paths at N in {1, 8,
+// 16, 32, 64, 128, 256}, where the threshold between them falls, and on the rows path at N in {1,
+// 2, 4, 8}.
 // Bytes count the experts the draw actually uses: their weights (3·D·F each), x and out (bf16),
 // logits (fp32).
 // FLOP: 2·3·D·F per (token, pick).
@@ -368,6 +369,7 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   for (int64_t n : {1, 64, 256}) run(n, Part::kGraphed, std::nullopt);
   for (const MoePath p : {MoePath::kGrouped, MoePath::kSwappedGemm})
     for (int64_t n : {1, 8, 16, 32, 64, 128, 256}) run(n, Part::kGraphed, p);
+  for (int64_t n : {1, 2, 4, 8}) run(n, Part::kGraphed, MoePath::kRows);
 }
 
 // The routed experts' GEMMs of Kimi-Linear-48B alone (gemm_grouped, moe.cu's per-expert path):

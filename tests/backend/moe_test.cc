@@ -1,9 +1,9 @@
 // Routed experts (SPEC 3.4) on every backend row against a plain per-token loop: out[t] = Σ_k w[t,k] ·
 // down_e(glu(gate_up_e(x[t]))) with e = idx[t,k]. The table covers 1 to 300 tokens (CUDA: every path
 // that fits a case, the default first: the grouped path and the swapped GEMMs up to
-// kMoeGroupedMaxTokens = 256, the per-expert GEMMs at any count; the swapped GEMMs take BF16 with
-// widths that are multiples of 8), widths that are and are not multiples of 8 and of the
-// grouped path's 32-row tiles, experts with no tokens, an expert picked by every token (more than
+// kMoeGroupedMaxTokens = 256, the rows path and the per-expert GEMMs at any count; the swapped GEMMs
+// and the rows path take BF16 with widths that are multiples of 8), widths that are and are not
+// multiples of 8 and of the grouped path's 32-row tiles, experts with no tokens, an expert picked by every token (more than
 // one 32-slot group), many picked experts (up to 512, more than the plan's 256 threads), a wide
 // case whose hot expert spreads over six groups beside ~130 others, and both activations. Outputs
 // are poisoned first, and a second run must give the same bits.
@@ -129,8 +129,8 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
     EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].nbytes()), 0) << "two runs differ";
 #if KLINEAR_WITH_CUDA
     if (auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be()))
-      for (const cuda::MoePath path :
-           {cuda::MoePath::kGrouped, cuda::MoePath::kSwappedGemm, cuda::MoePath::kPerExpertGemm}) {
+      for (const cuda::MoePath path : {cuda::MoePath::kGrouped, cuda::MoePath::kSwappedGemm, cuda::MoePath::kRows,
+                                       cuda::MoePath::kPerExpertGemm}) {
         if (path == cuda::moe_path_for(dx, dw13, dw2) || !cuda::moe_path_fits(path, dx, dw13, dw2)) continue;
         SCOPED_TRACE(cuda::moe_path_name(path));
         const Tensor out = poisoned({n, dout});

@@ -43,16 +43,6 @@ cudaDataType_t lt_type(DType t) {
 }
 constexpr int kGemvWarps = 8;
 
-__device__ __forceinline__ void unpack_bf16x8(const uint4& raw, float (&v)[8]) {
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-}
-
 // Up to kGemvMaxProblems products c_i[n_i] = a[k]·B_i[n_i, k]ᵀ of one row `a`, in one launch: the
 // blocks of problem i are [first_block[i], first_block[i + 1]).
 constexpr int kGemvMaxProblems = 4;

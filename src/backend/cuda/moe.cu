@@ -3,8 +3,8 @@
 // Router: one kernel, a warp per token (sigmoid, bias for the choice only, grouped top-k,
 // renormalise, scale; ties go to the lower index as on the CPU).
 //
-// Routed experts, three paths (moe.h):
-// - kGrouped (decode, N < kMoeSwappedMinTokens): three launches, no host synchronisation, grids fixed
+// Routed experts, four paths (moe.h):
+// - kGrouped (decode, kMoeRowsMaxTokens < N < kMoeSwappedMinTokens): three launches, no host synchronisation, grids fixed
 //   by N and the shapes.
 //   plan: one block sorts the slots (token·K + k) by expert, stably (a counting sort: slot order
 //     within an expert is kept), and cuts each picked expert's slots into groups of at most 32, in
@@ -52,6 +52,13 @@
 //   down with the expert weights as the M operand (moe_gemm_sm90.cu: problem lists written on the
 //   device, capturable), the GLU and the combine in launches of their own. Eight launches; the
 //   weights stream at 94-98 % of the copy rate from N = 32 (moe.h has the measurements).
+// - kRows (N ≤ kMoeRowsMaxTokens: batch-1 decode): no plan. gate/up: a warp per (slot, feature)
+//   streams the slot's expert's gate and up rows against the token's x in 16-byte loads, rounds both
+//   sums to bf16 and writes the GLU to act; down (a programmatic dependent): a warp per (token,
+//   output feature) walks the token's picks in order, four rows' loads at a time, each product
+//   rounded to bf16 (the expert's output) and summed in fp32 as the combine does. At N = 1 that is
+//   113 MB of weights in 8,192 + 2,304 warps over two launches; predicted ~30-35 µs for route +
+//   experts against the grouped path's 50 (not yet run on a GPU).
 // - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
 //   GEMM launch per projection over the active experts (a problem each: CUTLASS's kernel for BF16,
 //   cuBLAS's grouped call otherwise, gemm.cu), the same combine in a separate kernel.
@@ -711,6 +718,152 @@ void experts_per_expert_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx
   combine(be, y, pos_t, weights, o, what);
 }
 
+// ---- rows (one token's picks as matrix-vector products)
+
+constexpr int kRowWarps = 8;  // a block's warps: one output feature each
+
+// Per lane, acc[r] += its part of a[r] · b[r] for the first `live` of kRows row pairs of `width`
+// elements (a multiple of 8): lane l takes the 16-byte chunks 8·l + 256·i. The rows' loads are
+// issued together, so a warp keeps kRows pairs of loads in flight per step. b: weights, streamed.
+template <int kRows>
+__device__ __forceinline__ void rows_dot(const __nv_bfloat16* const (&a)[kRows], const __nv_bfloat16* const (&b)[kRows],
+                                         int live, int64_t width, float (&acc)[kRows]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll 2
+  for (int64_t j = 8 * lane; j < width; j += 8 * 32) {
+    uint4 ra[kRows], rb[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (r < live) {
+        ra[r] = __ldg(reinterpret_cast<const uint4*>(a[r] + j));
+        rb[r] = __ldcs(reinterpret_cast<const uint4*>(b[r] + j));
+      }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (r < live) {
+        float av[8], bv[8];
+        unpack_bf16x8(ra[r], av);
+        unpack_bf16x8(rb[r], bv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r] = fmaf(av[e], bv[e], acc[r]);
+      }
+  }
+}
+
+// The expert of slot s, checked (an index outside [0, E) prints and traps, as the plan does).
+__device__ __forceinline__ int slot_expert(const int32_t* idx, int64_t s, int num_experts) {
+  const int e = idx[s];
+  if (e < 0 || e >= num_experts) {
+    printf("moe_experts: idx[%lld] = %d outside [0, %d)\n", static_cast<long long>(s), e, num_experts);
+    __trap();
+  }
+  return e;
+}
+
+struct RowsArgs {
+  const __nv_bfloat16* x;    // [N, din]
+  int64_t din;
+  const int32_t* idx;        // [N, K]
+  const float* weights;      // [N, K]
+  int k, num_experts;
+  const __nv_bfloat16* w13;  // [E, 2f, din]
+  const __nv_bfloat16* w2;   // [E, dout, f]
+  int64_t f, dout;
+  __nv_bfloat16* act;        // [N·K, f]
+  Activation kind;
+  float beta;
+  bool has_linear_beta;
+  float linear_beta;
+  Out o;                     // [N, dout]
+};
+
+// Block tile + tiles·s (tiles = ⌈f / 8⌉): warp w computes feature tile·8 + w of slot s's expert: the gate and up
+// rows against x[s / K], each sum rounded to bf16 (as every linear's output is), the GLU into act.
+__global__ void __launch_bounds__(kRowWarps * 32) rows_gate_up_kernel(RowsArgs p) {
+  const int64_t tiles = (p.f + kRowWarps - 1) / kRowWarps, s = blockIdx.x / tiles;
+  const int64_t feature = blockIdx.x % tiles * kRowWarps + threadIdx.x / 32;
+  if (feature >= p.f) return;
+  const int e = slot_expert(p.idx, s, p.num_experts);
+  const __nv_bfloat16* x = p.x + s / p.k * p.din;
+  const __nv_bfloat16* gate_row = p.w13 + (e * 2 * p.f + feature) * p.din;
+  const __nv_bfloat16* const xs[2] = {x, x};
+  const __nv_bfloat16* const rows[2] = {gate_row, gate_row + p.f * p.din};
+  float sums[2] = {};
+  rows_dot<2>(xs, rows, 2, p.din, sums);
+  const float gate = warp_sum(sums[0]), up = warp_sum(sums[1]);
+  if (threadIdx.x % 32 == 0) {
+    const float g = __bfloat162float(__float2bfloat16_rn(gate)), u = __bfloat162float(__float2bfloat16_rn(up));
+    p.act[s * p.f + feature] = __float2bfloat16_rn(glu_value(g, u, p.kind, p.beta, p.has_linear_beta, p.linear_beta));
+  }
+}
+
+// Block tile + tiles·t (tiles = ⌈dout / 8⌉): warp w computes output feature d = tile·8 + w of token
+// t: for each pick j in order, the expert's down row against act[t·K + j], rounded to bf16 (the
+// expert's output), then summed as combine_kernel does (fp32, an fma each, in pick order), rounded
+// once. The picks' rows are read kDownPicks at a time.
+constexpr int kDownPicks = 4;
+__global__ void __launch_bounds__(kRowWarps * 32) rows_down_kernel(RowsArgs p) {
+  const int64_t tiles = (p.dout + kRowWarps - 1) / kRowWarps, t = blockIdx.x / tiles;
+  const int64_t d = blockIdx.x % tiles * kRowWarps + threadIdx.x / 32;
+  if (d >= p.dout) return;
+  cudaGridDependencySynchronize();  // act comes from the gate/up launch
+  float acc = 0.0f;
+  for (int j0 = 0; j0 < p.k; j0 += kDownPicks) {
+    const int live = min(kDownPicks, p.k - j0);
+    const __nv_bfloat16* acts[kDownPicks] = {};
+    const __nv_bfloat16* rows[kDownPicks] = {};
+    for (int r = 0; r < live; ++r) {
+      const int64_t s = t * p.k + j0 + r;
+      acts[r] = p.act + s * p.f;
+      rows[r] = p.w2 + (slot_expert(p.idx, s, p.num_experts) * p.dout + d) * p.f;
+    }
+    float sums[kDownPicks] = {};
+    rows_dot<kDownPicks>(acts, rows, live, p.f, sums);
+    for (int r = 0; r < live; ++r) {
+      const float y = __bfloat162float(__float2bfloat16_rn(warp_sum(sums[r])));
+      acc = fmaf(p.weights[t * p.k + j0 + r], y, acc);
+    }
+  }
+  if (threadIdx.x % 32 == 0) p.o.set(t * p.dout + d, acc);
+}
+
+// The rows path reads x, w13 and w2 in 16-byte chunks.
+bool rows_fit(const Tensor& x, const Tensor& w13, const Tensor& w2) {
+  const int64_t din = x.dim(1), f = w13.dim(1) / 2;
+  return x.dtype() == DType::kBF16 && w13.dtype() == DType::kBF16 && w2.dtype() == DType::kBF16 && din % 8 == 0 &&
+         f % 8 == 0 && aligned16(x.data()) && aligned16(w13.data()) && aligned16(w2.data()) && w13.dim(0) <= INT_MAX;
+}
+
+void experts_rows(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
+                  const Tensor& w2, const GluParams& gp, const Tensor& o, const std::string& what) {
+  const int64_t n = x.dim(0), k = idx.dim(1), f = w13.dim(1) / 2, dout = w2.dim(1);
+  const Tensor act = be.alloc(DType::kBF16, {n * k, f});
+  RowsArgs a;
+  a.x = x.data_as<const __nv_bfloat16>();
+  a.din = x.dim(1);
+  a.idx = idx.data_as<const int32_t>();
+  a.weights = weights.data_as<const float>();
+  a.k = static_cast<int>(k);
+  a.num_experts = static_cast<int>(w13.dim(0));
+  a.w13 = w13.data_as<const __nv_bfloat16>();
+  a.w2 = w2.data_as<const __nv_bfloat16>();
+  a.f = f;
+  a.dout = dout;
+  a.act = act.data_as<__nv_bfloat16>();
+  a.kind = gp.kind;
+  a.beta = gp.beta;
+  a.has_linear_beta = gp.linear_beta.has_value();
+  a.linear_beta = gp.linear_beta.value_or(1.0f);
+  a.o = out(o, "moe_experts");
+  const int64_t up_blocks = (f + kRowWarps - 1) / kRowWarps * n * k;
+  const int64_t down_blocks = (dout + kRowWarps - 1) / kRowWarps * n;
+  KL_CHECK(up_blocks <= INT_MAX && down_blocks <= INT_MAX, what + ": too many rows for the rows path");
+  rows_gate_up_kernel<<<static_cast<unsigned>(up_blocks), kRowWarps * 32, 0, be.stream()>>>(a);
+  KL_LAUNCHED(what + " (rows gate_up)");
+  launch_dependent(be.stream(), rows_down_kernel, dim3(static_cast<unsigned>(down_blocks)), dim3(kRowWarps * 32),
+                   what + " (rows down)", a);
+}
+
 // ---- swapped GEMMs
 
 void experts_swapped_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights,
@@ -760,6 +913,8 @@ const char* moe_path_name(MoePath path) {
       return "grouped";
     case MoePath::kSwappedGemm:
       return "swapped GEMM";
+    case MoePath::kRows:
+      return "rows";
     case MoePath::kPerExpertGemm:
       return "per-expert GEMM";
   }
@@ -776,6 +931,8 @@ bool moe_path_fits(MoePath path, const Tensor& x, const Tensor& w13, const Tenso
       return grouped_fits(num_experts) && x.dtype() == w13.dtype() &&
              expert_gemm_sm90_fits(w13.dtype(), f2, din, w13.data()) &&
              expert_gemm_sm90_fits(w2.dtype(), dout, f2 / 2, w2.data());
+    case MoePath::kRows:
+      return rows_fit(x, w13, w2);
     case MoePath::kPerExpertGemm:
       return true;
   }
@@ -785,6 +942,7 @@ bool moe_path_fits(MoePath path, const Tensor& x, const Tensor& w13, const Tenso
 MoePath moe_path_for(const Tensor& x, const Tensor& w13, const Tensor& w2) {
   const int64_t n = x.dim(0);
   if (n > kMoeGroupedMaxTokens) return MoePath::kPerExpertGemm;
+  if (n <= kMoeRowsMaxTokens && moe_path_fits(MoePath::kRows, x, w13, w2)) return MoePath::kRows;
   if (n >= kMoeSwappedMinTokens && moe_path_fits(MoePath::kSwappedGemm, x, w13, w2)) return MoePath::kSwappedGemm;
   return moe_path_fits(MoePath::kGrouped, x, w13, w2) ? MoePath::kGrouped : MoePath::kPerExpertGemm;
 }
@@ -800,6 +958,8 @@ void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor
       return experts_grouped(be, x, idx, weights, w13, w2, p, o, what);
     case MoePath::kSwappedGemm:
       return experts_swapped_gemm(be, x, idx, weights, w13, w2, p, o, what);
+    case MoePath::kRows:
+      return experts_rows(be, x, idx, weights, w13, w2, p, o, what);
     case MoePath::kPerExpertGemm:
       return experts_per_expert_gemm(be, x, idx, weights, w13, w2, p, o, what);
   }

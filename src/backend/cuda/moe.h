@@ -19,6 +19,12 @@ enum class MoePath {
   // projection with the expert weights as the wide operand, the GLU and the combine in launches of
   // their own. Capturable; BF16 with widths that are multiples of 8 only.
   kSwappedGemm,
+  // The routing stays on the device, unplanned: each (slot, feature) is a warp's matrix-vector
+  // product of the slot's expert row and its token, gate and up with the GLU in one launch, down
+  // with the weighted combine in a second (a warp per output feature walks the token's picks in
+  // order). Every pick reads its expert's rows, shared or not: the batch-1 decode path, where the
+  // grouped path's plan and tiles cost more than they save. BF16 with widths of multiples of 8.
+  kRows,
   // The routing is read back to the host (a synchronisation) to plan one grouped GEMM launch per
   // projection over the active experts (CudaBackend::gemm_grouped): the prefill path, where the
   // GEMMs are compute-bound.
@@ -39,7 +45,12 @@ inline constexpr int64_t kMoeGroupedMaxTokens = 256;
 // / 0.8804, N=256 1.1035 / 0.9188 (floor 0.8635: 94 % against 78 %).
 inline constexpr int64_t kMoeSwappedMinTokens = 16;
 
-// "grouped", "swapped GEMM" or "per-expert GEMM".
+// The largest token count that runs on the rows path (predicted, not yet measured: at N = 1 the
+// grouped path takes 0.050 ms for route + experts against a 0.027 ms floor; the rows path's two
+// launches stream the 113 MB as gemm.cu's small-row kernel streams a projection, ~3.5 TB/s).
+inline constexpr int64_t kMoeRowsMaxTokens = 1;
+
+// "grouped", "swapped GEMM", "rows" or "per-expert GEMM".
 const char* moe_path_name(MoePath path);
 
 // Whether `path` can run experts w13 [E, 2F, D] and w2 [E, D_out, F] on x [N, D].
