@@ -308,8 +308,9 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
 // paths up to 256, the per-expert GEMMs from 256), each timed eagerly (one call between two events:
 // host launch time included); then route + experts replayed from a CUDA graph (the decode step's
 // view) on the default path at N in {1, 64, 256}, on the grouped and swapped paths at N in {1, 8,
-// 16, 32, 64, 128, 256}, where the threshold between them falls, and on the rows path at N in {1,
-// 2, 4, 8}.
+// 16, 32, 64, 128, 256}, where the threshold between them falls, on the grouped and rows paths at N
+// in {1, 2, 4, 8} (the rows path's threshold), and the router and the rows path's experts alone at
+// N = 1.
 // Bytes count the experts the draw actually uses: their weights (3·D·F each), x and out (bf16),
 // logits (fp32).
 // FLOP: 2·3·D·F per (token, pick).
@@ -322,9 +323,10 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   // spreads 64 tokens over ~87 % of the experts (issue 9).
   const Tensor bias = random_tensor(be, {E}, gen, DType::kF32, -1e-3f, 1e-3f);
   const RouteParams rp{static_cast<int>(K), 1, 1, true, 2.446f};
-  enum class Part { kRouteAndExperts, kRoute, kExperts, kGraphed };
-  // `path`: the path kExperts and kGraphed run; none: the one moe_experts picks.
-  auto run = [&](int64_t n, Part part, std::optional<cuda::MoePath> path) {
+  enum class Part { kRouteAndExperts, kRoute, kExperts };
+  enum class Replay { kEager, kGraph };
+  // `path`: the path the experts run; none: the one moe_experts picks.
+  auto run = [&](int64_t n, Part part, std::optional<cuda::MoePath> path, Replay replay = Replay::kEager) {
     be.begin_step();
     const Tensor x = random_tensor(be, {n, D}, gen, DType::kBF16);
     const Tensor logits = random_tensor(be, {n, E}, gen, DType::kF32, -3, 3);
@@ -342,17 +344,18 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
       if (part != Part::kExperts) be.moe_route(logits, bias, rp, idx, w);
       if (part != Part::kRoute) cuda::moe_experts_on(be, taken, x, idx, w, w13, w2, GluParams{}, o);
     };
-    const double ms = part == Part::kGraphed ? graph_ms(be, step) : time_ms(be, step);
+    const bool graph = replay == Replay::kGraph;
+    const double ms = graph ? graph_ms(be, step) : time_ms(be, step);
     const double route_bytes = n * E * 4.0 + n * K * 8.0;
     const double expert_bytes = active * 3.0 * D * F * 2 + n * D * 2.0 * 2;
     const double bytes = part == Part::kRoute     ? route_bytes
                          : part == Part::kExperts ? expert_bytes
                                                   : route_bytes + expert_bytes;
     const double flop = part == Part::kRoute ? 0.0 : n * K * 2.0 * 3.0 * D * F;
-    const char* op = part == Part::kRoute              ? "moe_route"
-                     : part == Part::kRouteAndExperts ? "moe route+experts"
-                     : part == Part::kGraphed         ? (ms < 0 ? "route+experts NO GRAPH" : "route+experts graph")
-                                                      : "moe_experts";
+    const std::string op = std::string(part == Part::kRoute              ? "moe_route"
+                                       : part == Part::kRouteAndExperts ? "moe route+experts"
+                                                                        : "moe_experts") +
+                           (!graph ? "" : ms < 0 ? " NO GRAPH" : " graph");
     char shape[96];
     std::snprintf(shape, sizeof shape, "N=%lld %s%s%d experts used", (long long)n,
                   part == Part::kRoute ? "" : cuda::moe_path_name(taken), part == Part::kRoute ? "" : ", ",
@@ -366,10 +369,15 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   for (int64_t n : {64, 256}) run(n, Part::kExperts, MoePath::kSwappedGemm);
   for (int64_t n : {256, 512, 1024}) run(n, Part::kExperts, MoePath::kPerExpertGemm);
   // Last: a failed capture leaves the rows above.
-  for (int64_t n : {1, 64, 256}) run(n, Part::kGraphed, std::nullopt);
+  const Replay g = Replay::kGraph;
+  for (int64_t n : {1, 64, 256}) run(n, Part::kRouteAndExperts, std::nullopt, g);
   for (const MoePath p : {MoePath::kGrouped, MoePath::kSwappedGemm})
-    for (int64_t n : {1, 8, 16, 32, 64, 128, 256}) run(n, Part::kGraphed, p);
-  for (int64_t n : {1, 2, 4, 8}) run(n, Part::kGraphed, MoePath::kRows);
+    for (int64_t n : {1, 8, 16, 32, 64, 128, 256}) run(n, Part::kRouteAndExperts, p, g);
+  for (const MoePath p : {MoePath::kGrouped, MoePath::kRows})
+    for (int64_t n : {2, 4}) run(n, Part::kRouteAndExperts, p, g);
+  for (int64_t n : {1, 8}) run(n, Part::kRouteAndExperts, MoePath::kRows, g);
+  run(1, Part::kRoute, std::nullopt, g);
+  run(1, Part::kExperts, MoePath::kRows, g);
 }
 
 // The routed experts' GEMMs of Kimi-Linear-48B alone (gemm_grouped, moe.cu's per-expert path):
