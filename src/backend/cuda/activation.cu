@@ -6,7 +6,9 @@ namespace klinear::cuda {
 
 namespace {
 
+// Each kernel here starts with pdl_enter and is launched as a programmatic dependent (device.cuh).
 #define KL_GRID_STRIDE(i, n) \
+  pdl_enter();               \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
 
 __global__ void embedding_kernel(const int32_t* ids, In table, int64_t vocab, int64_t rows, int64_t c, Out o) {
@@ -37,6 +39,7 @@ __global__ void sigmoid_kernel(In x, Out y, int64_t n) {
 // one measured 22 µs (profile_48b, 2026-12-01; predicted ~28).
 __global__ void glu_kernel(In gate_up, int64_t rows, int64_t f, bool vec, Activation kind, float beta, bool has_lb,
                            float lb, Out o) {
+  pdl_enter();
   const int64_t j = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * kRowChunk;
   if (j >= f) return;
   const int n = chunk_size(j, f);
@@ -57,31 +60,29 @@ void CudaBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor
   KL_CHECK(ids.dtype() == DType::kI32 && o.numel() == rows * c && o.dtype() == table.dtype(),
            "embedding ids " + shapes(ids) + " table " + shapes(table) + " out " + shapes(o));
   if (o.numel() == 0) return;
-  embedding_kernel<<<blocks_for(o.numel(), 256), 256, 0, stream_>>>(ids.data_as<const int32_t>(), in(table, "embedding"),
-                                                                     table.dim(0), rows, c, out(o, "embedding"));
-  KL_LAUNCHED("embedding " + shapes(o));
+  launch_dependent(stream_, embedding_kernel, dim3(blocks_for(o.numel(), 256)), dim3(256), 0, "embedding " + shapes(o),
+                   ids.data_as<const int32_t>(), in(table, "embedding"), table.dim(0), rows, c, out(o, "embedding"));
 }
 
 void CudaBackend::add(const Tensor& acc, const Tensor& x) {
   KL_CHECK(acc.numel() == x.numel(), "add " + shapes(acc) + " + " + shapes(x));
   if (acc.numel() == 0) return;
-  add_kernel<<<blocks_for(acc.numel(), 256), 256, 0, stream_>>>(out(acc, "add"), in(x, "add"), acc.numel());
-  KL_LAUNCHED("add " + shapes(acc));
+  launch_dependent(stream_, add_kernel, dim3(blocks_for(acc.numel(), 256)), dim3(256), 0, "add " + shapes(acc),
+                   out(acc, "add"), in(x, "add"), acc.numel());
 }
 
 void CudaBackend::sigmoid_mul(const Tensor& x, const Tensor& gate) {
   KL_CHECK(x.numel() == gate.numel(), "sigmoid_mul " + shapes(x) + " gate " + shapes(gate));
   if (x.numel() == 0) return;
-  sigmoid_mul_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(out(x, "sigmoid_mul"), in(gate, "sigmoid_mul"),
-                                                                       x.numel());
-  KL_LAUNCHED("sigmoid_mul " + shapes(x));
+  launch_dependent(stream_, sigmoid_mul_kernel, dim3(blocks_for(x.numel(), 256)), dim3(256), 0,
+                   "sigmoid_mul " + shapes(x), out(x, "sigmoid_mul"), in(gate, "sigmoid_mul"), x.numel());
 }
 
 void CudaBackend::sigmoid(const Tensor& x, const Tensor& y) {
   KL_CHECK(x.numel() == y.numel(), "sigmoid " + shapes(x) + " -> " + shapes(y));
   if (x.numel() == 0) return;
-  sigmoid_kernel<<<blocks_for(x.numel(), 256), 256, 0, stream_>>>(in(x, "sigmoid"), out(y, "sigmoid"), x.numel());
-  KL_LAUNCHED("sigmoid " + shapes(x));
+  launch_dependent(stream_, sigmoid_kernel, dim3(blocks_for(x.numel(), 256)), dim3(256), 0, "sigmoid " + shapes(x),
+                   in(x, "sigmoid"), out(y, "sigmoid"), x.numel());
 }
 
 void CudaBackend::glu(const Tensor& gate_up, const GluParams& p, const Tensor& o) {
@@ -90,9 +91,8 @@ void CudaBackend::glu(const Tensor& gate_up, const GluParams& p, const Tensor& o
   if (o.numel() == 0) return;
   const bool vec = f % kRowChunk == 0 && aligned16(gate_up.data()) && aligned16(o.data());
   const RowGrid g = row_grid((f + kRowChunk - 1) / kRowChunk, rows);
-  glu_kernel<<<g.grid, g.block, 0, stream_>>>(in(gate_up, "glu"), rows, f, vec, p.kind, p.beta,
-                                              p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), out(o, "glu"));
-  KL_LAUNCHED("glu " + shapes(o));
+  launch_dependent(stream_, glu_kernel, g.grid, g.block, 0, "glu " + shapes(o), in(gate_up, "glu"), rows, f, vec, p.kind,
+                   p.beta, p.linear_beta.has_value(), p.linear_beta.value_or(1.0f), out(o, "glu"));
 }
 
 }  // namespace klinear::cuda

@@ -90,22 +90,34 @@ __device__ __forceinline__ int seq_of_row(const int32_t* cu, int num_seqs, int64
   return lo;
 }
 
-// Programmatic dependent launch: `kernel` may start while the kernel before it on the stream is still
-// running (once every block of that one has called cudaTriggerProgrammaticLaunchCompletion or
-// exited); it must call cudaGridDependencySynchronize before reading anything that one writes.
+// Programmatic dependent launch (PDL): `kernel` may start while the kernel before it on the stream
+// is still running, once every block of that one has called cudaTriggerProgrammaticLaunchCompletion
+// (pdl_enter) or exited. It must call cudaGridDependencySynchronize before it reads or writes
+// anything an earlier kernel writes or reads; what it does before (loading weights no kernel writes)
+// overlaps that kernel's tail, and its blocks are resident when the wait returns: a decode step of
+// the 48B runs ~450 launches, most of them a few µs, so the ramp between launches is its largest cost.
 template <typename... Params, typename... Args>
-void launch_dependent(cudaStream_t stream, void (*kernel)(Params...), dim3 grid, dim3 block, const std::string& what,
-                      Args... args) {
+void launch_dependent(cudaStream_t stream, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      const std::string& what, Args... args) {
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = &overlap;
   cfg.numAttrs = 1;
   KL_CUDA(cudaLaunchKernelEx(&cfg, kernel, args...), what);
+}
+
+// The first statement of a kernel launched through launch_dependent that reads or writes nothing
+// before it: wait for the kernel before (its writes visible), then let the next one launch (its
+// blocks wait in their own pdl_enter until this grid is done). A no-op under a plain launch.
+__device__ __forceinline__ void pdl_enter() {
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
 }
 
 // ---- Row-wise kernels in chunks of kRowChunk consecutive elements of a row (conv, glu, the MoE

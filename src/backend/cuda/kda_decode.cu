@@ -331,6 +331,7 @@ __global__ void __launch_bounds__(kNormThreads) norm_kernel(DecodeStep s) {
     load_chunk(s.o_norm, col, n, s.vec, onw);
   }
   cudaGridDependencySynchronize();  // the state launch's o is complete
+  cudaTriggerProgrammaticLaunchCompletion();
   if (padded) return;  // uniform over a group
   if (n > 0) load_chunk(In{s.o, false}, pair * s.dv + col, n, s.vec, ov);
   float ss = 0.0f;
@@ -399,12 +400,12 @@ void CudaBackend::kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) {
                                 : d.kc == 3 ? prelude_kernel<3>
                                             : prelude_kernel<4>;
   launch_dependent(stream_, prelude, dim3((heads + kPreHeads - 1) / kPreHeads, rows), dim3(kPreThreads),
-                   what + " (prelude)", s);
+                   0, what + " (prelude)", s);
   const auto tiles = static_cast<unsigned>((d.dv + kTileCols - 1) / kTileCols);
-  launch_dependent(stream_, state_kernel, dim3(tiles, heads, rows), dim3(kThreads), what + " (state)", s);
+  launch_dependent(stream_, state_kernel, dim3(tiles, heads, rows), dim3(kThreads), 0, what + " (state)", s);
   const int64_t pairs = d.rows * d.heads;
   launch_dependent(stream_, norm_kernel, dim3(static_cast<unsigned>((pairs + kNormRows - 1) / kNormRows)),
-                   dim3(kNormThreads), what + " (norm)", s);
+                   dim3(kNormThreads), 0, what + " (norm)", s);
 }
 
 }  // namespace klinear::cuda

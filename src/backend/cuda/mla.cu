@@ -144,6 +144,7 @@ __global__ void __launch_bounds__(kCombineDims * kCombineGroups) combine_kernel(
                                                                                 int dv, Out o) {
   __shared__ float w_s[kMaxSplits];
   __shared__ float red[kCombineGroups][kCombineDims];
+  pdl_enter();
   const int64_t nh = blockIdx.x;
   const float* ml = part_ml + nh * splits * 2;
   if (threadIdx.x < 32) {
@@ -178,6 +179,7 @@ __global__ void __launch_bounds__(kCombineDims * kCombineGroups) combine_kernel(
 
 __global__ void cache_write_kernel(In rows, int64_t n, int64_t width, const int32_t* cu, const int32_t* cached,
                                    int num_seqs, Rows where, Out pages) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * width; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / width, c = i % width;
     const int b = seq_of_row(cu, num_seqs, r);
@@ -225,11 +227,10 @@ void CudaBackend::mla_cache_write(const Tensor& rows, const Tensor& pages, const
            "mla_cache_write rows " + shapes(rows) + " pages " + shapes(pages));
   if (n == 0) return;
   const Rows where{true, layout.dev.page_table.data_as<const int32_t>(), layout.max_pages, layout.page_size, nullptr};
-  cache_write_kernel<<<blocks_for(n * width, 256), 256, 0, stream_>>>(
-      in(rows, "mla_cache_write"), n, width, layout.dev.cu_seqlens.data_as<const int32_t>(),
-      layout.dev.cached.data_as<const int32_t>(), static_cast<int>(layout.num_seqs()), where,
-      out(pages, "mla_cache_write"));
-  KL_LAUNCHED("mla_cache_write " + shapes(rows));
+  launch_dependent(stream_, cache_write_kernel, dim3(blocks_for(n * width, 256)), dim3(256), 0,
+                   "mla_cache_write " + shapes(rows), in(rows, "mla_cache_write"), n, width,
+                   layout.dev.cu_seqlens.data_as<const int32_t>(), layout.dev.cached.data_as<const int32_t>(),
+                   static_cast<int>(layout.num_seqs()), where, out(pages, "mla_cache_write"));
 }
 
 namespace {
@@ -250,11 +251,10 @@ void run_combine(CudaBackend& be, const Partials& pt, const Tensor& out_t, const
   const int64_t n = out_t.dim(0), heads = out_t.dim(1), dv = out_t.dim(2);
   KL_CHECK(pt.splits >= 1 && pt.splits <= kMaxSplits && out_t.numel() == n * heads * dv, what + ": combine of " +
                std::to_string(pt.splits) + " splits into " + shapes(out_t));
-  combine_kernel<<<dim3(static_cast<unsigned>(n * heads), static_cast<unsigned>((dv + kCombineDims - 1) / kCombineDims)),
-                   kCombineDims * kCombineGroups, 0, be.stream()>>>(pt.o.data_as<const float>(),
-                                                                     pt.ml.data_as<const float>(), pt.splits,
-                                                                     static_cast<int>(dv), out(out_t, what.c_str()));
-  KL_LAUNCHED(what + " (combine)");
+  launch_dependent(be.stream(), combine_kernel,
+                   dim3(static_cast<unsigned>(n * heads), static_cast<unsigned>((dv + kCombineDims - 1) / kCombineDims)),
+                   dim3(kCombineDims * kCombineGroups), 0, what + " (combine)", pt.o.data_as<const float>(),
+                   pt.ml.data_as<const float>(), pt.splits, static_cast<int>(dv), out(out_t, what.c_str()));
 }
 
 // Blocks per row along the keys: enough blocks for about `waves` per SM over all rows and head
@@ -314,6 +314,7 @@ __global__ void __launch_bounds__(absorbed::kThreads, 1) absorbed_kernel(Absorbe
   using namespace absorbed;
   using namespace mma;
   extern __shared__ __align__(16) unsigned char smem[];
+  pdl_enter();
   auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem);             // [kHeads][kPitch]
   __nv_bfloat16* kv_s = q_s + kHeads * kPitch;                      // [2][kTokens][kPitch]
   auto* s_s = reinterpret_cast<float*>(kv_s + 2 * kTokens * kPitch);  // [kHeads][kSPitch]
@@ -520,9 +521,9 @@ void run_absorbed(CudaBackend& be, const MlaArgs& a, const Tensor& qlat, const S
   p.scale_log2 = a.scale * 1.4426950408889634f;
   p.part_o = pt.o.data_as<float>();
   p.part_ml = pt.ml.data_as<float>();
-  absorbed_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(head_tiles), static_cast<unsigned>(pt.splits)),
-                    kThreads, kSmem, be.stream()>>>(p);
-  KL_LAUNCHED(what + " (absorbed attention)");
+  launch_dependent(be.stream(), absorbed_kernel,
+                   dim3(static_cast<unsigned>(n), static_cast<unsigned>(head_tiles), static_cast<unsigned>(pt.splits)),
+                   dim3(kThreads), kSmem, what + " (absorbed attention)", p);
   run_combine(be, pt, olat, what);
 }
 

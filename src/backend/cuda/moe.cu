@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
     route_kernel(const float* logits, const float* bias, int e, int64_t n, RouteParams p, int32_t* idx, float* weights) {
   extern __shared__ float route_sm[];
   __shared__ int chosen[kRouteWarps][32];
+  pdl_enter();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = blockIdx.x * int64_t{kRouteWarps} + warp;
   if (t >= n) return;  // a whole warp; the kernel has no block barrier
@@ -557,9 +558,9 @@ void launch_stages(CudaBackend& be, ExpertsArgs a, int64_t n, int64_t entries, c
   const auto y = static_cast<unsigned>(entries);
   launch_dependent(be.stream(), experts_kernel<T, kVec, kRows, Stage::kGateUp>,
                    dim3(static_cast<unsigned>((a.f + kRows / 2 - 1) / (kRows / 2)), y), dim3(kThreads),
-                   what + " (gate_up)", a);
+                   0, what + " (gate_up)", a);
   launch_dependent(be.stream(), experts_kernel<T, kVec, kRows, Stage::kDown>, dim3(static_cast<unsigned>(down_tiles), y),
-                   dim3(kThreads), what + " (down)", a);
+                   dim3(kThreads), 0, what + " (down)", a);
 }
 
 // plan_kernel over idx [N, K] into slots [N·K] and what `out` asks for.
@@ -780,6 +781,7 @@ struct RowsArgs {
 // Block tile + tiles·s (tiles = ⌈f / 8⌉): warp w computes feature tile·8 + w of slot s's expert: the gate and up
 // rows against x[s / K], each sum rounded to bf16 (as every linear's output is), the GLU into act.
 __global__ void __launch_bounds__(kRowWarps * 32) rows_gate_up_kernel(RowsArgs p) {
+  pdl_enter();  // idx comes from the router
   const int64_t tiles = (p.f + kRowWarps - 1) / kRowWarps, s = blockIdx.x / tiles;
   const int64_t feature = blockIdx.x % tiles * kRowWarps + threadIdx.x / 32;
   if (feature >= p.f) return;
@@ -806,7 +808,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) rows_down_kernel(RowsArgs p) {
   const int64_t tiles = (p.dout + kRowWarps - 1) / kRowWarps, t = blockIdx.x / tiles;
   const int64_t d = blockIdx.x % tiles * kRowWarps + threadIdx.x / 32;
   if (d >= p.dout) return;
-  cudaGridDependencySynchronize();  // act comes from the gate/up launch
+  pdl_enter();  // act comes from the gate/up launch
   float acc = 0.0f;
   for (int j0 = 0; j0 < p.k; j0 += kDownPicks) {
     const int live = min(kDownPicks, p.k - j0);
@@ -858,10 +860,10 @@ void experts_rows(CudaBackend& be, const Tensor& x, const Tensor& idx, const Ten
   const int64_t up_blocks = (f + kRowWarps - 1) / kRowWarps * n * k;
   const int64_t down_blocks = (dout + kRowWarps - 1) / kRowWarps * n;
   KL_CHECK(up_blocks <= INT_MAX && down_blocks <= INT_MAX, what + ": too many rows for the rows path");
-  rows_gate_up_kernel<<<static_cast<unsigned>(up_blocks), kRowWarps * 32, 0, be.stream()>>>(a);
-  KL_LAUNCHED(what + " (rows gate_up)");
+  launch_dependent(be.stream(), rows_gate_up_kernel, dim3(static_cast<unsigned>(up_blocks)), dim3(kRowWarps * 32), 0,
+                   what + " (rows gate_up)", a);
   launch_dependent(be.stream(), rows_down_kernel, dim3(static_cast<unsigned>(down_blocks)), dim3(kRowWarps * 32),
-                   what + " (rows down)", a);
+                   0, what + " (rows down)", a);
 }
 
 // ---- swapped GEMMs
@@ -978,10 +980,10 @@ void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const Rout
                " experts, 32 picks, " + std::to_string(kMaxGroups) + " groups)");
   if (n == 0) return;
   const size_t smem = kRouteWarps * 2 * e * sizeof(float);
-  route_kernel<<<static_cast<unsigned>((n + kRouteWarps - 1) / kRouteWarps), kRouteWarps * 32, smem, stream_>>>(
-      logits.data_as<const float>(), bias.data_as<const float>(), static_cast<int>(e), n, p, idx.data_as<int32_t>(),
-      weights.data_as<float>());
-  KL_LAUNCHED("moe_route " + shapes(logits));
+  launch_dependent(stream_, route_kernel, dim3(static_cast<unsigned>((n + kRouteWarps - 1) / kRouteWarps)),
+                   dim3(kRouteWarps * 32), smem, "moe_route " + shapes(logits), logits.data_as<const float>(),
+                   bias.data_as<const float>(), static_cast<int>(e), n, p, idx.data_as<int32_t>(),
+                   weights.data_as<float>());
 }
 
 void CudaBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,

@@ -12,6 +12,7 @@ constexpr int kThreads = 256;
 // y[r] = x[r]·rsqrt(mean(x[r]²) + eps)·w (· σ(gate[r]) when gated).
 __global__ void rms_norm_kernel(In x, In w, In gate, bool gated, int64_t c, float eps, Out y) {
   __shared__ float scratch[32];
+  pdl_enter();
   const int64_t base = blockIdx.x * c;
   float ss = 0.0f;
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
@@ -47,6 +48,7 @@ template <int kChunks>
 __global__ void __launch_bounds__(kAddNormMaxThreads)
     add_rms_norm_kernel(Out h, In x, In w, int64_t c, bool vec, float eps, Out y) {
   __shared__ float scratch[32];
+  pdl_enter();
   const int64_t base = blockIdx.x * c;
   float v[kChunks][kRowChunk];
   float ss = 0.0f;
@@ -89,10 +91,8 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Te
   const int64_t c = w.numel(), rows = c == 0 ? 0 : x.numel() / c;
   KL_CHECK(x.dim(-1) == c && y.numel() == x.numel(), "rms_norm x " + shapes(x) + " w " + shapes(w) + " y " + shapes(y));
   if (rows == 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream_>>>(in(x, "rms_norm"), in(w, "rms_norm"),
-                                                                         In{nullptr, false}, false, c, eps,
-                                                                         out(y, "rms_norm"));
-  KL_LAUNCHED("rms_norm " + shapes(x));
+  launch_dependent(stream_, rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, "rms_norm " + shapes(x),
+                   in(x, "rms_norm"), in(w, "rms_norm"), In{nullptr, false}, false, c, eps, out(y, "rms_norm"));
 }
 
 void CudaBackend::gated_rms_norm(const Tensor& o, const Tensor& w, const Tensor& gate, float eps, const Tensor& y) {
@@ -100,10 +100,9 @@ void CudaBackend::gated_rms_norm(const Tensor& o, const Tensor& w, const Tensor&
   KL_CHECK(d > 0 && o.numel() % d == 0 && gate.numel() == o.numel() && y.numel() == o.numel(),
            "gated_rms_norm o " + shapes(o) + " w " + shapes(w) + " gate " + shapes(gate));
   if (rows == 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(rows), d <= 128 ? 128 : kThreads, 0, stream_>>>(
-      in(o, "gated_rms_norm"), in(w, "gated_rms_norm"), in(gate, "gated_rms_norm"), true, d, eps,
-      out(y, "gated_rms_norm"));
-  KL_LAUNCHED("gated_rms_norm " + shapes(o));
+  launch_dependent(stream_, rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(d <= 128 ? 128 : kThreads), 0,
+                   "gated_rms_norm " + shapes(o), in(o, "gated_rms_norm"), in(w, "gated_rms_norm"),
+                   in(gate, "gated_rms_norm"), true, d, eps, out(y, "gated_rms_norm"));
 }
 
 void CudaBackend::add_rms_norm(const AddNormArgs& a) {
@@ -123,10 +122,9 @@ void CudaBackend::add_rms_norm(const AddNormArgs& a) {
   const bool vec = c % kRowChunk == 0 && aligned16(a.h.data()) && aligned16(a.x.data()) && aligned16(a.w.data()) &&
                    aligned16(a.y.data());
   auto* kernel = per_thread == 1 ? add_rms_norm_kernel<1> : add_rms_norm_kernel<kAddNormMaxChunks>;
-  kernel<<<static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0, stream_>>>(
-      out(a.h, "add_rms_norm"), in(a.x, "add_rms_norm"), in(a.w, "add_rms_norm"), c, vec, a.eps,
-      out(a.y, "add_rms_norm"));
-  KL_LAUNCHED("add_rms_norm " + shapes(a.h));
+  launch_dependent(stream_, kernel, dim3(static_cast<unsigned>(rows)), dim3(static_cast<unsigned>(threads)), 0,
+                   "add_rms_norm " + shapes(a.h), out(a.h, "add_rms_norm"), in(a.x, "add_rms_norm"),
+                   in(a.w, "add_rms_norm"), c, vec, a.eps, out(a.y, "add_rms_norm"));
 }
 
 }  // namespace klinear::cuda
