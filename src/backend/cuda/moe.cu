@@ -52,13 +52,14 @@
 //   down with the expert weights as the M operand (moe_gemm_sm90.cu: problem lists written on the
 //   device, capturable), the GLU and the combine in launches of their own. Eight launches; the
 //   weights stream at 94-98 % of the copy rate from N = 32 (moe.h has the measurements).
-// - kRows (N ≤ kMoeRowsMaxTokens: batch-1 decode): no plan. gate/up: a warp per (slot, feature)
+// - kRows (N ≤ kMoeRowsMaxTokens, 8: small decode batches): no plan. gate/up: a warp per (slot, feature)
 //   streams the slot's expert's gate and up rows against the token's x in 16-byte loads, rounds both
 //   sums to bf16 and writes the GLU to act; down (a programmatic dependent): a warp per (token,
 //   output feature) walks the token's picks in order, four rows' loads at a time, each product
 //   rounded to bf16 (the expert's output) and summed in fp32 as the combine does. At N = 1 that is
-//   113 MB of weights in 8,192 + 2,304 warps over two launches; predicted ~30-35 µs for route +
-//   experts against the grouped path's 50 (not yet run on a GPU).
+//   113 MB of weights in 8,192 + 2,304 warps over two launches: 42 µs for route + experts as a
+//   graph (the router 7.7 of it) against the grouped path's 51 and a 27 µs floor (predicted 30-35);
+//   at 2-8 tokens 10 % ahead of the grouped path (moe.h).
 // - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
 //   GEMM launch per projection over the active experts (a problem each: CUTLASS's kernel for BF16,
 //   cuBLAS's grouped call otherwise, gemm.cu), the same combine in a separate kernel.

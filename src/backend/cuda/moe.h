@@ -45,10 +45,10 @@ inline constexpr int64_t kMoeGroupedMaxTokens = 256;
 // / 0.8804, N=256 1.1035 / 0.9188 (floor 0.8635: 94 % against 78 %).
 inline constexpr int64_t kMoeSwappedMinTokens = 16;
 
-// The largest token count that runs on the rows path (predicted, not yet measured: at N = 1 the
-// grouped path takes 0.050 ms for route + experts against a 0.027 ms floor; the rows path's two
-// launches stream the 113 MB as gemm.cu's small-row kernel streams a projection, ~3.5 TB/s).
-inline constexpr int64_t kMoeRowsMaxTokens = 1;
+// The largest token count that runs on the rows path. Measured on the H200 (ops_bench moe, 48B
+// shape, route + experts as a graph, 2026-12-02 12:15Z), grouped / rows ms: N=1 0.0507 / 0.0421,
+// N=2 0.0824 / 0.0738, N=4 0.1393 / 0.1237, N=8 0.2262 / 0.2198 (swapped 0.2333).
+inline constexpr int64_t kMoeRowsMaxTokens = 8;
 
 // "grouped", "swapped GEMM", "rows" or "per-expert GEMM".
 const char* moe_path_name(MoePath path);
