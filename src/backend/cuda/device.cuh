@@ -6,8 +6,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "backend/cuda/backend.h"
 
@@ -96,6 +98,16 @@ __device__ __forceinline__ int seq_of_row(const int32_t* cu, int num_seqs, int64
 // anything an earlier kernel writes or reads; what it does before (loading weights no kernel writes)
 // overlaps that kernel's tail, and its blocks are resident when the wait returns: a decode step of
 // the 48B runs ~450 launches, most of them a few µs, so the ramp between launches is its largest cost.
+// KLINEAR_PDL=off launches them plainly (each then waits for the whole kernel before; pdl_enter
+// is a no-op): the overlap timed against none in one build (docs/PERF.md).
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KLINEAR_PDL");
+    return v == nullptr || std::string_view(v) != "off";
+  }();
+  return on;
+}
+
 template <typename... Params, typename... Args>
 void launch_dependent(cudaStream_t stream, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                       const std::string& what, Args... args) {
@@ -108,7 +120,7 @@ void launch_dependent(cudaStream_t stream, void (*kernel)(Params...), dim3 grid,
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = &overlap;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
   KL_CUDA(cudaLaunchKernelEx(&cfg, kernel, args...), what);
 }
 

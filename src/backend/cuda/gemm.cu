@@ -58,21 +58,19 @@ struct GemvProblems {
 };
 
 // Warp w of block x owns one column of the problem the block falls in. Launched as a programmatic
-// dependent (device.cuh): before the wait a warp asks L2 for its weight row (128-byte lines), so the
-// blocks resident while the kernel before (which wrote `a`) finishes have their weights on the way.
-// The lane's own loads come after the wait (loading them into registers there instead measured 1.5×
-// slower for the large projections: a third round trip to memory on each warp's path).
+// dependent (device.cuh). It loads nothing before the wait: loading the first weight chunks into
+// registers there added a round trip to every warp (the large projections 1.5× slower, H200,
+// 2026-12-02 12:15Z), and asking L2 for the rows there filled L2 with the next projection's rows
+// while this one streamed (1.1-1.2× slower, 12:21Z).
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const __nv_bfloat16* __restrict__ a, int k, GemvProblems ps) {
   int i = 0;
   while (i + 1 < ps.count && static_cast<int>(blockIdx.x) >= ps.first_block[i + 1]) ++i;
   const GemvProblem& p = ps.p[i];
   const int lane = threadIdx.x % 32, col = (blockIdx.x - ps.first_block[i]) * kGemvWarps + threadIdx.x / 32;
-  const __nv_bfloat16* row = p.b + static_cast<int64_t>(col) * p.ldb;
-  if (col < p.n)
-    for (int j = 64 * lane; j < k; j += 64 * 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + j));
   pdl_enter();
   if (col >= p.n) return;
+  const __nv_bfloat16* row = p.b + static_cast<int64_t>(col) * p.ldb;
   float acc = 0.0f;
 #pragma unroll 8
   for (int j = 8 * lane; j < k; j += 8 * 32) {
