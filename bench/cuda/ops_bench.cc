@@ -309,8 +309,9 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
 // host launch time included); then route + experts replayed from a CUDA graph (the decode step's
 // view) on the default path at N in {1, 64, 256}, on the grouped and swapped paths at N in {1, 8,
 // 16, 32, 64, 128, 256}, where the threshold between them falls, on the grouped and rows paths at N
-// in {1, 2, 4, 8} (the rows path's threshold), and the router and the rows path's experts alone at
-// N = 1.
+// in {1, 2, 4, 8} (the rows path's threshold), the router and the rows path's experts alone at
+// N = 1, and at N = 1 with a shared expert (its gate/up projection an input; the rows path fuses
+// its GLU and down, the grouped path adds them through glu, linear and add).
 // Bytes count the experts the draw actually uses: their weights (3·D·F each), x and out (bf16),
 // logits (fp32).
 // FLOP: 2·3·D·F per (token, pick).
@@ -325,14 +326,20 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const RouteParams rp{static_cast<int>(K), 1, 1, true, 2.446f};
   enum class Part { kRouteAndExperts, kRoute, kExperts };
   enum class Replay { kEager, kGraph };
+  enum class Shared { kNone, kOne };  // kOne: a shared expert of width F beside the routed ones
+  const Tensor shared_down = random_tensor(be, {D, F}, gen, DType::kBF16, -0.02f, 0.02f);
   // `path`: the path the experts run; none: the one moe_experts picks.
-  auto run = [&](int64_t n, Part part, std::optional<cuda::MoePath> path, Replay replay = Replay::kEager) {
+  auto run = [&](int64_t n, Part part, std::optional<cuda::MoePath> path, Replay replay = Replay::kEager,
+                 Shared with = Shared::kNone) {
     be.begin_step();
     const Tensor x = random_tensor(be, {n, D}, gen, DType::kBF16);
     const Tensor logits = random_tensor(be, {n, E}, gen, DType::kF32, -3, 3);
     const Tensor idx = be.alloc_persistent(DType::kI32, {n, K});
     const Tensor w = be.alloc_persistent(DType::kF32, {n, K});
     const Tensor o = be.alloc_persistent(DType::kBF16, {n, D});
+    const SharedExperts shared = with == Shared::kOne
+                                     ? SharedExperts{random_tensor(be, {n, 2 * F}, gen, DType::kBF16), shared_down}
+                                     : SharedExperts{};
     be.moe_route(logits, bias, rp, idx, w);
     const Tensor ih = be.to_host(idx);
     std::vector<bool> used(E, false);
@@ -342,24 +349,24 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
     const auto step = [&] {
       be.begin_step();
       if (part != Part::kExperts) be.moe_route(logits, bias, rp, idx, w);
-      if (part != Part::kRoute) cuda::moe_experts_on(be, taken, x, idx, w, w13, w2, GluParams{}, o);
+      if (part != Part::kRoute) cuda::moe_experts_on(be, taken, x, idx, w, w13, w2, GluParams{}, o, shared);
     };
     const bool graph = replay == Replay::kGraph;
     const double ms = graph ? graph_ms(be, step) : time_ms(be, step);
     const double route_bytes = n * E * 4.0 + n * K * 8.0;
-    const double expert_bytes = active * 3.0 * D * F * 2 + n * D * 2.0 * 2;
+    const double expert_bytes = (active + (with == Shared::kOne)) * 3.0 * D * F * 2 + n * D * 2.0 * 2;
     const double bytes = part == Part::kRoute     ? route_bytes
                          : part == Part::kExperts ? expert_bytes
                                                   : route_bytes + expert_bytes;
-    const double flop = part == Part::kRoute ? 0.0 : n * K * 2.0 * 3.0 * D * F;
+    const double flop = part == Part::kRoute ? 0.0 : n * (K + (with == Shared::kOne)) * 2.0 * 3.0 * D * F;
     const std::string op = std::string(part == Part::kRoute              ? "moe_route"
                                        : part == Part::kRouteAndExperts ? "moe route+experts"
                                                                         : "moe_experts") +
                            (!graph ? "" : ms < 0 ? " NO GRAPH" : " graph");
     char shape[96];
-    std::snprintf(shape, sizeof shape, "N=%lld %s%s%d experts used", (long long)n,
+    std::snprintf(shape, sizeof shape, "N=%lld %s%s%d experts used%s", (long long)n,
                   part == Part::kRoute ? "" : cuda::moe_path_name(taken), part == Part::kRoute ? "" : ", ",
-                  static_cast<int>(active));
+                  static_cast<int>(active), with == Shared::kOne ? " + shared" : "");
     row(op, shape, ms, flop, bytes);
   };
   using cuda::MoePath;
@@ -378,6 +385,7 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   for (int64_t n : {1, 8}) run(n, Part::kRouteAndExperts, MoePath::kRows, g);
   run(1, Part::kRoute, std::nullopt, g);
   run(1, Part::kExperts, MoePath::kRows, g);
+  for (const MoePath p : {MoePath::kGrouped, MoePath::kRows}) run(1, Part::kRouteAndExperts, p, g, Shared::kOne);
 }
 
 // The routed experts' GEMMs of Kimi-Linear-48B alone (gemm_grouped, moe.cu's per-expert path):

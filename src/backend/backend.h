@@ -50,6 +50,14 @@ struct KdaGateParams {
 };
 
 // SPEC 3.3: sigmoid scores, bias for selection only, grouped top-k, renormalise, scale.
+// The shared experts of a MoE block (SPEC 3.4) as moe_experts takes them: their gate/up projection
+// of the block's input (computed with the router's logits, one launch) and their down weight.
+// gate_up undefined: none.
+struct SharedExperts {
+  Tensor gate_up;  // [N, 2·Fs], the activation dtype
+  Tensor down;     // [Dout, Fs]
+};
+
 struct RouteParams {
   int top_k = 1;
   int num_groups = 1;   // grouped selection runs when num_groups > topk_group
@@ -349,9 +357,10 @@ class Backend {
   virtual void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
                          const Tensor& weights) = 0;
   // out [N, Dout] ← Σ_k weights[n,k] · down_e(glu(gate_up_e(x[n]))) with e = idx[n, k];
-  // x [N, Din], w13 [E, 2F, Din], w2 [E, Dout, F] (as returned by upload / upload_mxfp4).
+  // x [N, Din], w13 [E, 2F, Din], w2 [E, Dout, F] (as returned by upload / upload_mxfp4). With
+  // `shared` defined, then out ← out + shared.down · glu(shared.gate_up) (add_shared_experts).
   virtual void moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
-                           const Tensor& w2, const GluParams& p, const Tensor& out) = 0;
+                           const Tensor& w2, const GluParams& p, const Tensor& out, const SharedExperts& shared) = 0;
 
   // ---- AttnRes (SPEC 7.1)
   // out [N, D] ← Σ_i softmax_i(ρ_i · (v_i · e)) · v_i over candidates v_i [N, D], with
@@ -361,6 +370,12 @@ class Backend {
   // ---- sampling (see SampleArgs)
   virtual void sample(const SampleArgs& a) = 0;
 };
+
+// moe_experts' shared experts (moe_shared.cc): the checks (Fs; 0 when `s` is undefined), and their
+// part composed from the other ops, out ← out + down · glu(gate_up), each op's output rounded to its
+// dtype: the CPU's form and the reference of the CUDA rows path, which fuses it.
+int64_t check_shared_experts(const SharedExperts& s, int64_t n, const Tensor& out);
+void add_shared_experts(Backend& be, const SharedExperts& s, const GluParams& p, const Tensor& out);
 
 // A KDA layer's rows after its projections, op by op over `layout` (the rows of a's tensors, any
 // number per sequence; pad_slot unused): short_conv, the q/k/v split (copy_columns), kda_gate,

@@ -53,13 +53,14 @@ Tensor Model::moe(const MoeWeights& w, const Tensor& x) {
   Tensor out = act({T, c.hidden_size});
   if (c.has_latent_moe()) {
     Tensor r = act({T, c.routed_expert_hidden_size});
-    be.moe_experts(z, idx, weights, w.w13, w.w2, glu_params(c), r);
+    be.moe_experts(z, idx, weights, w.w13, w.w2, glu_params(c), r, SharedExperts{});
     if (w.latent_norm.defined()) be.rms_norm(r, w.latent_norm, static_cast<float>(c.rms_norm_eps), r);
     be.linear(r, w.latent_up, out);
-  } else {
-    be.moe_experts(x, idx, weights, w.w13, w.w2, glu_params(c), out);
+    if (w.has_shared) be.add(out, mlp_down(w.shared, shared_gu));
+  } else {  // the shared experts in the same call: a backend may fuse them with the routed ones
+    be.moe_experts(x, idx, weights, w.w13, w.w2, glu_params(c), out,
+                   w.has_shared ? SharedExperts{shared_gu, w.shared.down} : SharedExperts{});
   }
-  if (w.has_shared) be.add(out, mlp_down(w.shared, shared_gu));
   return out;
 }
 

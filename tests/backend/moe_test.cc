@@ -1,5 +1,7 @@
 // Routed experts (SPEC 3.4) on every backend row against a plain per-token loop: out[t] = Σ_k w[t,k] ·
-// down_e(glu(gate_up_e(x[t]))) with e = idx[t,k]. The table covers 1 to 300 tokens (CUDA: every path
+// down_e(glu(gate_up_e(x[t]))) with e = idx[t,k], plus the shared experts' down(glu(gate_up[t])) where
+// the case has them (the rows path fuses them when they are bf16 with widths of 8; the others add them
+// through glu, linear and add). The table covers 1 to 300 tokens (CUDA: every path
 // that fits a case, the default first: the grouped path and the swapped GEMMs up to
 // kMoeGroupedMaxTokens = 256, the rows path and the per-expert GEMMs at any count; the swapped GEMMs
 // and the rows path take BF16 with widths that are multiples of 8), widths that are and are not
@@ -36,6 +38,7 @@ struct MoeCase {
   int64_t k;     // experts per token
   Picks picks;
   GluParams glu;
+  int64_t fs;    // shared experts' intermediate width (0: none)
 };
 
 const GluParams kSilu{Activation::kSilu, 1.0f, std::nullopt};
@@ -43,23 +46,24 @@ const GluParams kSitu{Activation::kSitu, 4.0f, std::nullopt};
 const GluParams kSituLinear{Activation::kSitu, 4.0f, 25.0f};
 
 const MoeCase kCases[] = {
-    {"one_token", 1, 64, 32, 48, 16, 4, Picks::kSpread, kSilu},
-    {"three_tokens_odd_widths", 3, 20, 12, 18, 6, 3, Picks::kHot, kSituLinear},
-    {"64_tokens_situ", 64, 40, 24, 40, 32, 4, Picks::kSpread, kSitu},
-    {"64_tokens_hot", 64, 96, 40, 72, 24, 6, Picks::kHot, kSituLinear},
-    {"256_tokens_hot", 256, 48, 16, 33, 40, 8, Picks::kHot, kSilu},
-    {"256_tokens_spread", 256, 64, 24, 64, 64, 8, Picks::kSpread, kSituLinear},
-    {"256_tokens_hot_widths_of_8", 256, 64, 32, 64, 40, 8, Picks::kHot, kSitu},
-    {"300_tokens", 300, 32, 16, 40, 20, 4, Picks::kHot, kSitu},
-    {"300_tokens_odd_widths", 300, 36, 20, 50, 24, 4, Picks::kHot, kSituLinear},
-    {"14_tokens", 14, 64, 40, 72, 64, 4, Picks::kSpread, kSilu},
-    {"15_tokens", 15, 64, 40, 72, 64, 4, Picks::kSpread, kSituLinear},
-    {"45_tokens_hot_odd_widths", 45, 36, 20, 50, 64, 4, Picks::kHot, kSitu},
-    {"70_tokens_narrow_hot", 70, 40, 12, 20, 64, 4, Picks::kHot, kSituLinear},
-    {"hot_512_experts", 40, 32, 24, 40, 512, 2, Picks::kHot, kSitu},
-    {"300_experts_odd_f", 48, 40, 20, 24, 300, 2, Picks::kSpread, kSilu},
-    {"256_experts_spread", 256, 32, 24, 48, 256, 8, Picks::kSpread, kSilu},
-    {"wide_hot_six_groups", 192, 600, 200, 300, 128, 6, Picks::kHot, kSilu},
+    {"one_token", 1, 64, 32, 48, 16, 4, Picks::kSpread, kSilu, 32},
+    {"three_tokens_odd_widths", 3, 20, 12, 18, 6, 3, Picks::kHot, kSituLinear, 12},
+    {"64_tokens_situ", 64, 40, 24, 40, 32, 4, Picks::kSpread, kSitu, 24},
+    {"64_tokens_hot", 64, 96, 40, 72, 24, 6, Picks::kHot, kSituLinear, 0},
+    {"256_tokens_hot", 256, 48, 16, 33, 40, 8, Picks::kHot, kSilu, 0},
+    {"256_tokens_spread", 256, 64, 24, 64, 64, 8, Picks::kSpread, kSituLinear, 0},
+    {"256_tokens_hot_widths_of_8", 256, 64, 32, 64, 40, 8, Picks::kHot, kSitu, 32},
+    {"300_tokens", 300, 32, 16, 40, 20, 4, Picks::kHot, kSitu, 0},
+    {"300_tokens_odd_widths", 300, 36, 20, 50, 24, 4, Picks::kHot, kSituLinear, 0},
+    {"14_tokens", 14, 64, 40, 72, 64, 4, Picks::kSpread, kSilu, 16},
+    {"15_tokens", 15, 64, 40, 72, 64, 4, Picks::kSpread, kSituLinear, 0},
+    {"45_tokens_hot_odd_widths", 45, 36, 20, 50, 64, 4, Picks::kHot, kSitu, 0},
+    {"70_tokens_narrow_hot", 70, 40, 12, 20, 64, 4, Picks::kHot, kSituLinear, 0},
+    {"hot_512_experts", 40, 32, 24, 40, 512, 2, Picks::kHot, kSitu, 0},
+    {"300_experts_odd_f", 48, 40, 20, 24, 300, 2, Picks::kSpread, kSilu, 0},
+    {"256_experts_spread", 256, 32, 24, 48, 256, 8, Picks::kSpread, kSilu, 0},
+    {"8_tokens_shared_wider", 8, 64, 32, 48, 64, 8, Picks::kSpread, kSituLinear, 64},
+    {"wide_hot_six_groups", 192, 600, 200, 300, 128, 6, Picks::kHot, kSilu, 40},
 };
 
 class MoeExperts : public testing::BackendTest {};
@@ -99,7 +103,24 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
     x = host(dx);
     w13 = host(dw13);
     w2 = host(dw2);
+    // The shared experts: their projection of x (an input here) and down weight.
+    const int64_t fs = c.fs;
+    Tensor shared_gu = testing::random_tensor(rng, {n, 2 * std::max<int64_t>(fs, 1)});
+    Tensor shared_down = testing::random_tensor(rng, {dout, std::max<int64_t>(fs, 1)}, -0.5f, 0.5f);
+    const Tensor dshared_gu = dev(shared_gu), dshared_down = persistent(shared_down, act());
+    shared_gu = host(dshared_gu);
+    shared_down = host(dshared_down);
+    const SharedExperts shared = fs > 0 ? SharedExperts{dshared_gu, dshared_down} : SharedExperts{};
     Tensor expect = Tensor::zeros(DType::kF32, {n, dout});
+    for (int64_t t = 0; t < n && fs > 0; ++t) {
+      std::vector<float> a(fs);
+      cpu::glu_rows(shared_gu.f32() + t * 2 * fs, 1, fs, c.glu, a.data());
+      for (int64_t r = 0; r < dout; ++r) {
+        double acc = 0;
+        for (int64_t j = 0; j < fs; ++j) acc += double(shared_down.f32()[r * fs + j]) * a[j];
+        expect.f32()[t * dout + r] = float(acc);
+      }
+    }
     for (int64_t t = 0; t < n; ++t)
       for (int64_t i = 0; i < k; ++i) {
         const int32_t e = idx.data_as<int32_t>()[t * k + i];
@@ -121,7 +142,7 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
     Tensor runs[2];
     for (Tensor& got : runs) {
       const Tensor out = poisoned({n, dout});
-      be().moe_experts(dx, didx, dweights, dw13, dw2, c.glu, out);
+      be().moe_experts(dx, didx, dweights, dw13, dw2, c.glu, out, shared);
       got = host(out);
     }
     EXPECT_TRUE(testing::all_close(runs[0], expect, tol()));
@@ -134,7 +155,7 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
         if (path == cuda::moe_path_for(dx, dw13, dw2) || !cuda::moe_path_fits(path, dx, dw13, dw2)) continue;
         SCOPED_TRACE(cuda::moe_path_name(path));
         const Tensor out = poisoned({n, dout});
-        cuda::moe_experts_on(*cuda, path, dx, didx, dweights, dw13, dw2, c.glu, out);
+        cuda::moe_experts_on(*cuda, path, dx, didx, dweights, dw13, dw2, c.glu, out, shared);
         EXPECT_TRUE(testing::all_close(host(out), expect, tol()));
       }
 #endif

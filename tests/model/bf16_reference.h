@@ -90,9 +90,11 @@ class ForwardingBackend : public Backend {
   void moe_route(const Tensor& lg, const Tensor& b, const RouteParams& p, const Tensor& i, const Tensor& w) override {
     in_.moe_route(lg, b, p, i, w);
   }
+  // The shared experts through this backend's ops, so that their outputs are stored as theirs are.
   void moe_experts(const Tensor& x, const Tensor& i, const Tensor& w, const Tensor& w13, const Tensor& w2,
-                   const GluParams& p, const Tensor& o) override {
-    in_.moe_experts(x, i, w, w13, w2, p, o), stored(o);
+                   const GluParams& p, const Tensor& o, const SharedExperts& shared) override {
+    in_.moe_experts(x, i, w, w13, w2, p, o, SharedExperts{}), stored(o);
+    add_shared_experts(*this, shared, p, o);
   }
   void attn_res_read(std::span<const Tensor> c, const Tensor& e, float eps, const Tensor& o) override {
     in_.attn_res_read(c, e, eps, o), stored(o);

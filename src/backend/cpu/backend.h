@@ -67,7 +67,7 @@ class CpuBackend final : public Backend {
   void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
                  const Tensor& weights) override;
   void moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13, const Tensor& w2,
-                   const GluParams& p, const Tensor& out) override;
+                   const GluParams& p, const Tensor& out, const SharedExperts& shared) override;
 
   void attn_res_read(std::span<const Tensor> candidates, const Tensor& e, float eps, const Tensor& out) override;
 

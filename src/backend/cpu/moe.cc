@@ -65,7 +65,7 @@ void CpuBackend::moe_route(const Tensor& logits, const Tensor& bias, const Route
 }
 
 void CpuBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
-                             const Tensor& w2, const GluParams& p, const Tensor& out) {
+                             const Tensor& w2, const GluParams& p, const Tensor& out, const SharedExperts& shared) {
   const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f2 = w13.dim(1), f = f2 / 2;
   const int64_t dout = w2.dim(1), k = idx.dim(1);
   KL_CHECK(w13.dim(2) == din && w2.dim(0) == num_experts && w2.dim(2) == f && out.shape() == Shape({n, dout}) &&
@@ -101,6 +101,7 @@ void CpuBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& w
       for (int64_t j = 0; j < dout; ++j) o[j] += w * y[j];
     }
   }
+  add_shared_experts(*this, shared, p, out);
 }
 
 }  // namespace klinear::cpu

@@ -57,9 +57,12 @@
 //   sums to bf16 and writes the GLU to act; down (a programmatic dependent): a warp per (token,
 //   output feature) walks the token's picks in order, four rows' loads at a time, each product
 //   rounded to bf16 (the expert's output) and summed in fp32 as the combine does. At N = 1 that is
-//   113 MB of weights in 8,192 + 2,304 warps over two launches: 42 µs for route + experts as a
-//   graph (the router 7.7 of it) against the grouped path's 51 and a 27 µs floor (predicted 30-35);
-//   at 2-8 tokens 10 % ahead of the grouped path (moe.h).
+//   113 MB of weights in 8,192 + 2,304 warps over two launches: 42-45 µs for route + experts as a
+//   graph (the router 7.7 of it) against the grouped path's 50 and a 27 µs floor (predicted 30-35);
+//   at 2-8 tokens level with the grouped path (moe.h). Shared experts (bf16, widths of 8) join
+//   both launches: gate/up applies the GLU to their projection (computed with the router's logits),
+//   down adds their down row's product to the routed sum, rounded as a separate add stores it; on
+//   the other paths add_shared_experts runs glu, linear and add after them.
 // - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
 //   GEMM launch per projection over the active experts (a problem each: CUTLASS's kernel for BF16,
 //   cuBLAS's grouped call otherwise, gemm.cu), the same combine in a separate kernel.
@@ -764,7 +767,7 @@ __device__ __forceinline__ int slot_expert(const int32_t* idx, int64_t s, int nu
 
 struct RowsArgs {
   const __nv_bfloat16* x;    // [N, din]
-  int64_t din;
+  int64_t n, din;
   const int32_t* idx;        // [N, K]
   const float* weights;      // [N, K]
   int k, num_experts;
@@ -777,13 +780,31 @@ struct RowsArgs {
   bool has_linear_beta;
   float linear_beta;
   Out o;                     // [N, dout]
+  // The shared experts (SharedExperts; shared_down null: none): their projection of x, down weight
+  // and activations.
+  const __nv_bfloat16* shared_gu;    // [N, 2·fs]
+  const __nv_bfloat16* shared_down;  // [dout, fs]
+  int64_t fs;
+  __nv_bfloat16* shared_act;         // [N, fs]
 };
 
-// Block tile + tiles·s (tiles = ⌈f / 8⌉): warp w computes feature tile·8 + w of slot s's expert: the gate and up
-// rows against x[s / K], each sum rounded to bf16 (as every linear's output is), the GLU into act.
+// Blocks [0, tiles·N·K) (tiles = ⌈f / 8⌉), block tile + tiles·s: warp w computes feature tile·8 + w
+// of slot s's expert: the gate and up rows against x[s / K], each sum rounded to bf16 (as every
+// linear's output is), the GLU into act. The blocks after them: a thread per shared activation, the
+// GLU of the shared experts' projection into shared_act (glu_kernel's arithmetic).
 __global__ void __launch_bounds__(kRowWarps * 32) rows_gate_up_kernel(RowsArgs p) {
-  pdl_enter();  // idx comes from the router
-  const int64_t tiles = (p.f + kRowWarps - 1) / kRowWarps, s = blockIdx.x / tiles;
+  pdl_enter();  // idx comes from the router, shared_gu from the projection before it
+  const int64_t tiles = (p.f + kRowWarps - 1) / kRowWarps, routed_blocks = tiles * p.n * p.k;
+  if (blockIdx.x >= routed_blocks) {
+    const int64_t i = (blockIdx.x - routed_blocks) * int64_t{kRowWarps * 32} + threadIdx.x;
+    if (i >= p.n * p.fs) return;
+    const int64_t t = i / p.fs, j = i % p.fs;
+    const float g = __bfloat162float(p.shared_gu[t * 2 * p.fs + j]);
+    const float u = __bfloat162float(p.shared_gu[t * 2 * p.fs + p.fs + j]);
+    p.shared_act[i] = __float2bfloat16_rn(glu_value(g, u, p.kind, p.beta, p.has_linear_beta, p.linear_beta));
+    return;
+  }
+  const int64_t s = blockIdx.x / tiles;
   const int64_t feature = blockIdx.x % tiles * kRowWarps + threadIdx.x / 32;
   if (feature >= p.f) return;
   const int e = slot_expert(p.idx, s, p.num_experts);
@@ -800,12 +821,21 @@ __global__ void __launch_bounds__(kRowWarps * 32) rows_gate_up_kernel(RowsArgs p
   }
 }
 
+// The value `v` takes stored in o's dtype.
+__device__ __forceinline__ float stored_in(const Out& o, float v) {
+  return o.bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+}
+
 // Block tile + tiles·t (tiles = ⌈dout / 8⌉): warp w computes output feature d = tile·8 + w of token
 // t: for each pick j in order, the expert's down row against act[t·K + j], rounded to bf16 (the
 // expert's output), then summed as combine_kernel does (fp32, an fma each, in pick order), rounded
-// once. The picks' rows are read kDownPicks at a time.
+// once. The picks' rows are read kDownPicks at a time. With shared experts their down row against
+// shared_act[t], rounded, is then added to the rounded sum and the result rounded: the values an
+// add of their separate output would store (add_shared_experts).
+// Held to 64 registers (4 blocks an SM): the shared row's rows_dot site took it from 64 to 92 (2
+// blocks an SM) and the N = 1 experts from 35 to 47 µs; at 64 they measured 39 (2026-12-02).
 constexpr int kDownPicks = 4;
-__global__ void __launch_bounds__(kRowWarps * 32) rows_down_kernel(RowsArgs p) {
+__global__ void __launch_bounds__(kRowWarps * 32, 4) rows_down_kernel(RowsArgs p) {
   const int64_t tiles = (p.dout + kRowWarps - 1) / kRowWarps, t = blockIdx.x / tiles;
   const int64_t d = blockIdx.x % tiles * kRowWarps + threadIdx.x / 32;
   if (d >= p.dout) return;
@@ -827,6 +857,13 @@ __global__ void __launch_bounds__(kRowWarps * 32) rows_down_kernel(RowsArgs p) {
       acc = fmaf(p.weights[t * p.k + j0 + r], y, acc);
     }
   }
+  if (p.shared_down != nullptr) {
+    const __nv_bfloat16* const acts[1] = {p.shared_act + t * p.fs};
+    const __nv_bfloat16* const rows[1] = {p.shared_down + d * p.fs};
+    float sum[1] = {};
+    rows_dot<1>(acts, rows, 1, p.fs, sum);
+    acc = stored_in(p.o, acc) + __bfloat162float(__float2bfloat16_rn(warp_sum(sum[0])));
+  }
   if (threadIdx.x % 32 == 0) p.o.set(t * p.dout + d, acc);
 }
 
@@ -837,12 +874,25 @@ bool rows_fit(const Tensor& x, const Tensor& w13, const Tensor& w2) {
          f % 8 == 0 && aligned16(x.data()) && aligned16(w13.data()) && aligned16(w2.data()) && w13.dim(0) <= INT_MAX;
 }
 
+// Whether the rows path can add `shared` (defined) itself: bf16, read in 16-byte chunks, into a bf16 out.
+bool rows_fit_shared(const SharedExperts& s, const Tensor& x, const Tensor& o) {
+  if (!s.gate_up.defined()) return false;
+  const int64_t fs = s.down.dim(1);
+  return s.gate_up.dtype() == DType::kBF16 && s.down.dtype() == DType::kBF16 && o.dtype() == DType::kBF16 &&
+         fs % 8 == 0 && aligned16(s.down.data()) && x.dim(0) * fs <= INT_MAX;
+}
+
+// `shared`: undefined, or shared experts that fit (rows_fit_shared), added in the same two launches.
 void experts_rows(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
-                  const Tensor& w2, const GluParams& gp, const Tensor& o, const std::string& what) {
+                  const Tensor& w2, const GluParams& gp, const Tensor& o, const SharedExperts& shared,
+                  const std::string& what) {
   const int64_t n = x.dim(0), k = idx.dim(1), f = w13.dim(1) / 2, dout = w2.dim(1);
+  const int64_t fs = shared.gate_up.defined() ? shared.down.dim(1) : 0;
   const Tensor act = be.alloc(DType::kBF16, {n * k, f});
+  const Tensor shared_act = fs > 0 ? be.alloc(DType::kBF16, {n, fs}) : Tensor();
   RowsArgs a;
   a.x = x.data_as<const __nv_bfloat16>();
+  a.n = n;
   a.din = x.dim(1);
   a.idx = idx.data_as<const int32_t>();
   a.weights = weights.data_as<const float>();
@@ -858,7 +908,11 @@ void experts_rows(CudaBackend& be, const Tensor& x, const Tensor& idx, const Ten
   a.has_linear_beta = gp.linear_beta.has_value();
   a.linear_beta = gp.linear_beta.value_or(1.0f);
   a.o = out(o, "moe_experts");
-  const int64_t up_blocks = (f + kRowWarps - 1) / kRowWarps * n * k;
+  a.shared_gu = fs > 0 ? shared.gate_up.data_as<const __nv_bfloat16>() : nullptr;
+  a.shared_down = fs > 0 ? shared.down.data_as<const __nv_bfloat16>() : nullptr;
+  a.fs = fs;
+  a.shared_act = fs > 0 ? shared_act.data_as<__nv_bfloat16>() : nullptr;
+  const int64_t up_blocks = (f + kRowWarps - 1) / kRowWarps * n * k + (n * fs + kRowWarps * 32 - 1) / (kRowWarps * 32);
   const int64_t down_blocks = (dout + kRowWarps - 1) / kRowWarps * n;
   KL_CHECK(up_blocks <= INT_MAX && down_blocks <= INT_MAX, what + ": too many rows for the rows path");
   launch_dependent(be.stream(), rows_gate_up_kernel, dim3(static_cast<unsigned>(up_blocks)), dim3(kRowWarps * 32), 0,
@@ -951,21 +1005,29 @@ MoePath moe_path_for(const Tensor& x, const Tensor& w13, const Tensor& w2) {
 }
 
 void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
-                    const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o) {
+                    const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o,
+                    const SharedExperts& shared) {
   const std::string what = checked_moe_args(x, idx, weights, w13, w2, o);
   KL_CHECK(moe_path_fits(path, x, w13, w2), what + ": the " + moe_path_name(path) +
                                                 " path cannot run these operands (dtype, widths or alignment)");
+  check_shared_experts(shared, x.dim(0), o);
   if (x.dim(0) == 0) return;
+  const bool fused = path == MoePath::kRows && rows_fit_shared(shared, x, o);  // the rows path adds them itself
   switch (path) {
     case MoePath::kGrouped:
-      return experts_grouped(be, x, idx, weights, w13, w2, p, o, what);
+      experts_grouped(be, x, idx, weights, w13, w2, p, o, what);
+      break;
     case MoePath::kSwappedGemm:
-      return experts_swapped_gemm(be, x, idx, weights, w13, w2, p, o, what);
+      experts_swapped_gemm(be, x, idx, weights, w13, w2, p, o, what);
+      break;
     case MoePath::kRows:
-      return experts_rows(be, x, idx, weights, w13, w2, p, o, what);
+      experts_rows(be, x, idx, weights, w13, w2, p, o, fused ? shared : SharedExperts{}, what);
+      break;
     case MoePath::kPerExpertGemm:
-      return experts_per_expert_gemm(be, x, idx, weights, w13, w2, p, o, what);
+      experts_per_expert_gemm(be, x, idx, weights, w13, w2, p, o, what);
+      break;
   }
+  if (!fused) add_shared_experts(be, shared, p, o);
 }
 
 void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
@@ -988,8 +1050,8 @@ void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const Rout
 }
 
 void CudaBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
-                              const Tensor& w2, const GluParams& p, const Tensor& o) {
-  moe_experts_on(*this, moe_path_for(x, w13, w2), x, idx, weights, w13, w2, p, o);
+                              const Tensor& w2, const GluParams& p, const Tensor& o, const SharedExperts& shared) {
+  moe_experts_on(*this, moe_path_for(x, w13, w2), x, idx, weights, w13, w2, p, o, shared);
 }
 
 }  // namespace klinear::cuda

@@ -46,8 +46,11 @@ inline constexpr int64_t kMoeGroupedMaxTokens = 256;
 inline constexpr int64_t kMoeSwappedMinTokens = 16;
 
 // The largest token count that runs on the rows path. Measured on the H200 (ops_bench moe, 48B
-// shape, route + experts as a graph, 2026-12-02 12:15Z), grouped / rows ms: N=1 0.0507 / 0.0421,
-// N=2 0.0824 / 0.0738, N=4 0.1393 / 0.1237, N=8 0.2262 / 0.2198 (swapped 0.2333).
+// shape, route + experts as a graph, 2026-12-02), grouped / rows ms: 12:15Z N=1 0.0507 / 0.0421,
+// N=2 0.0824 / 0.0738, N=4 0.1393 / 0.1237, N=8 0.2262 / 0.2198 (swapped 0.2333); 12:41Z, with the
+// down kernel held to 64 registers beside the shared row, N=1 0.0500 / 0.0454, N=2 0.0795 / 0.0791,
+// N=4 0.1327 / 0.1314, N=8 0.2300 / 0.2315: a tie from 2, where rows still saves the shared
+// expert's three launches.
 inline constexpr int64_t kMoeRowsMaxTokens = 8;
 
 // "grouped", "swapped GEMM", "rows" or "per-expert GEMM".
@@ -62,6 +65,7 @@ MoePath moe_path_for(const Tensor& x, const Tensor& w13, const Tensor& w2);
 // moe_experts (Backend interface, same arguments) on the given path; aborts naming the operands when
 // the path does not fit them (moe_path_fits).
 void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
-                    const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& out);
+                    const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& out,
+                    const SharedExperts& shared);
 
 }  // namespace klinear::cuda
