@@ -168,7 +168,13 @@ TEST(Engine, GreedyTokensFollowTheModel) {
 // Tight budgets of every kind give the same tokens as one-by-one runs, and leave the pools full.
 TEST(Engine, BatchedChunkedAndPreemptedEqualOneByOne) {
   std::mt19937_64 rng(testing::fresh_seed());
-  const std::vector<RequestSpec> specs = random_specs(rng, 24);
+  std::vector<RequestSpec> specs = random_specs(rng, 24);
+  // Four of them as long as the draw allows (40 prompt tokens, 12 generated), so that the tight page
+  // budgets preempt whatever the rest drew (without them 2 seeds in 300 ran no preemption).
+  for (int i = 0; i < 24; i += 6) {
+    specs[i].prompt.resize(40, 7);
+    specs[i].stop.max_tokens = 12;
+  }
   const std::vector<Collected> ref = one_by_one(specs);
   struct Case {
     const char* name;
@@ -214,8 +220,8 @@ TEST(Engine, BatchedChunkedAndPreemptedEqualOneByOne) {
     for (const StepRecord& r : runner.record) record_tokens += static_cast<uint64_t>(r.tokens);
     EXPECT_EQ(steps, runner.record.size());
     EXPECT_EQ(tokens, record_tokens);
-    EXPECT_GT(m.steps[static_cast<int>(StepKind::kDecode)].seconds.count(), 0u);
-    if (c.max_num_tokens == 4096) {
+    if (c.max_num_tokens == 4096) {  // a tight budget may run no decode-only step ("chunk 7": 3 seeds in 200)
+      EXPECT_GT(m.steps[static_cast<int>(StepKind::kDecode)].seconds.count(), 0u);
       EXPECT_EQ(m.steps[static_cast<int>(StepKind::kPrefill)].seconds.count(), 1u);
       EXPECT_EQ(m.steps[static_cast<int>(StepKind::kMixed)].seconds.count(), 0u);
     }
