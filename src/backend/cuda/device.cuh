@@ -96,8 +96,9 @@ __device__ __forceinline__ int seq_of_row(const int32_t* cu, int num_seqs, int64
 // is still running, once every block of that one has called cudaTriggerProgrammaticLaunchCompletion
 // (pdl_enter) or exited. It must call cudaGridDependencySynchronize before it reads or writes
 // anything an earlier kernel writes or reads; what it does before (loading weights no kernel writes)
-// overlaps that kernel's tail, and its blocks are resident when the wait returns: a decode step of
-// the 48B runs ~450 launches, most of them a few µs, so the ramp between launches is its largest cost.
+// overlaps that kernel's tail, and its blocks are resident when the wait returns. A batch-1 decode
+// step of the 48B runs ~370 launches, most of a few µs: the overlap took 4-5 % off it (docs/PERF.md,
+// twelfth round).
 // KLINEAR_PDL=off launches them plainly (each then waits for the whole kernel before; pdl_enter
 // is a no-op): the overlap timed against none in one build (docs/PERF.md).
 inline bool pdl_enabled() {
