@@ -49,7 +49,6 @@ struct KdaGateParams {
   float lower_bound = 0.0f;
 };
 
-// SPEC 3.3: sigmoid scores, bias for selection only, grouped top-k, renormalise, scale.
 // The shared experts of a MoE block (SPEC 3.4) as moe_experts takes them: their gate/up projection
 // of the block's input (computed with the router's logits, one launch) and their down weight.
 // gate_up undefined: none.
@@ -58,6 +57,7 @@ struct SharedExperts {
   Tensor down;     // [Dout, Fs]
 };
 
+// SPEC 3.3: sigmoid scores, bias for selection only, grouped top-k, renormalise, scale.
 struct RouteParams {
   int top_k = 1;
   int num_groups = 1;   // grouped selection runs when num_groups > topk_group

@@ -123,7 +123,6 @@ struct DecodeStep {
 
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 // x as the activation dtype stores it.
-__device__ __forceinline__ float stored(float x, bool bf16) { return bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x; }
 
 __device__ __forceinline__ void fma4(float4& acc, const float4& x, float s) {
   acc.x += x.x * s, acc.y += x.y * s, acc.z += x.z * s, acc.w += x.w * s;

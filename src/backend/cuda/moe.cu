@@ -816,14 +816,9 @@ __global__ void __launch_bounds__(kRowWarps * 32) rows_gate_up_kernel(RowsArgs p
   rows_dot<2>(xs, rows, 2, p.din, sums);
   const float gate = warp_sum(sums[0]), up = warp_sum(sums[1]);
   if (threadIdx.x % 32 == 0) {
-    const float g = __bfloat162float(__float2bfloat16_rn(gate)), u = __bfloat162float(__float2bfloat16_rn(up));
+    const float g = stored(gate, true), u = stored(up, true);
     p.act[s * p.f + feature] = __float2bfloat16_rn(glu_value(g, u, p.kind, p.beta, p.has_linear_beta, p.linear_beta));
   }
-}
-
-// The value `v` takes stored in o's dtype.
-__device__ __forceinline__ float stored_in(const Out& o, float v) {
-  return o.bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
 }
 
 // Block tile + tiles·t (tiles = ⌈dout / 8⌉): warp w computes output feature d = tile·8 + w of token
@@ -853,8 +848,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4) rows_down_kernel(RowsArgs p
     float sums[kDownPicks] = {};
     rows_dot<kDownPicks>(acts, rows, live, p.f, sums);
     for (int r = 0; r < live; ++r) {
-      const float y = __bfloat162float(__float2bfloat16_rn(warp_sum(sums[r])));
-      acc = fmaf(p.weights[t * p.k + j0 + r], y, acc);
+      acc = fmaf(p.weights[t * p.k + j0 + r], stored(warp_sum(sums[r]), true), acc);
     }
   }
   if (p.shared_down != nullptr) {
@@ -862,7 +856,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4) rows_down_kernel(RowsArgs p
     const __nv_bfloat16* const rows[1] = {p.shared_down + d * p.fs};
     float sum[1] = {};
     rows_dot<1>(acts, rows, 1, p.fs, sum);
-    acc = stored_in(p.o, acc) + __bfloat162float(__float2bfloat16_rn(warp_sum(sum[0])));
+    acc = stored(acc, p.o.bf16) + stored(warp_sum(sum[0]), true);
   }
   if (threadIdx.x % 32 == 0) p.o.set(t * p.dout + d, acc);
 }

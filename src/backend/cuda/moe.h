@@ -1,4 +1,4 @@
-// The three ways the CUDA backend runs the routed experts (SPEC 3.4). moe_experts picks one by the
+// The four ways the CUDA backend runs the routed experts (SPEC 3.4). moe_experts picks one by the
 // token count and the operands (moe_path_for); the benchmark times each to place the thresholds.
 #pragma once
 
@@ -22,8 +22,9 @@ enum class MoePath {
   // The routing stays on the device, unplanned: each (slot, feature) is a warp's matrix-vector
   // product of the slot's expert row and its token, gate and up with the GLU in one launch, down
   // with the weighted combine in a second (a warp per output feature walks the token's picks in
-  // order). Every pick reads its expert's rows, shared or not: the batch-1 decode path, where the
-  // grouped path's plan and tiles cost more than they save. BF16 with widths of multiples of 8.
+  // order). Every pick reads its expert's rows, shared or not: the small decode batches
+  // (kMoeRowsMaxTokens), where the grouped path's plan and tiles cost more than they save; shared
+  // experts join both launches. BF16 with widths of multiples of 8.
   kRows,
   // The routing is read back to the host (a synchronisation) to plan one grouped GEMM launch per
   // projection over the active experts (CudaBackend::gemm_grouped): the prefill path, where the
