@@ -169,11 +169,19 @@ TEST(Engine, GreedyTokensFollowTheModel) {
 TEST(Engine, BatchedChunkedAndPreemptedEqualOneByOne) {
   std::mt19937_64 rng(testing::fresh_seed());
   std::vector<RequestSpec> specs = random_specs(rng, 24);
-  // Four of them as long as the draw allows (40 prompt tokens, 12 generated), so that the tight page
-  // budgets preempt whatever the rest drew (without them 2 seeds in 300 ran no preemption).
+  // Four of them as long as the draw allows (40 prompt tokens, 12 generated), and the three after
+  // the first one page long (8 tokens) with 2 generated. Under "pages for ~2 sequences" the first
+  // step then admits the first four into all 8 pages; in the second the first and the second need
+  // a page each and preempt the fourth and the third; the second finishes, and in the third step the
+  // first decodes while the third is admitted again. So that case preempts and mixes whatever the
+  // rest drew (with the long four alone, 3 seeds in 1,000 did neither).
   for (int i = 0; i < 24; i += 6) {
     specs[i].prompt.resize(40, 7);
     specs[i].stop.max_tokens = 12;
+  }
+  for (int i = 1; i <= 3; ++i) {
+    specs[i].prompt.resize(8, 7);
+    specs[i].stop.max_tokens = 2;
   }
   const std::vector<Collected> ref = one_by_one(specs);
   struct Case {
