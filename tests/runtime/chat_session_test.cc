@@ -20,14 +20,15 @@ TEST(ChatSession, SecondTurnEqualsFreshPrefillOfTheConversation) {
   const int32_t im_end = tok->special_id("<|im_end|>").value();
   std::vector<ChatMessage> msgs{{"user", "Hello there", {}, "", ""}};
   auto p1 = encode_chat(*tok, render_chat_segments(ChatFormat::kKimiK2, msgs, ChatOptions{}).value()).value();
-  testing::write_untied_checkpoint(cfg, dir.str(), {p1}, testing::fresh_seed());
+  constexpr int kReply = 6;  // tokens a turn generates at most
+  testing::write_untied_checkpoint(cfg, dir.str(), {p1}, testing::fresh_seed(), kReply);
   auto be = make_backend(BackendOptions{});
   ASSERT_TRUE(be.ok());
   auto model = Model::load(dir.str(), **be);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
 
   GenerateOptions greedy;
-  greedy.max_tokens = 6;
+  greedy.max_tokens = kReply;
   auto created = ChatSession::create(**model, CacheOptions{}, *tok, ChatFormat::kKimiK2, "");
   ASSERT_TRUE(created.ok()) << created.status().to_string();
   ChatSession& session = **created;

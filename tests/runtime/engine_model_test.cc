@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "backend/backend.h"
@@ -47,15 +48,25 @@ Reference run_alone(Model& model, const std::vector<int32_t>& prompt) {
 // orders (chunk boundaries, batch rows), so two ids whose log-probabilities differ by less than the
 // tolerance may trade places: each position's log-probability must match, and each id of the
 // reference's list must be in ours with its log-probability, or be missing only as a tie with our
-// last entry (seed 3160875662 gave two ids 424 and 108 in swapped places).
+// last entry (seed 3160875662 gave two ids 424 and 108 in swapped places). A greedy pick may differ
+// only as such a tie (k3-tiny, seed 4102074501: ids 390 and 378 9e-7 apart); the tokens after it
+// continue another text, so they are not compared.
 void expect_matches(const std::vector<TokenOutput>& got, const Reference& ref, const std::string& what) {
   constexpr float kTol = 1e-4f;
   ASSERT_EQ(got.size(), static_cast<size_t>(kNew)) << what;
   for (int t = 0; t < kNew; ++t) {
     const Sampled& want = ref.steps[static_cast<size_t>(t)];
     const Sampled& have = got[static_cast<size_t>(t)].logprobs;
-    ASSERT_EQ(got[static_cast<size_t>(t)].id, ref.ids[static_cast<size_t>(t)]) << what << " token " << t;
     EXPECT_NEAR(have.logprob, want.logprob, kTol) << what << " token " << t;
+    const int32_t pick = got[static_cast<size_t>(t)].id;
+    if (pick != ref.ids[static_cast<size_t>(t)]) {
+      const auto it = std::find_if(want.top.begin(), want.top.end(), [&](const TokenLogprob& w) { return w.id == pick; });
+      ASSERT_TRUE(it != want.top.end() && std::abs(it->logprob - want.logprob) <= kTol)
+          << what << " token " << t << ": id " << pick << " instead of " << ref.ids[static_cast<size_t>(t)] << ", not a tie";
+      std::printf("[ note ] %s token %d: greedy tie (ids %d and %d, log-probabilities %.7g and %.7g); the rest differs\n",
+                  what.c_str(), t, pick, ref.ids[static_cast<size_t>(t)], it->logprob, want.logprob);
+      return;
+    }
     ASSERT_EQ(have.top.size(), want.top.size()) << what << " token " << t;
     for (size_t k = 0; k < want.top.size(); ++k) {
       EXPECT_NEAR(have.top[k].logprob, want.top[k].logprob, kTol) << what << " token " << t << " rank " << k;
@@ -104,14 +115,15 @@ void expect_pools_empty(ModelRunner& runner) {
   for (int32_t p = 0; p < c.sizes().pages; ++p) ASSERT_EQ(c.page_refs(p), 0) << "page " << p;
 }
 
-// A random checkpoint of `preset` in `dir` routed clear of ties on `prompts`, loaded on the CPU.
+// A random checkpoint of `preset` in `dir` routed clear of ties on `prompts` and their greedy
+// tokens, loaded on the CPU.
 struct Loaded {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
 };
 Loaded load_untied(const char* preset, const std::string& dir, const std::vector<std::vector<int32_t>>& prompts,
                    uint64_t seed) {
-  testing::write_untied_checkpoint(preset_config(preset).value(), dir, prompts, seed);
+  testing::write_untied_checkpoint(preset_config(preset).value(), dir, prompts, seed, kNew);
   Loaded l;
   l.backend = make_backend(BackendOptions{}).value();
   auto model = Model::load(dir, *l.backend);

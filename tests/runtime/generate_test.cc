@@ -14,18 +14,19 @@ TEST(Generate, PrefillChunkSizeDoesNotChangeTheResult) {
   const uint64_t seed = testing::fresh_seed();
   const Json cfg = testing::patched_preset("k3-tiny", Json::object());
   const std::vector<int32_t> prompt = testing::random_ids(cfg, 150, seed);
-  testing::write_untied_checkpoint(cfg, dir.str(), {prompt}, seed);
+  constexpr int kTokens = 8;
+  testing::write_untied_checkpoint(cfg, dir.str(), {prompt}, seed, kTokens);
   auto be = make_backend(BackendOptions{});
   ASSERT_TRUE(be.ok());
   auto model = Model::load(dir.str(), **be);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
   GenerateOptions o;
-  o.max_tokens = 8;
+  o.max_tokens = kTokens;
   o.ignore_eos = true;
   o.prefill_chunk = 4096;
   const auto whole = generate(**model, prompt, o, nullptr);
   ASSERT_TRUE(whole.ok()) << whole.status().to_string();
-  ASSERT_EQ(whole->ids.size(), 8u);
+  ASSERT_EQ(whole->ids.size(), static_cast<size_t>(kTokens));
   for (int64_t chunk : {1, 7, 64, 100}) {
     o.prefill_chunk = chunk;
     const auto r = generate(**model, prompt, o, nullptr);
