@@ -14,7 +14,9 @@
 //     margin is above the measured error (tests/model/fixtures_test.cc).
 #pragma once
 
+#include <algorithm>
 #include <memory>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -163,16 +165,20 @@ class Bf16Storage final : public ForwardingBackend {
   std::vector<Tensor> held_;
 };
 
-// Records the routing of a run (expert ids and weights, per MoE layer, rows in token order) or
-// replays a record, whatever the backend computes: a replayed run must call the MoE layers in the
-// same order over the same tokens, in any split into steps (one sequence).
+// Records the routing of a run (expert ids and weights, per MoE layer and row) or replays a
+// record, whatever the backend computes. A row is found by its key: each layer numbers the rows it
+// routes in order, so a replayed run of one sequence must call the MoE layers in the same order
+// over the same tokens, in any split into steps; or the caller names the keys of the next
+// forward's rows (key_rows), so that a batch of several sequences, whose rows come in another order
+// than recorded, takes each row's routing by sequence and position.
 class RouteTrace final : public ForwardingBackend {
  public:
   enum class Mode { kRecord, kReplay };
   struct Layer {
+    std::unordered_map<int64_t, size_t> at;  // a row's key → its offset in idx and weights
     std::vector<int32_t> idx;
     std::vector<float> weights;
-    size_t next = 0;  // rows replayed
+    int64_t next = 0;  // the key of the next row routed without named keys
   };
   using Record = std::vector<Layer>;  // one per MoE layer
 
@@ -184,28 +190,43 @@ class RouteTrace final : public ForwardingBackend {
     for (Layer& l : rec_) l.next = 0;
   }
 
+  // The keys of the rows of the forwards that follow, in row order (empty: numbered per layer).
+  void key_rows(std::vector<int64_t> keys) { keys_ = std::move(keys); }
+
   void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
                  const Tensor& weights) override {
     in_.moe_route(logits, bias, p, idx, weights);
     Layer& l = rec_[call_++ % rec_.size()];
-    const size_t n = static_cast<size_t>(idx.numel());
+    const int64_t rows = idx.dim(0), k = idx.dim(1);
+    // Rows past the named keys (the padding of a fixed-size decode step) are left as routed.
+    const int64_t named = keys_.empty() ? rows : static_cast<int64_t>(keys_.size());
+    KL_CHECK(named <= rows, std::to_string(named) + " row keys for " + std::to_string(rows) + " routed rows");
+    auto key = [&](int64_t r) { return keys_.empty() ? l.next + r : keys_[static_cast<size_t>(r)]; };
     if (mode_ == Mode::kRecord) {
       const Tensor hi = in_.to_host(idx), hw = in_.to_host(weights);
-      l.idx.insert(l.idx.end(), hi.data_as<const int32_t>(), hi.data_as<const int32_t>() + n);
-      l.weights.insert(l.weights.end(), hw.f32(), hw.f32() + n);
-      return;
+      for (int64_t r = 0; r < named; ++r) {
+        KL_CHECK(l.at.emplace(key(r), l.idx.size()).second, "route row key " + std::to_string(key(r)) + " recorded twice");
+        l.idx.insert(l.idx.end(), hi.data_as<const int32_t>() + r * k, hi.data_as<const int32_t>() + (r + 1) * k);
+        l.weights.insert(l.weights.end(), hw.f32() + r * k, hw.f32() + (r + 1) * k);
+      }
+    } else {
+      Tensor hi = in_.to_host(idx), hw = in_.to_host(weights);
+      for (int64_t r = 0; r < named; ++r) {
+        const auto it = l.at.find(key(r));
+        KL_CHECK(it != l.at.end(), "route replay: row key " + std::to_string(key(r)) + " was not recorded");
+        std::copy_n(l.idx.begin() + static_cast<std::ptrdiff_t>(it->second), k, hi.data_as<int32_t>() + r * k);
+        std::copy_n(l.weights.begin() + static_cast<std::ptrdiff_t>(it->second), k, hw.f32() + r * k);
+      }
+      in_.copy(in_.to_device(hi, DType::kI32), idx);
+      in_.copy(in_.to_device(hw, DType::kF32), weights);
     }
-    KL_CHECK(l.next + n <= l.idx.size(), "route replay past the " + std::to_string(l.idx.size()) + " recorded");
-    Tensor hi = Tensor::wrap(DType::kI32, idx.shape(), l.idx.data() + l.next, nullptr, Device::kCpu);
-    Tensor hw = Tensor::wrap(DType::kF32, weights.shape(), l.weights.data() + l.next, nullptr, Device::kCpu);
-    in_.copy(in_.to_device(hi, DType::kI32), idx);
-    in_.copy(in_.to_device(hw, DType::kF32), weights);
-    l.next += n;
+    if (keys_.empty()) l.next += rows;
   }
 
  private:
   Mode mode_;
   Record& rec_;
+  std::vector<int64_t> keys_;
   size_t call_ = 0;
 };
 
