@@ -5,7 +5,7 @@
 #    prefix (dpkg -x, nothing installed system-wide), the FLA wheel into a Python path, the
 #    CUTLASS headers into third_party/cutlass/include and FlashInfer's (with its CCCL and CUTLASS's
 #    util headers) into third_party/flashinfer and third_party/cutlass/util (where CMake looks for them);
-# 2. builds with -DKLINEAR_CUDA=ON (sm_90a) into build-gpu/;
+# 2. builds with -DKLINEAR_CUDA=ON (sm_90a) into build-gpu/ (or takes a prebuild's binaries: below);
 # 3. runs every GPU test: the CUDA rows of the row-parametrised suite (every op against plain
 #    references, every model fixture, batched == alone), failing if any of them skipped;
 # 4. runs `klinear generate --device cuda` on the fixture models: float32 must give the CPU's
@@ -29,9 +29,65 @@
 # Under a 10-minute limit per command, run it in three calls, e.g.
 # KLINEAR_GPU_CHECK_SKIP="serve_48b ops_bench fla_bench", then "gpu_tests generate e2e_48b serve_48b
 # memcheck_ops memcheck_models" (the benchmarks beside FLA's), then the serve step alone.
+#
+#   scripts/gpu-check.sh --prebuild
+# run here (nvcc, no GPU needed) saves the GPU machine its build: it builds the tree as a device
+# call copies it (tracked files and untracked ones git does not ignore) in /tmp/klinear-prebuilt/src
+# and packs the binaries, with a sha256 manifest of those files, into
+# third_party/gpu-carry/prebuilt.tar.xz (~10 MB; with the tree and the rest of the carry ~61 MB of
+# the 64 MiB a device call takes). On the GPU machine step 2 then unpacks them
+# instead of compiling when every file of the manifest is unchanged and src/, tests/, bench/,
+# tools/, fuzz/ and tokenizers/ hold no other file (their compiled-in source directory,
+# /tmp/klinear-prebuilt/src, becomes a link to this tree); otherwise, and with KLINEAR_GPU_CHECK_CPU=1
+# (ctest needs the CMake tree), it builds as before. A full prebuild took 11 min on 2 cores; a
+# later one rebuilds only what changed. Unpacking and checking took 4 s (a device tree simulated here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: scripts/gpu-check.sh OUTDIR}
+prebuilt=/tmp/klinear-prebuilt
+pack=third_party/gpu-carry/prebuilt.tar.xz
+binaries=(klinear klinear_tests model_bench ops_bench engine_host_bench klinear_scripted_server)
+
+# The files a device call copies that the binaries or the tests read (docs, scripts and CI aside).
+tree_files() {
+  git ls-files -co --exclude-standard -z | while IFS= read -r -d '' f; do
+    case $f in docs/* | scripts/* | .ci/* | *.md) continue ;; esac
+    [ -f "$f" ] && printf '%s\0' "$f"
+  done
+}
+
+prebuild() {
+  local src=$prebuilt/src nvcc
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  [ -x "$nvcc" ] || { echo "gpu-check --prebuild: no nvcc" >&2; return 1; }
+  [ -d third_party/cutlass/include ] && [ -d third_party/flashinfer/include ] && [ -d third_party/gpu-carry ] ||
+    { echo "gpu-check --prebuild: run scripts/setup.sh --gpu first" >&2; return 1; }
+  mkdir -p "$src/build-gpu"
+  # The tree afresh (a file deleted here must not stay behind for CMake's globs), each file with its
+  # own modification time, so that the build recompiles only what changed since the last prebuild.
+  find "$src" -mindepth 1 -maxdepth 1 ! -name build-gpu -exec rm -rf {} +
+  git ls-files -co --exclude-standard -z | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C "$src"
+  ln -sfn "$PWD/third_party" "$src/third_party"
+  tree_files | xargs -0 sha256sum >"$src/build-gpu/manifest.sha256"
+  cmake -S "$src" -B "$src/build-gpu" -DCMAKE_BUILD_TYPE=Release -DKLINEAR_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" \
+    >/dev/null || return 1
+  local targets=()
+  for b in "${binaries[@]}"; do targets+=(--target "$b"); done
+  cmake --build "$src/build-gpu" -j "$(nproc)" "${targets[@]}" || return 1
+  tar -cJf "$pack" -C "$src" build-gpu/manifest.sha256 "${binaries[@]/#/build-gpu/}" || return 1
+  echo "gpu-check --prebuild: $(du -h "$pack" | cut -f1) in $pack, built from $(wc -l <"$src/build-gpu/manifest.sha256") files"
+}
+
+case ${1:-} in
+  -h | --help)
+    sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit 0
+    ;;
+  --prebuild)
+    prebuild
+    exit
+    ;;
+esac
+out=${1:?usage: scripts/gpu-check.sh OUTDIR (or --prebuild, --help)}
 mkdir -p "$out"
 summary="$out/summary.md"
 echo "# gpu-check $(date -u +%Y-%m-%dT%H:%MZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)" >"$summary"
@@ -77,8 +133,40 @@ configure() {
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKLINEAR_CUDA=ON -DKLINEAR_DEPS_ROOT="$deps" \
     -DCMAKE_PREFIX_PATH="$deps/usr" -DCMAKE_CUDA_COMPILER="$(command -v nvcc)"
 }
-step configure configure
-step build cmake --build build-gpu -j "$(nproc)"
+# The binaries of a prebuild made from this very tree, if there is one (see --prebuild).
+use_prebuilt() {
+  [ -f "$pack" ] && [ "${KLINEAR_GPU_CHECK_CPU:-0}" != 1 ] || return 1
+  if [ -d "$prebuilt/src" ] && [ ! -L "$prebuilt/src" ]; then
+    echo "prebuilt: $prebuilt/src is a prebuild's own tree (the machine that made it)"
+    return 1
+  fi
+  local unpacked=$prebuilt-unpacked
+  rm -rf "$unpacked" && mkdir -p "$unpacked" && tar -xJf "$pack" -C "$unpacked" || return 1
+  local manifest=$unpacked/build-gpu/manifest.sha256
+  if ! sha256sum --check --quiet --strict "$manifest"; then
+    echo "prebuilt: files changed since the prebuild"
+    return 1
+  fi
+  if ! diff <(find src tests bench tools fuzz tokenizers -type f ! -path '*/__pycache__/*' ! -name '*.md' | sort) \
+    <(awk '{print $2}' "$manifest" | grep -E '^(src|tests|bench|tools|fuzz|tokenizers)/' | sort); then
+    echo "prebuilt: files added since the prebuild"
+    return 1
+  fi
+  mkdir -p "$prebuilt" && ln -sfn "$PWD" "$prebuilt/src" || return 1
+  rm -rf build-gpu && mkdir -p build-gpu && cp "${binaries[@]/#/$unpacked/build-gpu/}" build-gpu/ || return 1
+  if ldd build-gpu/klinear_tests | grep 'not found'; then
+    echo "prebuilt: libraries missing"
+    return 1
+  fi
+}
+t0=$SECONDS
+if use_prebuilt >"$out/prebuilt.log" 2>&1; then
+  echo "| build | prebuilt | $((SECONDS - t0)) |" >>"$summary"
+else
+  cat "$out/prebuilt.log"
+  step configure configure
+  step build cmake --build build-gpu -j "$(nproc)"
+fi
 
 gpu_filter='*cuda_f32:*cuda_bf16'
 gpu_tests() {  # the CUDA rows; a skipped CUDA row on this machine is a failure
