@@ -82,8 +82,6 @@ class Model {
   Tensor kda(const KdaWeights& w, const Tensor& x, int64_t layer, const Batch& batch, Cache& cache);
   Tensor mla(const MlaWeights& w, const Tensor& x, int64_t layer, const Batch& batch, Cache& cache);
   Tensor mlp(const MlpWeights& w, const Tensor& x);
-  // The gated MLP after its gate/up projection gu [T, 2F]: the GLU and the down projection.
-  Tensor mlp_down(const MlpWeights& w, const Tensor& gu);
   Tensor moe(const MoeWeights& w, const Tensor& x);
   Tensor attn_res_read(std::vector<Tensor> candidates, const Tensor& query);
   Tensor act(const Shape& shape) { return backend_.alloc(backend_.activation_dtype(), shape); }

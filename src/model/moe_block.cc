@@ -1,6 +1,7 @@
-// Feed-forward blocks (SPEC 3.2-3.4): the gated MLP (dense layer 0 and the shared experts) and the
-// MoE block: router on the full x, routed experts (in the latent width for K3, followed by the
-// latent RMSNorm and up projection), plus the shared experts on the original x.
+// Feed-forward blocks (SPEC 3.2-3.4): the gated MLP (dense layer 0) and the MoE block: router on the
+// full x, routed experts (in the latent width for K3, followed by the latent RMSNorm and up
+// projection), plus the shared experts on the original x (in moe_experts' call, or after the latent
+// up projection through add_shared_experts).
 #include "model/model.h"
 
 namespace klinear {
@@ -12,14 +13,10 @@ GluParams glu_params(const ModelConfig& c) {
 }  // namespace
 
 Tensor Model::mlp(const MlpWeights& w, const Tensor& x) {
-  Tensor gu = act({x.dim(0), w.gate_up.dim(0)});
-  backend_.linear(x, w.gate_up, gu);
-  return mlp_down(w, gu);
-}
-
-Tensor Model::mlp_down(const MlpWeights& w, const Tensor& gu) {
   Backend& be = backend_;
-  const int64_t T = gu.dim(0), F = w.down.dim(1);
+  const int64_t T = x.dim(0), F = w.down.dim(1);
+  Tensor gu = act({T, w.gate_up.dim(0)});
+  be.linear(x, w.gate_up, gu);
   Tensor a = act({T, F});
   be.glu(gu, glu_params(config_), a);
   Tensor out = act({T, w.down.dim(0)});
@@ -51,15 +48,15 @@ Tensor Model::moe(const MoeWeights& w, const Tensor& x) {
   be.moe_route(logits, w.router_bias, route, idx, weights);
 
   Tensor out = act({T, c.hidden_size});
+  const SharedExperts shared = w.has_shared ? SharedExperts{shared_gu, w.shared.down} : SharedExperts{};
   if (c.has_latent_moe()) {
     Tensor r = act({T, c.routed_expert_hidden_size});
     be.moe_experts(z, idx, weights, w.w13, w.w2, glu_params(c), r, SharedExperts{});
     if (w.latent_norm.defined()) be.rms_norm(r, w.latent_norm, static_cast<float>(c.rms_norm_eps), r);
     be.linear(r, w.latent_up, out);
-    if (w.has_shared) be.add(out, mlp_down(w.shared, shared_gu));
+    add_shared_experts(be, shared, glu_params(c), out);
   } else {  // the shared experts in the same call: a backend may fuse them with the routed ones
-    be.moe_experts(x, idx, weights, w.w13, w.w2, glu_params(c), out,
-                   w.has_shared ? SharedExperts{shared_gu, w.shared.down} : SharedExperts{});
+    be.moe_experts(x, idx, weights, w.w13, w.w2, glu_params(c), out, shared);
   }
   return out;
 }
