@@ -481,38 +481,44 @@ void bench_gemv(cuda::CudaBackend& be, std::mt19937_64& gen) {
       row("gemm (1 row)", shape, ms / copies, 2.0 * p.n * p.k, wbytes + 2.0 * (p.n + p.k));
     }
   }
-  // The projections of one input that a step runs through `linears`, as one launch and as one
-  // small-row launch each (outputs bf16 but the router's logits and β, F32), the same way.
+  // The projections that a step runs through `linears`, as one launch and as one small-row launch
+  // each (outputs bf16 but the router's logits, β and KDA's f, F32), the same way.
+  enum class Inputs { kShared, kOwn };  // one x for every projection, or one each
   struct Group {
     const char* name;
+    int64_t k;
+    Inputs inputs;
     std::vector<std::pair<int64_t, DType>> outs;  // n and output dtype of each projection
   };
-  const int64_t k = 2304;
   const Group groups[] = {
-      {"KDA q/k/v + f_a + b + g_a", {{12288, DType::kBF16}, {128, DType::kBF16}, {32, DType::kF32}, {128, DType::kBF16}}},
-      {"MLA q + kv_a", {{6144, DType::kBF16}, {576, DType::kBF16}}},
-      {"router + shared gate/up", {{256, DType::kF32}, {2048, DType::kBF16}}},
+      {"KDA q/k/v + f_a + b + g_a", 2304, Inputs::kShared,
+       {{12288, DType::kBF16}, {128, DType::kBF16}, {32, DType::kF32}, {128, DType::kBF16}}},
+      {"KDA f_b + g_b", 128, Inputs::kOwn, {{4096, DType::kF32}, {4096, DType::kBF16}}},
+      {"MLA q + kv_a", 2304, Inputs::kShared, {{6144, DType::kBF16}, {576, DType::kBF16}}},
+      {"router + shared gate/up", 2304, Inputs::kShared, {{256, DType::kF32}, {2048, DType::kBF16}}},
   };
   for (const Group& grp : groups) {
+    const int64_t k = grp.k;
     double wbytes = 0, flop = 0;
     for (const auto& [n, dtype] : grp.outs) {
       wbytes += 2.0 * n * k;
       flop += 2.0 * n * k;
     }
     const int copies = static_cast<int>(std::min<double>(1024, std::ceil(256e6 / wbytes)));
+    const Tensor x = random_tensor(be, {1, k}, gen, DType::kBF16);
     std::vector<std::vector<Projection>> sets(copies);
     for (auto& set : sets)
       for (const auto& [n, dtype] : grp.outs)
-        set.push_back(Projection{random_tensor(be, {n, k}, gen, DType::kBF16, -0.05f, 0.05f),
+        set.push_back(Projection{grp.inputs == Inputs::kShared ? x : random_tensor(be, {1, k}, gen, DType::kBF16),
+                                 random_tensor(be, {n, k}, gen, DType::kBF16, -0.05f, 0.05f),
                                  be.alloc_persistent(dtype, {1, n})});
-    const Tensor x = random_tensor(be, {1, k}, gen, DType::kBF16);
     for (const bool one_launch : {true, false}) {
       const double ms = graph_ms(be, [&] {
         for (const auto& set : sets)
           if (one_launch)
-            be.linears(x, set);
+            be.linears(set);
           else
-            for (const Projection& p : set) be.linear(x, p.w, p.y);
+            for (const Projection& p : set) be.linear(p.x, p.w, p.y);
       }, 5);
       char shape[96];
       std::snprintf(shape, sizeof shape, "%s k=%lld %s", grp.name, (long long)k,

@@ -32,6 +32,7 @@ namespace klinear {
 
 // One projection of Backend::linears: y ← x · wᵀ.
 struct Projection {
+  Tensor x;  // [N, K]
   Tensor w;  // [M, K]
   Tensor y;  // [N, M]: the activation dtype, or F32 as `linear` allows
 };
@@ -308,11 +309,12 @@ class Backend {
   // y [N, M] ← x [N, K] · wᵀ for w [M, K]; y may be F32 whatever the activation dtype (router
   // logits, gates, β, the lm_head).
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
-  // The projections that read the same x [N, K] (a layer's input projections), in one call so that a
-  // backend may run them as one launch: the CUDA backend does for one row (a batch-1 decode step,
-  // where each small projection's launch costs more than its bytes). Default: `linear` each.
-  virtual void linears(const Tensor& x, std::span<const Projection> projections) {
-    for (const Projection& p : projections) linear(x, p.w, p.y);
+  // Independent projections of the same rows (a layer's input projections of x; KDA's f_b and g_b,
+  // each of its own input), in one call so that a backend may run them as one launch: the CUDA
+  // backend does for one row (a batch-1 decode step, where each small projection's launch costs
+  // more than its bytes). Default: `linear` each.
+  virtual void linears(std::span<const Projection> projections) {
+    for (const Projection& p : projections) linear(p.x, p.w, p.y);
   }
 
   // ---- norms (SPEC 3.1, 4.7)

@@ -15,18 +15,18 @@ Tensor Model::kda(const KdaWeights& w, const Tensor& x, int64_t layer, const Bat
   const KdaGateParams gate{c.kda_gate, c.gate_lower_bound};
 
   // The projections of x (one call: a backend may run them as one launch), then the second halves
-  // of the low-rank ones. Decay gate pre-activation f = f_b(f_a(x)), no activation between (SPEC
+  // of the low-rank ones (another). Decay gate pre-activation f = f_b(f_a(x)), no activation between (SPEC
   // 4.1, 4.3), and β logits, in F32. Output gate: full-rank g_proj, or low-rank g_b(g_a(x)) (SPEC
   // 4.7).
   const Tensor qkv = act({N, 3 * P}), fa = act({N, d}), beta = be.alloc(DType::kF32, {N, H}), og = act({N, P});
   const bool low_rank_gate = !w.g_proj.defined();
   const Tensor ga = low_rank_gate ? act({N, d}) : Tensor();
-  const Projection projections[] = {{w.qkv_proj, qkv}, {w.f_a, fa}, {w.b_proj, beta},
-                                    low_rank_gate ? Projection{w.g_a, ga} : Projection{w.g_proj, og}};
-  be.linears(x, projections);
+  const Projection projections[] = {{x, w.qkv_proj, qkv}, {x, w.f_a, fa}, {x, w.b_proj, beta},
+                                    low_rank_gate ? Projection{x, w.g_a, ga} : Projection{x, w.g_proj, og}};
+  be.linears(projections);
   const Tensor f = be.alloc(DType::kF32, {N, P});
-  be.linear(fa, w.f_b, f);
-  if (low_rank_gate) be.linear(ga, w.g_b, og);
+  const Projection second_halves[] = {{fa, w.f_b, f}, {ga, w.g_b, og}};
+  be.linears(std::span<const Projection>(second_halves, low_rank_gate ? 2 : 1));
 
   Tensor y = act({N, P});
   const int64_t split = batch.decode.num_rows();

@@ -25,9 +25,9 @@ Tensor Model::mla(const MlaWeights& w, const Tensor& x, int64_t layer, const Bat
   const bool low_rank_q = !w.q_proj.defined(), gated = w.g_proj.defined();
   const Tensor qa = low_rank_q ? act({N, c.q_lora_rank}) : Tensor();
   const Tensor gate = gated ? act({N, H * v}) : Tensor();
-  Projection projections[3] = {low_rank_q ? Projection{w.q_a, qa} : Projection{w.q_proj, q}, {w.kv_a, ckv}};
-  if (gated) projections[2] = {w.g_proj, gate};
-  be.linears(x, std::span<const Projection>(projections, gated ? 3 : 2));
+  Projection projections[3] = {low_rank_q ? Projection{x, w.q_a, qa} : Projection{x, w.q_proj, q}, {x, w.kv_a, ckv}};
+  if (gated) projections[2] = {x, w.g_proj, gate};
+  be.linears(std::span<const Projection>(projections, gated ? 3 : 2));
   if (low_rank_q) {
     be.rms_norm(qa, w.q_a_norm, kMlaNormEps, qa);
     be.linear(qa, w.q_b, q);

@@ -34,11 +34,11 @@ Tensor Model::moe(const MoeWeights& w, const Tensor& x) {
   const Tensor logits = be.alloc(DType::kF32, {T, c.num_experts});
   const Tensor shared_gu = w.has_shared ? act({T, w.shared.gate_up.dim(0)}) : Tensor();
   const Tensor z = c.has_latent_moe() ? act({T, c.routed_expert_hidden_size}) : Tensor();
-  Projection projections[3] = {{w.router, logits}};
+  Projection projections[3] = {{x, w.router, logits}};
   size_t count = 1;
-  if (w.has_shared) projections[count++] = {w.shared.gate_up, shared_gu};
-  if (c.has_latent_moe()) projections[count++] = {w.latent_down, z};
-  be.linears(x, std::span<const Projection>(projections, count));
+  if (w.has_shared) projections[count++] = {x, w.shared.gate_up, shared_gu};
+  if (c.has_latent_moe()) projections[count++] = {x, w.latent_down, z};
+  be.linears(std::span<const Projection>(projections, count));
   Tensor idx = be.alloc(DType::kI32, {T, K});
   Tensor weights = be.alloc(DType::kF32, {T, K});
   const RouteParams route{static_cast<int>(K),

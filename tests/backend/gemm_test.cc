@@ -2,7 +2,7 @@
 // edges, one row at inner sizes that are multiples of 8 (CUDA bf16 runs those on gemm.cu's
 // small-row kernel: output counts off its 8-column blocks, inner sizes of less than one and of
 // several 256-element passes), an F32 output from activation inputs (router logits, the lm_head) and
-// an empty inner dimension (y = 0); linears (the projections of one input) over the same loop; and,
+// an empty inner dimension (y = 0); linears (projections of one input or of their own) over the same loop; and,
 // without a GPU, which problems the small-row kernel takes.
 // CUDA rows: gemm_grouped (the MoE per-expert GEMMs) against the same loop with each of its kernels
 // (CUTLASS's where the list fits it, and cuBLAS's), over lists of 1 to 300 rows per problem, more
@@ -55,43 +55,54 @@ TEST_P(Gemm, LinearMatchesLoop) {
   }
 }
 
-// linears: the projections of one x, each against the same loop. Cases: one row and four
-// projections (CUDA bf16: one launch of the small-row kernel, an F32 output among bf16 ones,
-// outputs that end mid-block), one row and two at the 48B width, one row and five (more than that
-// launch takes: a GEMM each), four rows (a GEMM each), one row with k = 33 (not a multiple of 8: a
-// GEMM each). Outputs are poisoned first.
+// linears: independent projections of the same rows, each against the same loop. Cases: one row and
+// four projections of one x (CUDA bf16: one launch of the small-row kernel, an F32 output among bf16
+// ones, outputs that end mid-block), one row and two at the 48B width, one row and two of their own
+// inputs of different widths (KDA's f_b and g_b: one launch), one row and five (more than that launch
+// takes: a GEMM each), four rows (a GEMM each), one row with k = 33 (not a multiple of 8: a GEMM
+// each). Outputs are poisoned first.
 TEST_P(Gemm, LinearsMatchLoop) {
   std::mt19937_64 rng(testing::fresh_seed());
+  struct Out {
+    int64_t m, k;  // the projection's output and input widths
+    DType dtype;   // its output's
+    int input;     // which of the case's inputs it reads
+  };
   struct Case {
-    int64_t n, k;
-    std::vector<std::pair<int64_t, DType>> outs;  // each projection's m and output dtype
+    int64_t n;
+    std::vector<Out> outs;
   };
   const Case cases[] = {
-      {1, 264, {{300, act()}, {17, act()}, {5, DType::kF32}, {64, act()}}},
-      {1, 2304, {{33, DType::kF32}, {264, act()}}},
-      {1, 64, {{8, act()}, {9, act()}, {10, DType::kF32}, {11, act()}, {12, act()}}},
-      {4, 264, {{300, act()}, {17, DType::kF32}}},
-      {1, 33, {{40, act()}, {7, DType::kF32}}},
+      {1, {{300, 264, act(), 0}, {17, 264, act(), 0}, {5, 264, DType::kF32, 0}, {64, 264, act(), 0}}},
+      {1, {{33, 2304, DType::kF32, 0}, {264, 2304, act(), 0}}},
+      {1, {{264, 128, DType::kF32, 0}, {40, 72, act(), 1}}},
+      {1, {{8, 64, act(), 0}, {9, 64, act(), 0}, {10, 64, DType::kF32, 0}, {11, 64, act(), 0}, {12, 64, act(), 0}}},
+      {4, {{300, 264, act(), 0}, {17, 264, DType::kF32, 0}}},
+      {1, {{40, 33, act(), 0}, {7, 33, DType::kF32, 0}}},
   };
   for (const Case& c : cases) {
-    const std::string what = "n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " projections " +
+    const std::string what = "n " + std::to_string(c.n) + " k " + std::to_string(c.outs[0].k) + " projections " +
                              std::to_string(c.outs.size());
-    Tensor x = testing::random_tensor(rng, {c.n, c.k});
-    std::vector<Tensor> ws, expects;
+    std::vector<Tensor> xs, dxs, expects;
     std::vector<Projection> ps;
-    for (const auto& [m, dtype] : c.outs) {
-      Tensor w = testing::random_tensor(rng, {m, c.k});
-      Tensor expect = Tensor::empty(DType::kF32, {c.n, m});
+    for (const Out& o : c.outs) {
+      if (o.input == static_cast<int>(xs.size())) {
+        xs.push_back(testing::random_tensor(rng, {c.n, o.k}));
+        dxs.push_back(dev(xs.back()));
+      }
+      const Tensor& x = xs.at(o.input);
+      Tensor w = testing::random_tensor(rng, {o.m, o.k});
+      Tensor expect = Tensor::empty(DType::kF32, {c.n, o.m});
       for (int64_t i = 0; i < c.n; ++i)
-        for (int64_t j = 0; j < m; ++j) {
+        for (int64_t j = 0; j < o.m; ++j) {
           double acc = 0;
-          for (int64_t e = 0; e < c.k; ++e) acc += double(x.f32()[i * c.k + e]) * w.f32()[j * c.k + e];
-          expect.f32()[i * m + j] = float(acc);
+          for (int64_t e = 0; e < o.k; ++e) acc += double(x.f32()[i * o.k + e]) * w.f32()[j * o.k + e];
+          expect.f32()[i * o.m + j] = float(acc);
         }
       expects.push_back(expect);
-      ps.push_back(Projection{persistent(w, act()), poisoned({c.n, m}, dtype)});
+      ps.push_back(Projection{dxs.at(o.input), persistent(w, act()), poisoned({c.n, o.m}, o.dtype)});
     }
-    be().linears(dev(x), ps);
+    be().linears(ps);
     for (size_t i = 0; i < ps.size(); ++i)
       EXPECT_TRUE(testing::all_close(host(ps[i].y), expects[i], tol())) << what << ": projection " << i;
   }

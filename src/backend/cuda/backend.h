@@ -124,7 +124,7 @@ class CudaBackend final : public Backend {
   void linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
   // One row and up to four projections that each fit gemv_fits: one launch of the small-row kernel
   // (gemm.cu); otherwise a GEMM each.
-  void linears(const Tensor& x, std::span<const Projection> projections) override;
+  void linears(std::span<const Projection> projections) override;
 
   void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override;
   void gated_rms_norm(const Tensor& o, const Tensor& w, const Tensor& gate, float eps, const Tensor& y) override;

@@ -17,13 +17,14 @@
 // block. Measured (ops_bench gemv, H200): 5-20 % under cuBLASLt at every 48B projection but the
 // lm_head (0.1733 against 0.1707 ms); at 4 rows, where each lane loads A four times per B load, it
 // lost on the large ones (q/k/v 0.0226 against 0.0169 ms), so it takes one row only. `linears` runs
-// the projections of one row that read the same input (a KDA layer's q/k/v, f_a, b and g_a; an MLA
-// layer's q and kv_a; the router beside the shared expert's gate/up) as one launch of it: their
-// blocks in a row of the grid. The small ones alone are latency-bound (f_a, 0.59 MB: 4.9 µs, a
+// independent projections of one row (a KDA layer's q/k/v, f_a, b and g_a, then its f_b and g_b,
+// each of its own input; an MLA layer's q and kv_a; the router beside the shared expert's gate/up)
+// as one launch of it: their blocks in a row of the grid, each problem with its own input row. The small ones alone are latency-bound (f_a, 0.59 MB: 4.9 µs, a
 // 120 GB/s rate; b, 0.15 MB: 4.7 µs; the router, 1.2 MB: 5.0 µs), so one launch over the 58 MB of a
 // KDA layer's four should take about what q/k/v's 56.6 MB take alone (15.9 µs) instead of 30.4.
 // Measured (2026-12-02): 16.4 against 29.7 µs; the router + shared gate/up 5.5 against 10.0; MLA's
-// q + kv_a 11.8 against 13.6.
+// q + kv_a 11.8 against 13.6. KDA's f_b + g_b, each of its own input (1 MB each): 2.0 against 3.1 µs
+// (18:22Z; predicted ~5 against ~9 from the f_a launch alone, which the graph replays beat).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -45,12 +46,13 @@ cudaDataType_t lt_type(DType t) {
 }
 constexpr int kGemvWarps = 8;
 
-// Up to kGemvMaxProblems products c_i[n_i] = a[k]·B_i[n_i, k]ᵀ of one row `a`, in one launch: the
-// blocks of problem i are [first_block[i], first_block[i + 1]).
+// Up to kGemvMaxProblems products c_i[n_i] = a_i[k_i]·B_i[n_i, k_i]ᵀ of one row each, in one launch:
+// the blocks of problem i are [first_block[i], first_block[i + 1]).
 constexpr int kGemvMaxProblems = 4;
 struct GemvProblem {
+  const __nv_bfloat16* a;  // [k]
   const __nv_bfloat16* b;  // [n, ldb]
-  int ldb, n;
+  int k, ldb, n;
   Out c;                   // [n]
 };
 struct GemvProblems {
@@ -65,14 +67,16 @@ struct GemvProblems {
 // 2026-12-02 12:15Z), and asking L2 for the rows there filled L2 with the next projection's rows
 // while this one streamed (1.1-1.2× slower, 12:21Z).
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_kernel(const __nv_bfloat16* __restrict__ a, int k, GemvProblems ps) {
+    gemv_kernel(GemvProblems ps) {
   int i = 0;
   while (i + 1 < ps.count && static_cast<int>(blockIdx.x) >= ps.first_block[i + 1]) ++i;
   const GemvProblem& p = ps.p[i];
   const int lane = threadIdx.x % 32, col = (blockIdx.x - ps.first_block[i]) * kGemvWarps + threadIdx.x / 32;
   pdl_enter();
   if (col >= p.n) return;
+  const __nv_bfloat16* __restrict__ a = p.a;
   const __nv_bfloat16* row = p.b + static_cast<int64_t>(col) * p.ldb;
+  const int k = p.k;
   float acc = 0.0f;
 #pragma unroll 8
   for (int j = 8 * lane; j < k; j += 8 * 32) {
@@ -86,20 +90,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   if (lane == 0) p.c.set(col, acc);
 }
 
-// One launch over `problems` (each gemv_fits, the same a and k).
+// One launch over `problems` (each gemv_fits).
 void launch_gemv(std::span<const GemmArgs> problems, cudaStream_t stream, const std::string& what) {
   KL_CHECK(!problems.empty() && problems.size() <= kGemvMaxProblems, what + ": gemv problem count");
   GemvProblems ps{};
   ps.count = static_cast<int>(problems.size());
   for (int i = 0; i < ps.count; ++i) {
     const GemmArgs& g = problems[i];
-    KL_CHECK(g.a == problems[0].a && g.k == problems[0].k, what + ": gemv problems with different rows");
-    ps.p[i] = GemvProblem{static_cast<const __nv_bfloat16*>(g.b), static_cast<int>(g.ldb), static_cast<int>(g.n),
+    ps.p[i] = GemvProblem{static_cast<const __nv_bfloat16*>(g.a), static_cast<const __nv_bfloat16*>(g.b),
+                          static_cast<int>(g.k), static_cast<int>(g.ldb), static_cast<int>(g.n),
                           Out{g.c, g.c_dtype == DType::kBF16}};
     ps.first_block[i + 1] = ps.first_block[i] + static_cast<int>((g.n + kGemvWarps - 1) / kGemvWarps);
   }
-  launch_dependent(stream, gemv_kernel, dim3(ps.first_block[ps.count]), dim3(kGemvWarps * 32), 0, what,
-                   static_cast<const __nv_bfloat16*>(problems[0].a), static_cast<int>(problems[0].k), ps);
+  launch_dependent(stream, gemv_kernel, dim3(ps.first_block[ps.count]), dim3(kGemvWarps * 32), 0, what, ps);
 }
 
 // Largest power of two ≤ 256 dividing the address (cuBLASLt picks kernels by operand alignment).
@@ -226,16 +229,17 @@ GemmArgs linear_args(const Tensor& x, const Tensor& w, const Tensor& y) {
 
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) { gemm(linear_args(x, w, y), "linear"); }
 
-void CudaBackend::linears(const Tensor& x, std::span<const Projection> projections) {
+void CudaBackend::linears(std::span<const Projection> projections) {
   std::vector<GemmArgs> problems;
-  for (const Projection& p : projections) problems.push_back(linear_args(x, p.w, p.y));
+  for (const Projection& p : projections) problems.push_back(linear_args(p.x, p.w, p.y));
   const bool one_launch = problems.size() <= kGemvMaxProblems &&
                           std::all_of(problems.begin(), problems.end(), [](const GemmArgs& g) { return gemv_fits(g); });
   if (!one_launch) {
     for (const GemmArgs& g : problems) gemm(g, "linear");
     return;
   }
-  launch_gemv(problems, stream_, "linears x " + shapes(x) + " (" + std::to_string(problems.size()) + " projections)");
+  launch_gemv(problems, stream_, "linears x " + shapes(projections[0].x) + " (" + std::to_string(problems.size()) +
+                                     " projections)");
 }
 
 void CudaBackend::gemm_grouped(std::span<const GemmArgs> problems, const char* what, GemmKernel kernel) {
