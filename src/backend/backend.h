@@ -344,9 +344,11 @@ class Backend {
   virtual void kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) = 0;
 
   // ---- MLA (SPEC 5)
-  // Writes rows [N, c+r] (latent ‖ k_r of each new token) into `pages` at the positions the
-  // layout gives (row i of sequence b at position cached[b] + i).
-  virtual void mla_cache_write(const Tensor& rows, const Tensor& pages, const SeqLayout& layout) = 0;
+  // Writes rows [N, c+r] (kv_a's latent ‖ k_r of each new token) into `pages` at the positions the
+  // layout gives (row i of sequence b at position cached[b] + i), the latent RMS-normalised with
+  // norm [c] on the way (SPEC 5: c = RMSNorm(kv_a(x)[:c]); rms_norm's arithmetic, rounded once).
+  virtual void mla_cache_write(const Tensor& rows, const Tensor& norm, float eps, const Tensor& pages,
+                               const SeqLayout& layout) = 0;
   // Causal attention of each sequence's new queries over its cached + new positions (query i of
   // sequence b sees positions 0 .. cached[b] + i). mla_prefill expands keys and values through
   // kv_b (SPEC 5, prefill form); mla_decode attends in the latent space with W_UK absorbed into

@@ -33,13 +33,9 @@ Tensor Model::mla(const MlaWeights& w, const Tensor& x, int64_t layer, const Bat
     be.linear(qa, w.q_b, q);
   }
 
-  // The latent columns of ckv are normalised in place before the cache write.
-  Tensor latent = act({N, kvc});
-  be.copy_columns(ckv, 0, latent, 0, kvc);
-  be.rms_norm(latent, w.kv_a_norm, kMlaNormEps, latent);
-  be.copy_columns(latent, 0, ckv, 0, kvc);
+  // The cache write normalises the latent columns of ckv on their way into the pages.
   const Tensor& pages = cache.mla_pages(layer);
-  be.mla_cache_write(ckv, pages, batch.layout);
+  be.mla_cache_write(ckv, w.kv_a_norm, kMlaNormEps, pages, batch.layout);
 
   Tensor attn = act({N, H, v});
   const MlaArgs args{q, pages, w.kv_b, 1.0f / std::sqrt(static_cast<float>(qk)), attn};

@@ -1,5 +1,5 @@
 // MLA attention over the paged latent cache on every backend row: the new positions written by
-// mla_cache_write, then the expanded (prefill) and absorbed (decode) forms against a plain
+// mla_cache_write (their latent RMS-normalised on the way), then the expanded (prefill) and absorbed (decode) forms against a plain
 // per-head, per-position reference, over a case table of steps (decode rows, multi-token rows with
 // cached positions, several sequences with scattered pages, q-head widths with and without a rope
 // part, page sizes that do and do not divide the lengths, and the model's latent shape 512 + 64,
@@ -118,27 +118,40 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
     Tensor q = testing::random_tensor(rng, {n, c.heads, c.nope + c.rope});
     Tensor kv_b = testing::random_tensor(rng, {c.heads * (c.nope + c.v), c.latent}, -0.3f, 0.3f);
     // Every position of every sequence: [latent ‖ k_r]. Cached ones go into the pages on the host,
-    // new ones through mla_cache_write; unused page rows stay NaN.
+    // new ones through mla_cache_write, which normalises their latent (RMSNorm with `norm`, eps
+    // 1e-6: the reference's rows hold it normalised in double, then rounded as the pages store it);
+    // unused page rows stay NaN.
+    const float eps = 1e-6f;
+    Tensor norm = testing::random_tensor(rng, {c.latent}, 0.5f, 1.5f);
     Tensor pool = Tensor::empty(DType::kF32, {pages, c.page_size, width});
     std::fill(pool.f32(), pool.f32() + pool.numel(), std::numeric_limits<float>::quiet_NaN());
     std::vector<Tensor> seq_rows;
     Tensor new_rows = Tensor::empty(DType::kF32, {n, width});
+    // The rows as the backend holds them (bf16 rows: rounded), so the reference normalises the same values.
+    const Tensor held_norm = host(dev(norm));
     for (int64_t b = 0; b < B; ++b) {
       const int64_t tc = c.cached[b] + c.lens[b];
-      Tensor all = testing::random_tensor(rng, {tc, width});
+      Tensor all = host(dev(testing::random_tensor(rng, {tc, width})));
       for (int64_t p = 0; p < tc; ++p) {
-        const float* src = all.f32() + p * width;
+        float* src = all.f32() + p * width;
         if (p < c.cached[b]) {
           const int32_t page = layout.page_table[b * layout.max_pages + p / c.page_size];
           std::memcpy(pool.f32() + (page * c.page_size + p % c.page_size) * width, src, width * sizeof(float));
         } else {
           std::memcpy(new_rows.f32() + (layout.cu_seqlens[b] + p - c.cached[b]) * width, src, width * sizeof(float));
+          double ss = 0;
+          for (int64_t j = 0; j < c.latent; ++j) ss += double(src[j]) * src[j];
+          const double s = 1.0 / std::sqrt(ss / double(c.latent) + eps);
+          for (int64_t j = 0; j < c.latent; ++j) {  // as the pages hold it: rounded once to their dtype
+            const float v = float(src[j] * s * held_norm.f32()[j]);
+            src[j] = act() == DType::kBF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+          }
         }
       }
       seq_rows.push_back(all);
     }
     Tensor dpages = persistent(pool, act());
-    be().mla_cache_write(dev(new_rows), dpages, layout);
+    be().mla_cache_write(dev(new_rows), dev(norm), eps, dpages, layout);
     const float scale = 1.0f / std::sqrt(float(c.nope + c.rope));
     Tensor expect = Tensor::empty(DType::kF32, {n, c.heads, c.v});
     for (int64_t b = 0; b < B; ++b) {

@@ -84,8 +84,8 @@ class ForwardingBackend : public Backend {
   void kda_decode(const KdaDecodeArgs& a, const SeqLayout& l) override {
     in_.kda_decode(a, l), stored(a.y), stored(a.states), stored(a.conv_states);
   }
-  void mla_cache_write(const Tensor& r, const Tensor& p, const SeqLayout& l) override {
-    in_.mla_cache_write(r, p, l), stored(p);
+  void mla_cache_write(const Tensor& r, const Tensor& w, float eps, const Tensor& p, const SeqLayout& l) override {
+    in_.mla_cache_write(r, w, eps, p, l), stored(p);
   }
   void mla_prefill(const MlaArgs& a, const SeqLayout& l) override { in_.mla_prefill(a, l), stored(a.out); }
   void mla_decode(const MlaArgs& a, const SeqLayout& l) override { in_.mla_decode(a, l), stored(a.out); }

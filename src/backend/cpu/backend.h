@@ -60,7 +60,8 @@ class CpuBackend final : public Backend {
   void kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) override;
   void kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) override;
 
-  void mla_cache_write(const Tensor& rows, const Tensor& pages, const SeqLayout& layout) override;
+  void mla_cache_write(const Tensor& rows, const Tensor& norm, float eps, const Tensor& pages,
+                       const SeqLayout& layout) override;
   void mla_prefill(const MlaArgs& a, const SeqLayout& layout) override;
   void mla_decode(const MlaArgs& a, const SeqLayout& layout) override;
 

@@ -105,17 +105,21 @@ void per_sequence(const MlaArgs& a, const SeqLayout& layout, OneSequence one) {
 
 }  // namespace
 
-void CpuBackend::mla_cache_write(const Tensor& rows, const Tensor& pages, const SeqLayout& layout) {
-  const int64_t width = pages.dim(2), ps = layout.page_size;
-  KL_CHECK(rows.dim(-1) == width && rows.numel() / width == layout.num_rows() && pages.dim(1) == ps,
-           "mla_cache_write rows " + shape_to_string(rows.shape()) + " pages " + shape_to_string(pages.shape()));
+void CpuBackend::mla_cache_write(const Tensor& rows, const Tensor& norm, float eps, const Tensor& pages,
+                                 const SeqLayout& layout) {
+  const int64_t width = pages.dim(2), ps = layout.page_size, c = norm.numel();
+  KL_CHECK(rows.dim(-1) == width && rows.numel() / width == layout.num_rows() && pages.dim(1) == ps && c <= width,
+           "mla_cache_write rows " + shape_to_string(rows.shape()) + " norm " + shape_to_string(norm.shape()) +
+               " pages " + shape_to_string(pages.shape()));
   for (int64_t b = 0; b < layout.num_seqs(); ++b) {
     for (int64_t i = 0; i < layout.new_tokens(b); ++i) {
       const int64_t pos = layout.cached[b] + i;
       const int32_t page = layout.page_table[b * layout.max_pages + pos / ps];
       KL_CHECK(page >= 0 && page < pages.dim(0), "no page for position " + std::to_string(pos) + " of sequence " + std::to_string(b));
-      std::memcpy(pages.f32() + (page * ps + pos % ps) * width, rows.f32() + (layout.cu_seqlens[b] + i) * width,
-                  static_cast<size_t>(width) * sizeof(float));
+      float* dst = pages.f32() + (page * ps + pos % ps) * width;
+      std::memcpy(dst, rows.f32() + (layout.cu_seqlens[b] + i) * width, static_cast<size_t>(width) * sizeof(float));
+      const Tensor latent = Tensor::wrap(DType::kF32, {1, c}, dst, nullptr, Device::kCpu);
+      rms_norm(latent, norm, eps, latent);
     }
   }
 }

@@ -138,7 +138,8 @@ class CudaBackend final : public Backend {
   void kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) override;
   void kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) override;
 
-  void mla_cache_write(const Tensor& rows, const Tensor& pages, const SeqLayout& layout) override;
+  void mla_cache_write(const Tensor& rows, const Tensor& norm, float eps, const Tensor& pages,
+                       const SeqLayout& layout) override;
   void mla_prefill(const MlaArgs& a, const SeqLayout& layout) override;
   // mla_prefill with its attention kernel picked by `kernels`: kBest runs FlashInfer's Hopper ragged
   // prefill (mla_prefill_sm90.cu) where mla_prefill_sm90_fits (bf16, q/k 128 + 64, v 128); kOwn and
