@@ -150,9 +150,12 @@ TEST_P(BatchedEqualsAlone, MixedStepsAndReuse) {
         // and 5.9e-5 (a decode row, 2026-12-01) on the H200 in float32, and 1.11e-4 on the CPU (a
         // 20-token prefill piece, seed 3074677373, routing margin 1.8e-4; no failure in 60 other
         // seeds at 1e-4, 2026-12-02), so 20× there (2e-4); a wrong row, slot or page is off by
-        // orders more. Kimi Linear stays below 1e-5. bf16 rows keep 3× their 2e-2.
+        // orders more. Kimi Linear stays below 1e-5. bf16 rows take 6× their 2e-2: with the routing
+        // replayed, random_k3 (seven layers of a random K3) still measured 0.089 once in 240 runs on
+        // the H200 (2026-12-02 17:53Z, a 5-token prefill piece beside two decode rows: cuBLAS rounds
+        // 7 rows differently from 5, and the random layers amplify it); a wrong row is off by ~1.
         const Tensor got = h.rows(r0, r0 + n), want = alone.at({p.seq, p.begin});
-        EXPECT_TRUE(testing::all_close(got, want, (row.dtype == DType::kF32 ? 20 : 3) * row.tol))
+        EXPECT_TRUE(testing::all_close(got, want, (row.dtype == DType::kF32 ? 20 : 6) * row.tol))
             << "step " << k << " sequence " << p.seq << " tokens [" << p.begin << ", " << p.end << ")";
         r0 += n;
       }
