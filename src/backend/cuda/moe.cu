@@ -63,6 +63,11 @@
 //   both launches: gate/up applies the GLU to their projection (computed with the router's logits),
 //   down adds their down row's product to the routed sum, rounded as a separate add stores it; on
 //   the other paths add_shared_experts runs glu, linear and add after them.
+//   Tried and dropped (2026-12-02 18:22Z): routing in the gate/up launch (each routed block's first
+//   warp routing its token from the logits, the others waiting at a barrier; one launch fewer):
+//   route + experts at N = 1 as a graph 0.0510 ms against 0.0446 with the router's launch (0.0523
+//   against 0.0461 with the shared expert): every block's weight loads waited behind a top-8 over
+//   256 scores, in each of the launch's two waves, which cost more than the router's launch.
 // - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
 //   GEMM launch per projection over the active experts (a problem each: CUTLASS's kernel for BF16,
 //   cuBLAS's grouped call otherwise, gemm.cu), the same combine in a separate kernel.
