@@ -15,9 +15,9 @@ Tensor Model::kda(const KdaWeights& w, const Tensor& x, int64_t layer, const Bat
   const KdaGateParams gate{c.kda_gate, c.gate_lower_bound};
 
   // The projections of x (one call: a backend may run them as one launch), then the second halves
-  // of the low-rank ones (another). Decay gate pre-activation f = f_b(f_a(x)), no activation between (SPEC
-  // 4.1, 4.3), and β logits, in F32. Output gate: full-rank g_proj, or low-rank g_b(g_a(x)) (SPEC
-  // 4.7).
+  // of the low-rank ones (another). Decay gate pre-activation f = f_b(f_a(x)), no activation
+  // between (SPEC 4.1, 4.3), and β logits, in F32. Output gate: full-rank g_proj, or low-rank
+  // g_b(g_a(x)) (SPEC 4.7).
   const Tensor qkv = act({N, 3 * P}), fa = act({N, d}), beta = be.alloc(DType::kF32, {N, H}), og = act({N, P});
   const bool low_rank_gate = !w.g_proj.defined();
   const Tensor ga = low_rank_gate ? act({N, d}) : Tensor();

@@ -2,8 +2,8 @@
 // edges, one row at inner sizes that are multiples of 8 (CUDA bf16 runs those on gemm.cu's
 // small-row kernel: output counts off its 8-column blocks, inner sizes of less than one and of
 // several 256-element passes), an F32 output from activation inputs (router logits, the lm_head) and
-// an empty inner dimension (y = 0); linears (projections of one input or of their own) over the same loop; and,
-// without a GPU, which problems the small-row kernel takes.
+// an empty inner dimension (y = 0); linears (projections of one input or of their own) over the
+// same loop; and, without a GPU, which problems the small-row kernel takes.
 // CUDA rows: gemm_grouped (the MoE per-expert GEMMs) against the same loop with each of its kernels
 // (CUTLASS's where the list fits it, and cuBLAS's), over lists of 1 to 300 rows per problem, more
 // than one tile of n and of k, row strides wider than the rows, 80 problems in one list, and the

@@ -1,6 +1,6 @@
 // MLA attention over the paged latent cache on every backend row: the new positions written by
-// mla_cache_write (their latent RMS-normalised on the way), then the expanded (prefill) and absorbed (decode) forms against a plain
-// per-head, per-position reference, over a case table of steps (decode rows, multi-token rows with
+// mla_cache_write (their latent RMS-normalised on the way), then the expanded (prefill) and
+// absorbed (decode) forms against a plain per-head, per-position reference, over a case table of steps (decode rows, multi-token rows with
 // cached positions, several sequences with scattered pages, q-head widths with and without a rope
 // part, page sizes that do and do not divide the lengths, and the model's latent shape 512 + 64,
 // which the CUDA bf16 decode runs on tensor cores). Outputs are poisoned before each op.
@@ -127,7 +127,7 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
     std::fill(pool.f32(), pool.f32() + pool.numel(), std::numeric_limits<float>::quiet_NaN());
     std::vector<Tensor> seq_rows;
     Tensor new_rows = Tensor::empty(DType::kF32, {n, width});
-    // The rows as the backend holds them (bf16 rows: rounded), so the reference normalises the same values.
+    // The rows as the backend holds them (bf16 rows: rounded): the reference normalises those values.
     const Tensor held_norm = host(dev(norm));
     for (int64_t b = 0; b < B; ++b) {
       const int64_t tc = c.cached[b] + c.lens[b];

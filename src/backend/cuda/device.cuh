@@ -75,6 +75,18 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return t;
 }
 
+// rsqrt(mean(x[base, base + c)²) + eps) over the block: fp32 squares, each thread's columns j ≡
+// threadIdx.x (mod blockDim.x) in order, then block_sum. rms_norm and the MLA cache write share it,
+// so both store the same bits for the same row and block size.
+__device__ __forceinline__ float block_inv_rms(In x, int64_t base, int64_t c, float eps, float* scratch) {
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float v = x[base + j];
+    ss += v * v;
+  }
+  return rsqrtf(block_sum(ss, scratch) / static_cast<float>(c) + eps);
+}
+
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // The GLU of one gate/up pair (SPEC 3.2): the glu op and the MoE experts' epilogue.

@@ -19,8 +19,8 @@
 // lost on the large ones (q/k/v 0.0226 against 0.0169 ms), so it takes one row only. `linears` runs
 // independent projections of one row (a KDA layer's q/k/v, f_a, b and g_a, then its f_b and g_b,
 // each of its own input; an MLA layer's q and kv_a; the router beside the shared expert's gate/up)
-// as one launch of it: their blocks in a row of the grid, each problem with its own input row. The small ones alone are latency-bound (f_a, 0.59 MB: 4.9 µs, a
-// 120 GB/s rate; b, 0.15 MB: 4.7 µs; the router, 1.2 MB: 5.0 µs), so one launch over the 58 MB of a
+// as one launch of it: their blocks in a row of the grid, each problem with its own input row. The
+// small ones alone are latency-bound (f_a, 0.59 MB: 4.9 µs, a 120 GB/s rate; b, 0.15 MB: 4.7 µs; the router, 1.2 MB: 5.0 µs), so one launch over the 58 MB of a
 // KDA layer's four should take about what q/k/v's 56.6 MB take alone (15.9 µs) instead of 30.4.
 // Measured (2026-12-02): 16.4 against 29.7 µs; the router + shared gate/up 5.5 against 10.0; MLA's
 // q + kv_a 11.8 against 13.6. KDA's f_b + g_b, each of its own input (1 MB each): 2.0 against 3.1 µs

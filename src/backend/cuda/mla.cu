@@ -1,8 +1,8 @@
 // CUDA MLA (SPEC 5): the paged latent-cache write, the expanded prefill and the absorbed decode.
 //
 // The cache write normalises the latent on its way into the pages (a block per row): at batch 1 it
-// replaces four launches (a column copy out, rms_norm, a copy back, the write) by one, 21 of a 48B
-// step's ~370.
+// replaces four launches (a column copy out, rms_norm, a copy back, the write) by one, 21 fewer of
+// the ~375 a 48B step ran.
 //
 // bf16 at the model's shapes runs on tensor cores (mma.sync m16n8k16, fp32 accumulators, fp32
 // online softmax in base 2):
@@ -182,9 +182,9 @@ __global__ void __launch_bounds__(kCombineDims * kCombineGroups) combine_kernel(
   }
 }
 
-// Block r writes row r [latent ‖ k_r] to its page row, the latent (columns < c) normalised with
-// rms_norm_kernel's arithmetic (norm.cu: fp32 squares summed by block_sum over kCacheWriteThreads, then
-// x·s·w rounded once), so the pages hold what rms_norm then a copy stored.
+// Block r writes row r [latent ‖ k_r] to its page row, the latent (columns < c) normalised as
+// rms_norm_kernel does (block_inv_rms over the same 256 threads, then x·s·w rounded once), so the
+// pages hold what rms_norm then a copy stored.
 constexpr int kCacheWriteThreads = 256;
 __global__ void __launch_bounds__(kCacheWriteThreads)
     cache_write_kernel(In rows, In norm, int64_t c, float eps, int64_t width, const int32_t* cu, const int32_t* cached,
@@ -192,12 +192,7 @@ __global__ void __launch_bounds__(kCacheWriteThreads)
   __shared__ float scratch[32];
   pdl_enter();
   const int64_t r = blockIdx.x, base = r * width;
-  float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float v = rows[base + j];
-    ss += v * v;
-  }
-  const float s = rsqrtf(block_sum(ss, scratch) / static_cast<float>(c) + eps);
+  const float s = block_inv_rms(rows, base, c, eps, scratch);
   const int b = seq_of_row(cu, num_seqs, r);
   const int64_t dst = where.row(b, cached[b] + r - cu[b]) * width;
   for (int64_t j = threadIdx.x; j < width; j += blockDim.x)

@@ -14,12 +14,7 @@ __global__ void rms_norm_kernel(In x, In w, In gate, bool gated, int64_t c, floa
   __shared__ float scratch[32];
   pdl_enter();
   const int64_t base = blockIdx.x * c;
-  float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float v = x[base + j];
-    ss += v * v;
-  }
-  const float s = rsqrtf(block_sum(ss, scratch) / static_cast<float>(c) + eps);
+  const float s = block_inv_rms(x, base, c, eps, scratch);
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
     float v = x[base + j] * s * w[j];
     if (gated) v *= sigmoid_f(gate[base + j]);
