@@ -61,11 +61,12 @@ def main():
     h, d = 32, 128
     print("| op | shape | ms (median) | FLOP | bytes | floor ms | of floor |\n|---|---|---|---|---|---|---|")
     if what in ("all", "kda"):
-        for lens in ([4096], [16384], [65536], [2048] * 8):
-            for lb in (None, -5.0):
+        # H = 32, and 16 or 8 heads: a two- or four-way tensor-parallel shard of the same layer.
+        for lens, heads in (([4096], 32), ([16384], 32), ([65536], 32), ([2048] * 8, 32), ([16384], 16), ([16384], 8)):
+            for lb in (None, -5.0) if heads == 32 else (None,):
                 n, b = sum(lens), len(lens)
-                q, k, v, f, beta, a_log, dt_bias = inputs(1, n, h, d, dev)
-                s0 = torch.rand(b, h, d, d, device=dev, dtype=torch.float32) * 0.2 - 0.1
+                q, k, v, f, beta, a_log, dt_bias = inputs(1, n, heads, d, dev)
+                s0 = torch.rand(b, heads, d, d, device=dev, dtype=torch.float32) * 0.2 - 0.1
                 cu = torch.tensor([0] + list(__import__("itertools").accumulate(lens)), device=dev, dtype=torch.long)
 
                 def run():
@@ -76,9 +77,9 @@ def main():
 
                 with torch.inference_mode():
                     ms = time_ms(run)
-                nbytes = n * h * d * (2.0 * 4 + 4) + n * h * 4.0 + 2.0 * b * h * d * d * 4
-                flop = n * h * 2.0 * (4.0 * 64 * d + 3.0 * d * d)
-                row("FLA chunk_kda", f"B={b} T={n // b} H=32 D=128 {'softplus' if lb is None else 'lower-bound'}",
+                nbytes = n * heads * d * (2.0 * 4 + 4) + n * heads * 4.0 + 2.0 * b * heads * d * d * 4
+                flop = n * heads * 2.0 * (4.0 * 64 * d + 3.0 * d * d)
+                row("FLA chunk_kda", f"B={b} T={n // b} H={heads} D=128 {'softplus' if lb is None else 'lower-bound'}",
                     ms, flop, nbytes)
     if what in ("all", "kda_decode"):
         taps = 4

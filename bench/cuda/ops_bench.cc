@@ -91,15 +91,17 @@ SeqLayout layout_for(const std::vector<int>& lens, const std::vector<int>& cache
 }
 
 void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
-  const int64_t H = 32, D = 128;
-  std::vector<std::vector<int>> shapes;
+  const int64_t D = 128;
+  // (lengths, heads): 32 heads, and for the prefill 16 or 8 (a two- or four-way tensor-parallel shard).
+  std::vector<std::pair<std::vector<int>, int64_t>> shapes;
   if (decode)
-    shapes = {std::vector<int>(1, 1), std::vector<int>(64, 1), std::vector<int>(256, 1)};
+    shapes = {{std::vector<int>(1, 1), 32}, {std::vector<int>(64, 1), 32}, {std::vector<int>(256, 1), 32}};
   else
-    shapes = {{4096}, {16384}, {65536}, std::vector<int>(8, 2048)};
-  for (const auto& lens : shapes) {
+    shapes = {{{4096}, 32}, {{16384}, 32}, {{65536}, 32}, {std::vector<int>(8, 2048), 32}, {{16384}, 16}, {{16384}, 8}};
+  for (const auto& [lens, H] : shapes) {
     for (KdaGate gate : {KdaGate::kSoftplus, KdaGate::kLowerBound}) {
-      if (decode && gate == KdaGate::kLowerBound) continue;  // the gate form does not change the decode kernel
+      // The gate form does not change the decode kernel; the sharded prefill rows take one form.
+      if ((decode || H != 32) && gate == KdaGate::kLowerBound) continue;
       SeqLayout layout = layout_for(lens, std::vector<int>(lens.size(), decode ? 100 : 0), 64);
       const int64_t N = layout.num_rows(), B = static_cast<int64_t>(lens.size());
       be.begin_step();
@@ -126,8 +128,8 @@ void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
       const double bytes = N * H * D * (2.0 * 4 + 4) + N * H * 4.0 + 2.0 * B * H * D * D * 4;
       const double flop = decode ? N * H * 4.0 * D * D : N * H * 2.0 * (4.0 * 64 * D + 3.0 * D * D);
       char shape[64];
-      std::snprintf(shape, sizeof shape, "B=%lld T=%lld H=32 D=128 %s", (long long)B, (long long)(N / B),
-                    gate == KdaGate::kSoftplus ? "softplus" : "lower-bound");
+      std::snprintf(shape, sizeof shape, "B=%lld T=%lld H=%lld D=128 %s", (long long)B, (long long)(N / B),
+                    (long long)H, gate == KdaGate::kSoftplus ? "softplus" : "lower-bound");
       row(decode ? "kda_recurrent (decode)" : "kda_chunked (prefill)", shape, ms, flop, bytes);
       if (decode || gate != KdaGate::kSoftplus) continue;
       // The tensor-core prefill's launches apart (the state pass at each width) over the same
@@ -149,8 +151,15 @@ void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
       row("  tc prep only", shape, variant({0, cuda::KdaChunkStages::kPrepOnly}), prep_flop, prep_bytes);
       for (int cols : {16, 32, 64}) {
         const std::string name = "  tc state only, " + std::to_string(cols) + " cols";
-        row(name, shape, variant({cols, cuda::KdaChunkStages::kStateOnly}), state_flop, state_bytes);
+        row(name, shape, variant({cols, cuda::KdaChunkStages::kStateOnly, 1}), state_flop, state_bytes);
       }
+      // The sequence split (the op's own choice is the row above the variants): the state pass of
+      // P segments does 2P − 3 more segment walks than one (bytes and FLOP here are the unsplit's).
+      if (B == 1)
+        for (int segments : {3, 5, 8}) {
+          const std::string name = "  tc state only, " + std::to_string(segments) + " segments";
+          row(name, shape, variant({0, cuda::KdaChunkStages::kStateOnly, segments}), state_flop, state_bytes);
+        }
     }
   }
 }

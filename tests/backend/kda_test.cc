@@ -9,6 +9,9 @@
 #include <array>
 #include <cstring>
 #include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "backend_cases.h"
 #include "io/safetensors.h"
@@ -154,6 +157,7 @@ struct KdaCase {
   int64_t heads, d;
   KdaGate gate;
   bool zero_state;
+  float decay = 1.0f;  // g = decay · the gate op's g (0.01: a segment's map A stays of order 1)
 };
 
 class KdaCases : public KdaOps {
@@ -179,6 +183,9 @@ class KdaCases : public KdaOps {
         {{64, 200, 1, 63, 128, 65, 30, 129}, {0, 0, 0, 0, 0, 0, 0, 0}, 2, 128, KdaGate::kSoftplus, false},
         // A head dim that is not a multiple of 16 (the bf16 tensor-core path does not take it).
         {{70, 3}, {0, 0}, 2, 24, KdaGate::kSoftplus, false},
+        // Weak decay, where the state carries across a whole sequence (and a split's maps matter).
+        {{1000}, {0}, 1, 128, KdaGate::kSoftplus, false, 0.01f},
+        {{300, 1, 200, 650}, {0, 3, 0, 0}, 2, 64, KdaGate::kLowerBound, false, 0.01f},
     };
     return c;
   }
@@ -197,11 +204,14 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
     const int64_t n = layout.num_rows(), H = c.heads, d = c.d;
     std::string what = "H " + std::to_string(H) + " d " + std::to_string(d) + " lens";
     for (int32_t l : c.lens) what += " " + std::to_string(l);
-    SCOPED_TRACE(what + (c.gate == KdaGate::kSoftplus ? " softplus" : " lower-bound"));
+    what += c.gate == KdaGate::kSoftplus ? " softplus" : " lower-bound";
+    what += " decay ×" + std::to_string(c.decay);
+    SCOPED_TRACE(what);
 
     const Shape nhd{n, H, d};
     Tensor q = testing::random_tensor(rng, nhd), k = testing::random_tensor(rng, nhd), v = testing::random_tensor(rng, nhd);
-    const Tensor g = gates(rng, n, H, d, c.gate);
+    Tensor g = gates(rng, n, H, d, c.gate);
+    for (int64_t i = 0; i < g.numel(); ++i) g.f32()[i] *= c.decay;
     Tensor beta = testing::random_tensor(rng, {n, H}, 0.0f, 1.0f);
     Tensor s0 = c.zero_state ? Tensor::zeros(DType::kF32, {slots, H, d, d}) : testing::random_tensor(rng, {slots, H, d, d}, -0.5f, 0.5f);
 
@@ -222,13 +232,19 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
     for (Form form : {Form::kChunked, Form::kRecurrent})
       check(form_name(form), [&](const KdaArgs& a) { run(form, a, layout); });
 #if KLINEAR_WITH_CUDA
-    // The tensor-core prefill at every state-pass width (the op picks one by the grid's size).
+    // The tensor-core prefill at every state-pass width (the op picks one by the grid's size), and
+    // with every sequence of enough chunks split into segments (the op splits by the grid's cost).
     auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be());
-    if (cuda != nullptr && act() == DType::kBF16 && (d == 16 || d == 32 || d == 64 || d == 128))
+    if (cuda != nullptr && act() == DType::kBF16 && (d == 16 || d == 32 || d == 64 || d == 128)) {
       for (int cols : {16, 32, 64})
-        check(std::to_string(cols) + " state columns:", [&](const KdaArgs& a) {
-          cuda::kda_chunked_variant(*cuda, a, layout, cuda::KdaChunkedVariant{cols, cuda::KdaChunkStages::kBoth});
+        check(std::to_string(cols) + " state columns, unsplit:", [&](const KdaArgs& a) {
+          cuda::kda_chunked_variant(*cuda, a, layout, cuda::KdaChunkedVariant{cols, cuda::KdaChunkStages::kBoth, 1});
         });
+      for (int segments : {3, 5})
+        check(std::to_string(segments) + " segments:", [&](const KdaArgs& a) {
+          cuda::kda_chunked_variant(*cuda, a, layout, cuda::KdaChunkedVariant{0, cuda::KdaChunkStages::kBoth, segments});
+        });
+    }
 #endif
   }
 }
@@ -261,17 +277,27 @@ TEST_P(KdaOps, SnapshotsAtChunkBoundariesAndEnds) {
     Tensor s_ref = Tensor::empty(DType::kF32, s0.shape());
     std::memcpy(s_ref.data(), s0.data(), s0.nbytes());
     const Tensor o_ref = reference(host(dev(q)), host(dev(k)), host(dev(v)), g, beta, s_ref, layout);
-    for (Form form : {Form::kChunked, Form::kRecurrent}) {
+    std::vector<std::pair<std::string, std::function<void(const KdaArgs&)>>> ops;
+    for (Form form : {Form::kChunked, Form::kRecurrent})
+      ops.emplace_back(form_name(form), [&, form](const KdaArgs& a) { run(form, a, layout); });
+#if KLINEAR_WITH_CUDA
+    // The sequence split: snapshots at the ends of segments and inside them.
+    if (auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be()); cuda != nullptr && act() == DType::kBF16)
+      ops.emplace_back("3 segments", [&, cuda](const KdaArgs& a) {
+        cuda::kda_chunked_variant(*cuda, a, layout, cuda::KdaChunkedVariant{0, cuda::KdaChunkStages::kBoth, 3});
+      });
+#endif
+    for (const auto& [name, op] : ops) {
       Tensor states = persistent(s0, DType::kF32);
       Tensor out = poisoned(nhd);
-      run(form, KdaArgs{dev(q), dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), states, out}, layout);
-      EXPECT_TRUE(all_close(host(out), o_ref, case_tol())) << form_name(form) << " out";
+      op(KdaArgs{dev(q), dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), states, out});
+      EXPECT_TRUE(all_close(host(out), o_ref, case_tol())) << name << " out";
       const Tensor got = host(states);
-      EXPECT_TRUE(all_close(got, s_ref, case_tol())) << form_name(form) << " states and snapshots";
+      EXPECT_TRUE(all_close(got, s_ref, case_tol())) << name << " states and snapshots";
       for (const auto& [b, pos, slot] : snaps) {  // each snapshot slot on its own
         EXPECT_TRUE(all_close(got.rows(slot, slot + 1).view({H * d, d}), s_ref.rows(slot, slot + 1).view({H * d, d}),
                               case_tol()))
-            << form_name(form) << " snapshot of sequence " << b << " after " << pos << " rows";
+            << name << " snapshot of sequence " << b << " after " << pos << " rows";
       }
     }
   }
@@ -373,8 +399,9 @@ TEST_P(KdaSummary, AppliesAsTheChunkedStateAndComposes) {
     const int64_t n = whole.num_rows();
     std::string what = "H " + std::to_string(H) + " d " + std::to_string(d) + " lens";
     for (int32_t l : c.lens) what += " " + std::to_string(l);
-    SCOPED_TRACE(what + (c.gate == KdaGate::kSoftplus ? " softplus" : " lower-bound") + " decay ×" +
-                 std::to_string(c.decay));
+    what += c.gate == KdaGate::kSoftplus ? " softplus" : " lower-bound";
+    what += " decay ×" + std::to_string(c.decay);
+    SCOPED_TRACE(what);
 
     const Tensor k = testing::random_tensor(rng, {n, H, d}), v = testing::random_tensor(rng, {n, H, d});
     Tensor g = gates(rng, n, H, d, c.gate);

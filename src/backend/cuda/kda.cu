@@ -502,6 +502,7 @@ ChunkTables chunk_tables(CudaBackend& be, const SeqLayout& layout, int64_t slots
   ChunkTables t;
   t.chunks = static_cast<int64_t>(chunk_row.size());
   t.rows = dev(chunk_row), t.lens = dev(chunk_len), t.seq_chunk = dev(seq_chunk);
+  t.host_seq_chunk = std::move(seq_chunk);
   auto ptr = [&](const Tensor& x) { return snaps == 0 ? nullptr : x.data_as<const int32_t>(); };
   t.work = ChunkWork{t.rows.data_as<const int32_t>(), t.lens.data_as<const int32_t>(),
                      t.seq_chunk.data_as<const int32_t>(), ptr(layout.dev.snap_seq), ptr(layout.dev.snap_pos),
@@ -516,7 +517,7 @@ void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
   const ChunkTables ct = chunk_tables(*this, layout, a.states.dim(0));
   const std::string what = "kda_chunked q " + shapes(a.q) + " seqs " + std::to_string(num_seqs);
   if (kda_tc_fits(a, s)) {
-    kda_chunked_tc_launch(*this, s, ct, num_seqs, KdaChunkedVariant{}, what);
+    kda_chunked_tc_launch(*this, s, ct, layout, KdaChunkedVariant{}, what);
     return;
   }
   const Fp32Ws fw = chunk_prep(*this, s, ct, what);
@@ -562,7 +563,7 @@ void kda_chunked_variant(CudaBackend& be, const KdaArgs& a, const SeqLayout& lay
                                         "in {16, 32, 64, 128}; got q " + shapes(a.q) + " v " + shapes(a.v));
   if (layout.num_seqs() == 0) return;
   const ChunkTables ct = chunk_tables(be, layout, a.states.dim(0));
-  kda_chunked_tc_launch(be, s, ct, layout.num_seqs(), v, "kda_chunked q " + shapes(a.q));
+  kda_chunked_tc_launch(be, s, ct, layout, v, "kda_chunked q " + shapes(a.q));
 }
 
 void CudaBackend::kda_recurrent_rows(const KdaArgs& a, const SeqLayout& layout) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "backend/cuda/device.cuh"
 #include "backend/cuda/kda_chunked.h"
@@ -47,6 +48,7 @@ struct ChunkTables {
   Tensor rows, lens, seq_chunk;
   ChunkWork work;
   int64_t chunks = 0;
+  std::vector<int32_t> host_seq_chunk;  // [B+1] seq_chunk as the host built it
 };
 ChunkTables chunk_tables(CudaBackend& be, const SeqLayout& layout, int64_t slots);
 
@@ -65,7 +67,7 @@ __device__ __forceinline__ void for_snapshots(const KdaStep& s, const ChunkWork&
 // The bf16 tensor-core prefill (kda_chunk_tc.cu): whether it takes these tensors (BF16 activations,
 // dk = dv in {16, 32, 64, 128}), and the launch.
 bool kda_tc_fits(const KdaArgs& a, const KdaStep& s);
-void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables& ct, int64_t num_seqs,
+void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables& ct, const SeqLayout& layout,
                            const KdaChunkedVariant& v, const std::string& what);
 
 }  // namespace klinear::cuda

@@ -36,8 +36,23 @@
 // shared memory (cp.async, three stages: a chunk's stage lives until its output is written, and
 // the load of chunk i + 3 is issued as chunk i's ends). Snapshots are written by the recurrence
 // warps from their registers at chunk ends.
+//
+// The sequence split (issue 9; docs/CONTEXT-PARALLEL.md's summary): a segment of chunks maps its
+// incoming state affinely, S_out = A·S_in + B, A the product of its chunks' diag(e^{G_last}) − Kdᵀ·W.
+// The state launch walks A as a state of dk value columns from the identity with U = 0, and B from
+// zero; both are the recurrence above, fp32 accumulators with bf16 operands like the state's own.
+// A sequence cut into P segments runs as three launches: segment 0 from its slot beside the maps of
+// segments 1 .. P−2; the chain S_in(p+1) = A_p·S_in(p) + B_p in fp32 (kda_tc_chain_kernel); segments
+// 1 .. P−1 from their true incoming states, with outputs and snapshots. It does 2P − 3 extra walks
+// of a segment to cut the serial chain from n chunks to about 2n/P, so it pays where the unsplit
+// grid leaves SMs idle: a state block holds an SM's shared memory, so at B = 1, H = 32, d = 128 the
+// 128 blocks of 32 columns already fill the H200's 132 SMs and the op keeps the unsplit plan; with
+// 8 heads (a four-way tensor-parallel shard) it cuts 16k tokens into 5 segments. The plan is the
+// one of least predicted time (plan_cost: waves of walks, a chunk step each).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "backend/cuda/kda_chunk.cuh"
 
@@ -514,6 +529,23 @@ size_t state_smem_bytes(int dk, int warps) {
   return kStages * static_cast<size_t>(StageLayout(dk, 16 * warps).bytes) + static_cast<size_t>(warps) * 32 * dk;
 }
 
+// One serial walk of the state pass (a grid z-index): chunks [begin, end) of the layout's sequence
+// `seq` (whose rows and snapshots they are). kOutput starts from the tile `in`, writes the chunks'
+// output rows and the snapshots taken inside them (and the one after 0 rows where the walk starts
+// the sequence); kFromZero (B of the segment's map) starts from 0 and kMap (A) from the identity
+// with U = 0, both writing nothing but their end state. The end state goes to the tile `out`.
+enum class RunKind : int32_t { kOutput, kFromZero, kMap };
+struct StateRun {
+  int32_t begin, end;  // chunks of the step
+  int32_t seq;
+  RunKind kind;
+  int32_t in, out;  // state tiles [H, dk, dv]: a pool slot (≥ 0), scratch tile −1 − i, or kNoTile
+};
+constexpr int32_t kNoTile = INT32_MIN;
+__device__ __forceinline__ float* run_tile(const KdaStep& s, float* scratch, int32_t tile, int h) {
+  return tile >= 0 ? state_tile(s, tile, h) : scratch + (static_cast<int64_t>(-1 - tile) * s.heads + h) * s.dk * s.dv;
+}
+
 // Named barriers (ids 1..15): `count` threads in whole warps. bar.arrive does not wait; it
 // synchronises with the bar.sync that completes the barrier, so the arriving threads' earlier
 // shared-memory reads and writes are ordered before the waiting threads' later ones.
@@ -548,17 +580,20 @@ __device__ __forceinline__ void bar_arrive(int id, int count) {
 // A sequence without chunks touches no barrier; the last chunk gives no empty, the last three no
 // free. Output warps commit a group per chunk (empty past the end), so the group counts hold.
 template <int kWarps>
-__global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
+__global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s, ChunkWork cw, TcWork tw,
+                                                                      const StateRun* runs, float* scratch) {
   constexpr int kBv = 16 * kWarps, kRec = 32 * kWarps, kAll = 2 * kRec;  // value columns, threads per role, all
   constexpr int kReady = 1, kFree = kReady + kStages, kFull = kFree + kStages, kEmpty = kFull + kWarps;
   static_assert(kEmpty + kWarps <= 16, "16 named barriers per block");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int dk = s.dk, dv = s.dv, H = s.heads;
   const StageLayout sl(dk, kBv);
-  const int b = blockIdx.z, h = blockIdx.y, tid = threadIdx.x, warp = (tid >> 5) % kWarps, lane = tid & 31,
+  const StateRun run = runs[blockIdx.z];
+  const int b = run.seq, h = blockIdx.y, tid = threadIdx.x, warp = (tid >> 5) % kWarps, lane = tid & 31,
             g = lane >> 2, t = lane & 3;
   const int vblk = blockIdx.x * kBv, v0 = vblk + 16 * warp;
-  const int c_begin = cw.seq_chunk[b], n = cw.seq_chunk[b + 1] - c_begin;
+  const int c_begin = run.begin, n = run.end - run.begin;
+  const bool output = run.kind == RunKind::kOutput;
   const int nkt = dk / 8, nks = dk / 16;  // state n-tiles (8 channels) and k-steps (16 channels)
   // The handoff of this warp pair (k-step ks at [32·ks]) and the pair's Vnᵀ in a stage's Uᵀ rows.
   uint4* hand = reinterpret_cast<uint4*>(smem_raw + kStages * sl.bytes) + warp * nks * 32 + lane;
@@ -576,12 +611,18 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
     auto tile_at = [&](float* st, int nt, int r) -> float& {
       return st[static_cast<int64_t>(8 * nt + 2 * t + (r & 1)) * dv + v0 + g + 8 * (r >> 1)];
     };
-    {
-      float* st = state_tile(s, s.slots[b], h);
+    if (output) {
+      float* st = run_tile(s, scratch, run.in, h);
 #pragma unroll
       for (int nt = 0; nt < kMaxDk / 8; ++nt)
 #pragma unroll
         for (int r = 0; r < 4; ++r) S[nt][r] = nt < nkt ? tile_at(st, nt, r) : 0.0f;
+    } else {  // from zero, or (the map) from the identity: Sᵀ[v][j] = [v = j]
+      const float one = run.kind == RunKind::kMap ? 1.0f : 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kMaxDk / 8; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) S[nt][r] = 8 * nt + 2 * t + (r & 1) == v0 + g + 8 * (r >> 1) ? one : 0.0f;
     }
     auto store = [&](float* st) {
 #pragma unroll
@@ -590,8 +631,9 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
         for (int r = 0; r < 4; ++r)
           if (nt < nkt) tile_at(st, nt, r) = S[nt][r];
     };
-    for_snapshots(s, cw, b, h, 0, store);
+    if (output && c_begin == cw.seq_chunk[b]) for_snapshots(s, cw, b, h, 0, store);
     if (n == 0) return;
+    const float keep_u = run.kind == RunKind::kMap ? 0.0f : 1.0f;  // the map runs with U = 0
     const int64_t seq_row0 = s.cu[b];
     for (int i = 0; i < n; ++i) {
       const int stage = i % kStages;
@@ -610,8 +652,8 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
       for (int nt = 0; nt < kChunk / 8; ++nt) {
         const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g) * kLt + 8 * nt + 2 * t));
         const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g + 8) * kLt + 8 * nt + 2 * t));
-        vn[nt][0] = u0.x - vn[nt][0], vn[nt][1] = u0.y - vn[nt][1];
-        vn[nt][2] = u1.x - vn[nt][2], vn[nt][3] = u1.y - vn[nt][3];
+        vn[nt][0] = keep_u * u0.x - vn[nt][0], vn[nt][1] = keep_u * u0.y - vn[nt][1];
+        vn[nt][2] = keep_u * u1.x - vn[nt][2], vn[nt][3] = keep_u * u1.y - vn[nt][3];
       }
       uint32_t va[kChunk / 16][4];  // Vnᵀ as bf16 A fragments
       to_a_fragments(vn, va);
@@ -636,12 +678,12 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
         }
       mma_steps(S, va, sKT, kLt, kChunk / 16, nks, lrow, lcol);
       if (i + kStages < n) bar_arrive(kFree + stage, kAll);
-      if (cw.snaps > 0) {
+      if (output && cw.snaps > 0) {
         const int c = c_begin + i;
         for_snapshots(s, cw, b, h, static_cast<int>(cw.chunk_row[c] + cw.chunk_len[c] - seq_row0), store);
       }
     }
-    store(state_tile(s, s.slots[b], h));
+    if (run.out != kNoTile) store(run_tile(s, scratch, run.out, h));
     return;
   }
 
@@ -649,7 +691,9 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
   if (n == 0) return;
   const TcLayout tl(dk, dv);
   const int ot = tid - kRec, rp = dk / 8, lrp = __ffs(rp) - 1;  // 16-byte pieces per row of dk (a power of two), its log2
-  auto issue = [&](int i) {  // chunk i into stage i % 3, one commit group per call; i ≥ n: an empty group
+  // chunk i into stage i % 3, one commit group per call (a walk without output leaves Qd and Aqk
+  // out); i ≥ n: an empty group
+  auto issue = [&](int i) {
     if (i < n) {
       const int c = c_begin + i;
       unsigned char* base = smem_raw + (i % kStages) * sl.bytes;
@@ -657,11 +701,11 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
       for (int e = ot; e < kChunk * rp; e += kRec) {
         const int r = e >> lrp, p = 8 * (e & (rp - 1));
         cp_async16(base + 2 * (r * sl.ldk + p), src + tl.w + r * dk + p);
-        cp_async16(base + sl.q + 2 * (r * sl.ldk + p), src + tl.qd + r * dk + p);
+        if (output) cp_async16(base + sl.q + 2 * (r * sl.ldk + p), src + tl.qd + r * dk + p);
       }
       for (int e = ot; e < dk * 8; e += kRec)
         cp_async16(base + sl.kt + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.kdt + 8 * e);
-      for (int e = ot; e < kChunk * 8; e += kRec)
+      for (int e = ot; output && e < kChunk * 8; e += kRec)
         cp_async16(base + sl.a + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.aqk + 8 * e);
       for (int e = ot; e < kBv * 8; e += kRec)
         cp_async16(base + sl.u + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.ut + static_cast<int64_t>(vblk) * kChunk + 8 * e);
@@ -698,36 +742,148 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
       va[ks][0] = x.x, va[ks][1] = x.y, va[ks][2] = x.z, va[ks][3] = x.w;
     }
     if (i + 1 < n) bar_arrive(kEmpty + warp, 64);
-    // Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ with the chunk-start state, written for the chunk's live rows.
-    float o[kChunk / 8][4] = {};
-    mma_steps(o, sa, sQ, sl.ldk, nks, kChunk / 16, lrow, lcol);
-    mma_steps(o, va, sA, kLt, kChunk / 16, kChunk / 16, lrow, lcol);
-    const int64_t row0 = cw.chunk_row[c];
-    const int L = cw.chunk_len[c];
-    bf16* oc = out + (row0 * H + h) * dv + v0 + g;  // row 0 of the chunk, this lane's first column
-    const int ostride = H * dv;
+    if (output) {  // Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ with the chunk-start state, written for the chunk's live rows
+      float o[kChunk / 8][4] = {};
+      mma_steps(o, sa, sQ, sl.ldk, nks, kChunk / 16, lrow, lcol);
+      mma_steps(o, va, sA, kLt, kChunk / 16, kChunk / 16, lrow, lcol);
+      const int64_t row0 = cw.chunk_row[c];
+      const int L = cw.chunk_len[c];
+      bf16* oc = out + (row0 * H + h) * dv + v0 + g;  // row 0 of the chunk, this lane's first column
+      const int ostride = H * dv;
 #pragma unroll
-    for (int nt = 0; nt < kChunk / 8; ++nt) {
-      const int r = 8 * nt + 2 * t;
-      bf16* o0 = oc + r * ostride;
-      if (r < L) o0[0] = __float2bfloat16_rn(o[nt][0]), o0[8] = __float2bfloat16_rn(o[nt][2]);
-      if (r + 1 < L) o0[ostride] = __float2bfloat16_rn(o[nt][1]), o0[ostride + 8] = __float2bfloat16_rn(o[nt][3]);
+      for (int nt = 0; nt < kChunk / 8; ++nt) {
+        const int r = 8 * nt + 2 * t;
+        bf16* o0 = oc + r * ostride;
+        if (r < L) o0[0] = __float2bfloat16_rn(o[nt][0]), o0[8] = __float2bfloat16_rn(o[nt][2]);
+        if (r + 1 < L) o0[ostride] = __float2bfloat16_rn(o[nt][1]), o0[ostride + 8] = __float2bfloat16_rn(o[nt][3]);
+      }
     }
     if (i + kStages < n) bar_sync(kFree + stage, kAll);  // every warp is done with chunk i's stage
     issue(i + kStages);
   }
 }
 
+// The chain of a split sequence: S_in(p+1) = A_p·S_in(p) + B_p for p = 1 .. P−2 in order, fp32
+// (each sum over j in order), a block per (32 value columns, head, split sequence) holding A_p and
+// its columns of S_in(p) in shared memory. Its tiles sit in the scratch from `base` (indices
+// relative to it): S_in(1 .. P−1) at 0 .. P−2, A_p at P−2 + p, B_p at 2P−4 + p.
+struct SplitChain {
+  int32_t base, segments;
+};
+constexpr int kChainThreads = 256, kChainCols = 32, kChainRowGroups = kChainThreads / kChainCols;
+
+size_t chain_smem_bytes(int dk) { return sizeof(float) * (static_cast<size_t>(dk) * dk + static_cast<size_t>(dk) * kChainCols); }
+
+__global__ void __launch_bounds__(kChainThreads) kda_tc_chain_kernel(KdaStep s, const SplitChain* chains, float* scratch) {
+  extern __shared__ __align__(16) float chain_smem[];
+  const int dk = s.dk, dv = s.dv, h = blockIdx.y, cols = min(kChainCols, dv);
+  const int v = threadIdx.x % kChainCols, kg = threadIdx.x / kChainCols, col0 = blockIdx.x * cols;
+  const SplitChain c = chains[blockIdx.z];
+  const int P = c.segments;
+  float* sa = chain_smem;            // A_p [dk][dk]
+  float* ss = chain_smem + dk * dk;  // S_in(p) [dk][cols], the block's columns
+  auto tile = [&](int i) { return run_tile(s, scratch, -1 - (c.base + i), h); };
+  {
+    const float* s1 = tile(0);
+    for (int e = threadIdx.x; e < dk * cols; e += kChainThreads) ss[e] = s1[(e / cols) * dv + col0 + e % cols];
+  }
+  for (int p = 1; p + 1 < P; ++p) {
+    const float4* a = reinterpret_cast<const float4*>(tile(P - 2 + p));
+    const float* bm = tile(2 * P - 4 + p);
+    float* next = tile(p);
+    for (int e = threadIdx.x; e < dk * dk / 4; e += kChainThreads) reinterpret_cast<float4*>(sa)[e] = a[e];
+    __syncthreads();  // A_p and S_in(p) are in shared memory
+    float acc[kMaxDk / kChainRowGroups];
+#pragma unroll
+    for (int i = 0; i < kMaxDk / kChainRowGroups; ++i) {
+      acc[i] = 0.0f;
+      const int k = kg + kChainRowGroups * i;
+      if (k < dk && v < cols)
+        for (int j = 0; j < dk; ++j) acc[i] = fmaf(sa[k * dk + j], ss[j * cols + v], acc[i]);
+    }
+    __syncthreads();  // every thread is done reading S_in(p)
+#pragma unroll
+    for (int i = 0; i < kMaxDk / kChainRowGroups; ++i) {
+      const int k = kg + kChainRowGroups * i;
+      if (k < dk && v < cols) {
+        const float x = acc[i] + bm[k * dv + col0 + v];
+        ss[k * cols + v] = x;
+        next[k * dv + col0 + v] = x;
+      }
+    }
+  }
+}
+
+// The walks of the state pass, in up to three launches. A sequence is one kOutput walk, or split
+// into P ≥ 3 segments of its chunks: launch 1 walks segment 0 from its slot to S_in(1) beside the
+// maps (A_p, B_p) of segments 1 .. P−2; launch 2 is the chain; launch 3 walks segments 1 .. P−1
+// from S_in(p), the last one into the slot.
+struct StatePlan {
+  std::vector<StateRun> first, last;
+  std::vector<SplitChain> chains;
+  int32_t scratch_tiles = 0;
+};
+
+// Sequences of at least `segments` · min_chunks chunks are split into `segments` (≥ 3; else none).
+StatePlan plan_state(const std::vector<int32_t>& seq_chunk, const std::vector<int32_t>& slots, int segments,
+                     int min_chunks) {
+  StatePlan p;
+  for (size_t b = 0; b + 1 < seq_chunk.size(); ++b) {
+    const int32_t c0 = seq_chunk[b], n = seq_chunk[b + 1] - c0, slot = slots[b], seq = static_cast<int32_t>(b);
+    const int P = segments >= 3 && n >= int64_t{segments} * min_chunks ? segments : 1;
+    if (P == 1) {
+      p.first.push_back({c0, c0 + n, seq, RunKind::kOutput, slot, slot});
+      continue;
+    }
+    auto at = [&](int k) { return c0 + static_cast<int32_t>(int64_t{n} * k / P); };
+    const int32_t base = p.scratch_tiles;
+    auto tile = [&](int i) { return -1 - (base + i); };
+    p.scratch_tiles += 3 * P - 5;
+    p.first.push_back({at(0), at(1), seq, RunKind::kOutput, slot, tile(0)});
+    for (int k = 1; k + 1 < P; ++k) {
+      p.first.push_back({at(k), at(k + 1), seq, RunKind::kMap, kNoTile, tile(P - 2 + k)});
+      p.first.push_back({at(k), at(k + 1), seq, RunKind::kFromZero, kNoTile, tile(2 * P - 4 + k)});
+    }
+    p.chains.push_back({base, P});
+    for (int k = 1; k < P; ++k)
+      p.last.push_back({at(k), at(k + 1), seq, RunKind::kOutput, tile(k - 1), k + 1 < P ? kNoTile : slot});
+  }
+  return p;
+}
+
+// A plan's time in chunk steps of a walk: a state block holds an SM's shared memory, so a launch
+// takes ceil(blocks / SMs) waves of its longest walk; a split adds the chain (a step ~ a chunk
+// step: A_p is 64 KB at d = 128) and two launches (~4 chunk steps).
+double plan_cost(const StatePlan& p, int64_t blocks_per_walk, int sms) {
+  auto launch = [&](const std::vector<StateRun>& runs) {
+    int32_t longest = 0;
+    for (const StateRun& r : runs) longest = std::max(longest, r.end - r.begin);
+    return std::ceil(static_cast<double>(runs.size()) * blocks_per_walk / sms) * longest;
+  };
+  int chain = 0;
+  for (const SplitChain& c : p.chains) chain = std::max(chain, c.segments - 2);
+  return launch(p.first) + launch(p.last) + (p.chains.empty() ? 0.0 : 4.0 + chain);
+}
+
+constexpr int kMinSegmentChunks = 4;  // the op splits no segment shorter
+constexpr int kMaxSegments = 16;
+
 template <int kWarps>
-void launch_state(cudaStream_t stream, const KdaStep& s, const ChunkWork& cw, const TcWork& tw, int64_t num_seqs,
-                  const std::string& what) {
+void launch_state(CudaBackend& be, const KdaStep& s, const ChunkWork& cw, const TcWork& tw,
+                  const std::vector<StateRun>& runs, float* scratch, const std::string& what) {
+  static_assert(sizeof(StateRun) == 6 * sizeof(int32_t), "StateRun travels as int32 words");
   const size_t smem = state_smem_bytes(s.dk, kWarps);
   KL_CUDA(cudaFuncSetAttribute(kda_tc_state_kernel<kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(smem)),
           what);
-  const dim3 grid(static_cast<unsigned>(s.dv / (16 * kWarps)), s.heads, static_cast<unsigned>(num_seqs));
-  kda_tc_state_kernel<kWarps><<<grid, 64 * kWarps, smem, stream>>>(s, cw, tw);
-  KL_LAUNCHED(what + " (tensor-core state pass, " + std::to_string(16 * kWarps) + " columns)");
+  const Tensor dev = be.to_device(Tensor::wrap(DType::kI32, {static_cast<int64_t>(6 * runs.size())},
+                                               const_cast<StateRun*>(runs.data()), nullptr, Device::kCpu),
+                                  DType::kI32);
+  const dim3 grid(static_cast<unsigned>(s.dv / (16 * kWarps)), s.heads, static_cast<unsigned>(runs.size()));
+  kda_tc_state_kernel<kWarps><<<grid, 64 * kWarps, smem, be.stream()>>>(s, cw, tw, dev.data_as<const StateRun>(),
+                                                                          scratch);
+  KL_LAUNCHED(what + " (tensor-core state pass, " + std::to_string(16 * kWarps) + " columns, " +
+              std::to_string(runs.size()) + " walks)");
 }
 
 }  // namespace
@@ -738,8 +894,9 @@ bool kda_tc_fits(const KdaArgs& a, const KdaStep& s) {
          (s.dk == 16 || s.dk == 32 || s.dk == 64 || s.dk == 128);
 }
 
-void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables& ct, int64_t num_seqs,
+void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables& ct, const SeqLayout& layout,
                            const KdaChunkedVariant& v, const std::string& what) {
+  const int64_t num_seqs = layout.num_seqs();
   const TcLayout tl(s.dk, s.dv);
   const int64_t chunks = std::max<int64_t>(ct.chunks, 1);
   const Tensor ws = be.alloc(DType::kBF16, {chunks, s.heads, tl.total});
@@ -767,9 +924,39 @@ void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables&
   if (cols == 0) cols = int64_t{s.dv / 32} * s.heads * num_seqs <= be.num_sms() ? 32 : 64;
   KL_CHECK(cols == 16 || cols == 32 || cols == 64, what + ": state_cols " + std::to_string(cols) + " (16, 32 or 64)");
   while (s.dv % cols != 0) cols /= 2;
-  if (cols == 64) launch_state<4>(be.stream(), s, ct.work, tw, num_seqs, what);
-  else if (cols == 32) launch_state<2>(be.stream(), s, ct.work, tw, num_seqs, what);
-  else launch_state<1>(be.stream(), s, ct.work, tw, num_seqs, what);
+  // Segments per long sequence: the variant's, else the plan of least predicted time (1: no split).
+  const int64_t blocks_per_walk = int64_t{s.dv / cols} * s.heads;
+  KL_CHECK(v.segments == 0 || v.segments == 1 || (v.segments >= 3 && v.segments <= kMaxSegments),
+           what + ": segments " + std::to_string(v.segments) + " (0, 1 or 3.." + std::to_string(kMaxSegments) + ")");
+  StatePlan plan = plan_state(ct.host_seq_chunk, layout.slots, v.segments, 1);
+  if (v.segments == 0) {
+    double best = plan_cost(plan, blocks_per_walk, be.num_sms());
+    for (int p = 3; p <= kMaxSegments; ++p) {
+      StatePlan split = plan_state(ct.host_seq_chunk, layout.slots, p, kMinSegmentChunks);
+      const double cost = plan_cost(split, blocks_per_walk, be.num_sms());
+      if (cost < best) best = cost, plan = std::move(split);
+    }
+  }
+  const Tensor scratch = be.alloc(DType::kF32, {std::max<int32_t>(plan.scratch_tiles, 1), s.heads, s.dk, s.dv});
+  auto walk = [&](const std::vector<StateRun>& runs) {
+    if (cols == 64) launch_state<4>(be, s, ct.work, tw, runs, scratch.data_as<float>(), what);
+    else if (cols == 32) launch_state<2>(be, s, ct.work, tw, runs, scratch.data_as<float>(), what);
+    else launch_state<1>(be, s, ct.work, tw, runs, scratch.data_as<float>(), what);
+  };
+  walk(plan.first);
+  if (plan.chains.empty()) return;
+  const Tensor chains = be.to_device(Tensor::wrap(DType::kI32, {static_cast<int64_t>(2 * plan.chains.size())},
+                                                  plan.chains.data(), nullptr, Device::kCpu),
+                                     DType::kI32);
+  const size_t smem = chain_smem_bytes(s.dk);
+  KL_CUDA(cudaFuncSetAttribute(kda_tc_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+          what);
+  const dim3 grid(static_cast<unsigned>(s.dv / std::min(kChainCols, s.dv)), s.heads,
+                  static_cast<unsigned>(plan.chains.size()));
+  kda_tc_chain_kernel<<<grid, kChainThreads, smem, be.stream()>>>(s, chains.data_as<const SplitChain>(),
+                                                                  scratch.data_as<float>());
+  KL_LAUNCHED(what + " (segment chain, " + std::to_string(plan.chains.size()) + " split sequences)");
+  walk(plan.last);
 }
 
 }  // namespace klinear::cuda

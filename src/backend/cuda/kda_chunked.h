@@ -15,6 +15,9 @@ enum class KdaChunkStages { kBoth, kPrepOnly, kStateOnly };
 struct KdaChunkedVariant {
   int state_cols = 0;  // value columns per state-pass block: 16, 32 or 64; 0: by the grid's size (the op's choice)
   KdaChunkStages stages = KdaChunkStages::kBoth;
+  // Segments of each sequence's state pass (the sequence split, kda_chunk_tc.cu): 1 none, 3..16
+  // every sequence of at least that many chunks; 0: the plan of least predicted time (the op's choice).
+  int segments = 0;
 };
 
 // kda_chunked through the bf16 tensor-core path with a chosen variant (BF16 activations,
