@@ -69,7 +69,7 @@ constexpr int kLt = kChunk + 8;  // row stride of the bf16 [*, 64] matrices in s
 // The bf16 workspace of one (chunk, head), offsets in elements.
 struct TcLayout {
   int64_t w, qd, kdt, aqk, ut, total;
-  __host__ __device__ TcLayout(int dk, int dv)
+  constexpr __host__ __device__ TcLayout(int dk, int dv)
       : w(0), qd(int64_t{kChunk} * dk), kdt(2 * qd), aqk(3 * qd), ut(aqk + kChunk * kChunk),
         total(ut + int64_t{kChunk} * dv) {}
 };
@@ -124,35 +124,30 @@ __device__ __forceinline__ void cp_async_wait() {
 // Four 8×8 bf16 matrices from shared memory (lane l gives the address of row l % 8 of matrix l / 8):
 // with rows = n and 8 consecutive k per row, r[0], r[1] are the m16n8k16 B fragment of the first 8
 // rows and r[2], r[3] that of the next 8 (see the addresses in the state pass).
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
 
-// acc (kNt n-tiles of 8 columns) += A·B over k-steps [0, ks_live): a holds the bf16 A fragments
-// of each k-step (kKs at most); B's column r at k-step ks is row r, columns 16ks .. 16ks + 15 of a
-// [n][ld] bf16 array in shared memory; n-tile pairs [0, np_live) (kNt / 2 at most). One k-step at a
-// time: its B fragments (ldmatrix, lanes as in ldsm_x4: lrow, lcol) are loaded together, then the
-// mma's run on independent accumulators.
-template <int kKs, int kNt>
-__device__ __forceinline__ void mma_steps(float (&acc)[kNt][4], const uint32_t (&a)[kKs][4], const bf16* b, int ld,
-                                          int ks_live, int np_live, int lrow, int lcol) {
+// acc (kNt n-tiles of 8 columns) += A·B over kKs k-steps: a holds the bf16 A fragments of each
+// k-step; B's column r at k-step ks is row r, columns 16ks .. 16ks + 15 of a [n][kLd] bf16 array in
+// shared memory, of which `b` is this lane's ldmatrix address (the shared-space address of row
+// lrow, column lcol: see the state pass), so every other address is b plus a constant. One k-step
+// at a time: its B fragments are loaded together, then the mma's run on independent accumulators.
+template <int kLd, int kKs, int kNt>
+__device__ __forceinline__ void mma_steps(float (&acc)[kNt][4], const uint32_t (&a)[kKs][4], uint32_t b) {
 #pragma unroll
-  for (int ks = 0; ks < kKs; ++ks)
-    if (ks < ks_live) {
-      uint32_t bq[kNt / 2][4];
+  for (int ks = 0; ks < kKs; ++ks) {
+    uint32_t bq[kNt / 2][4];
 #pragma unroll
-      for (int np = 0; np < kNt / 2; ++np)
-        if (np < np_live) ldsm_x4(bq[np], b + (16 * np + lrow) * ld + 16 * ks + lcol);
+    for (int np = 0; np < kNt / 2; ++np) ldsm_x4(bq[np], b + 2 * (16 * np * kLd + 16 * ks));
 #pragma unroll
-      for (int np = 0; np < kNt / 2; ++np)
-        if (np < np_live) {
-          mma_bf16(acc[2 * np], a[ks], bq[np][0], bq[np][1]);
-          mma_bf16(acc[2 * np + 1], a[ks], bq[np][2], bq[np][3]);
-        }
+    for (int np = 0; np < kNt / 2; ++np) {
+      mma_bf16(acc[2 * np], a[ks], bq[np][0], bq[np][1]);
+      mma_bf16(acc[2 * np + 1], a[ks], bq[np][2], bq[np][3]);
     }
+  }
 }
 
 // Two 8×8 bf16 matrices from shared memory, transposed (lanes 0-15 give the addresses: lane l row
@@ -517,10 +512,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
 // chunks further) does not fit beside three stages.
 struct StageLayout {
   int ldk, q, kt, a, u, bytes;
-  __host__ __device__ StageLayout(int dk, int bv)
+  constexpr __host__ __device__ StageLayout(int dk, int bv)
       : ldk(dk + 8), q(2 * kChunk * ldk), kt(2 * q), a(kt + 2 * dk * kLt), u(a + 2 * kChunk * kLt),
         bytes(u + 2 * bv * kLt) {}
-  __host__ __device__ int dl(int piece) const { return 2 * (piece * ldk + ldk - 8); }  // e^{G_last}[4·piece ..]
+  constexpr __host__ __device__ int dl(int piece) const { return 2 * (piece * ldk + ldk - 8); }  // e^{G_last}[4·piece ..]
 };
 
 constexpr int kStages = 3;  // chunks in flight in the state pass's shared memory
@@ -579,79 +574,81 @@ __device__ __forceinline__ void bar_arrive(int id, int count) {
 // for the recurrence's chunk i − 1 (full) and the end of the output's chunk i − 2 (free of i − 2).
 // A sequence without chunks touches no barrier; the last chunk gives no empty, the last three no
 // free. Output warps commit a group per chunk (empty past the end), so the group counts hold.
-template <int kWarps>
+template <int kWarps, int kDk>
 __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s, ChunkWork cw, TcWork tw,
                                                                       const StateRun* runs, float* scratch) {
   constexpr int kBv = 16 * kWarps, kRec = 32 * kWarps, kAll = 2 * kRec;  // value columns, threads per role, all
   constexpr int kReady = 1, kFree = kReady + kStages, kFull = kFree + kStages, kEmpty = kFull + kWarps;
   static_assert(kEmpty + kWarps <= 16, "16 named barriers per block");
+  constexpr int dk = kDk, dv = kDk, nkt = dk / 8, nks = dk / 16;  // state n-tiles (8 channels), k-steps (16)
+  constexpr StageLayout sl(dk, kBv);
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int dk = s.dk, dv = s.dv, H = s.heads;
-  const StageLayout sl(dk, kBv);
+  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const int H = s.heads;
   const StateRun run = runs[blockIdx.z];
   const int b = run.seq, h = blockIdx.y, tid = threadIdx.x, warp = (tid >> 5) % kWarps, lane = tid & 31,
             g = lane >> 2, t = lane & 3;
   const int vblk = blockIdx.x * kBv, v0 = vblk + 16 * warp;
   const int c_begin = run.begin, n = run.end - run.begin;
   const bool output = run.kind == RunKind::kOutput;
-  const int nkt = dk / 8, nks = dk / 16;  // state n-tiles (8 channels) and k-steps (16 channels)
   // The handoff of this warp pair (k-step ks at [32·ks]) and the pair's Vnᵀ in a stage's Uᵀ rows.
   uint4* hand = reinterpret_cast<uint4*>(smem_raw + kStages * sl.bytes) + warp * nks * 32 + lane;
   auto vn_at = [&](int stage) {
     return reinterpret_cast<uint4*>(smem_raw + stage * sl.bytes + sl.u + 2 * 16 * warp * kLt) + lane;
   };
   // B fragments of n-tiles (2p, 2p+1) at k-step ks of a [rows n][ld] array: lane l reads row
-  // 16p + l % 8 + 8·(l / 16), columns 16ks + 8·((l / 8) % 2) .. + 8.
+  // 16p + l % 8 + 8·(l / 16), columns 16ks + 8·((l / 8) % 2) .. + 8: the lane's byte offsets in
+  // the arrays of rows dk + 8 (W, Qd) and kLt (Kdᵀ, Aqk) at p = ks = 0.
   const int lrow = (lane & 7) + 8 * (lane >> 4), lcol = 8 * ((lane >> 3) & 1);
+  const uint32_t lane_k = 2 * (lrow * sl.ldk + lcol), lane_t = 2 * (lrow * kLt + lcol);
 
   if (tid < kRec) {  // the recurrence
     // Sᵀ[v][j] of this warp's 16 value columns as m16n8 accumulators: [nt][0..3] ↔ (v0+g, 8nt+2t),
     // (v0+g, 8nt+2t+1), (v0+g+8, 8nt+2t), (v0+g+8, 8nt+2t+1).
-    float S[kMaxDk / 8][4];
+    float S[nkt][4];
     auto tile_at = [&](float* st, int nt, int r) -> float& {
       return st[static_cast<int64_t>(8 * nt + 2 * t + (r & 1)) * dv + v0 + g + 8 * (r >> 1)];
     };
     if (output) {
       float* st = run_tile(s, scratch, run.in, h);
 #pragma unroll
-      for (int nt = 0; nt < kMaxDk / 8; ++nt)
+      for (int nt = 0; nt < nkt; ++nt)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) S[nt][r] = nt < nkt ? tile_at(st, nt, r) : 0.0f;
+        for (int r = 0; r < 4; ++r) S[nt][r] = tile_at(st, nt, r);
     } else {  // from zero, or (the map) from the identity: Sᵀ[v][j] = [v = j]
       const float one = run.kind == RunKind::kMap ? 1.0f : 0.0f;
 #pragma unroll
-      for (int nt = 0; nt < kMaxDk / 8; ++nt)
+      for (int nt = 0; nt < nkt; ++nt)
 #pragma unroll
         for (int r = 0; r < 4; ++r) S[nt][r] = 8 * nt + 2 * t + (r & 1) == v0 + g + 8 * (r >> 1) ? one : 0.0f;
     }
     auto store = [&](float* st) {
 #pragma unroll
-      for (int nt = 0; nt < kMaxDk / 8; ++nt)
+      for (int nt = 0; nt < nkt; ++nt)
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-          if (nt < nkt) tile_at(st, nt, r) = S[nt][r];
+        for (int r = 0; r < 4; ++r) tile_at(st, nt, r) = S[nt][r];
     };
     if (output && c_begin == cw.seq_chunk[b]) for_snapshots(s, cw, b, h, 0, store);
     if (n == 0) return;
     const float keep_u = run.kind == RunKind::kMap ? 0.0f : 1.0f;  // the map runs with U = 0
     const int64_t seq_row0 = s.cu[b];
+    const int u_lane = 2 * ((16 * warp + g) * kLt + 2 * t);  // this lane's Uᵀ pair in a stage, bytes past sl.u
     for (int i = 0; i < n; ++i) {
       const int stage = i % kStages;
       const unsigned char* base = smem_raw + stage * sl.bytes;
-      const bf16* sW = reinterpret_cast<const bf16*>(base);
-      const bf16* sKT = reinterpret_cast<const bf16*>(base + sl.kt);
-      const bf16* sU = reinterpret_cast<const bf16*>(base + sl.u);
+      const uint32_t sbase = smem0 + stage * sl.bytes;
+      const unsigned char* su = base + sl.u + u_lane;
       bar_sync(kReady + stage, kAll);  // chunk i is in the stage
 
-      uint32_t sa[kMaxDk / 16][4];  // Sᵀ as bf16 A fragments
+      uint32_t sa[nks][4];  // Sᵀ as bf16 A fragments
       to_a_fragments(S, sa);
       // Vnᵀ = Uᵀ − Sᵀ·Wᵀ (16 value columns × 64 positions)
       float vn[kChunk / 8][4] = {};
-      mma_steps(vn, sa, sW, sl.ldk, nks, kChunk / 16, lrow, lcol);
+      mma_steps<sl.ldk>(vn, sa, sbase + lane_k);
 #pragma unroll
       for (int nt = 0; nt < kChunk / 8; ++nt) {
-        const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g) * kLt + 8 * nt + 2 * t));
-        const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(sU + (16 * warp + g + 8) * kLt + 8 * nt + 2 * t));
+        const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(su + 16 * nt));
+        const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(su + 16 * nt + 16 * kLt));
         vn[nt][0] = keep_u * u0.x - vn[nt][0], vn[nt][1] = keep_u * u0.y - vn[nt][1];
         vn[nt][2] = keep_u * u1.x - vn[nt][2], vn[nt][3] = keep_u * u1.y - vn[nt][3];
       }
@@ -665,18 +662,16 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
       for (int ks = 0; ks < kChunk / 16; ++ks) hv[32 * ks] = make_uint4(va[ks][0], va[ks][1], va[ks][2], va[ks][3]);
       if (i > 0) bar_sync(kEmpty + warp, 64);
 #pragma unroll
-      for (int ks = 0; ks < kMaxDk / 16; ++ks)
-        if (ks < nks) hand[32 * ks] = make_uint4(sa[ks][0], sa[ks][1], sa[ks][2], sa[ks][3]);
+      for (int ks = 0; ks < nks; ++ks) hand[32 * ks] = make_uint4(sa[ks][0], sa[ks][1], sa[ks][2], sa[ks][3]);
       bar_arrive(kFull + warp, 64);
       // Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd: e^{G_last}[8nt + 2t ..] is in W's row 2nt + t / 2.
       const float* dl = reinterpret_cast<const float*>(base + sl.dl(t >> 1)) + 2 * (t & 1);
 #pragma unroll
-      for (int nt = 0; nt < kMaxDk / 8; ++nt)
-        if (nt < nkt) {
-          const float2 d = *reinterpret_cast<const float2*>(dl + nt * sl.ldk);
-          S[nt][0] *= d.x, S[nt][1] *= d.y, S[nt][2] *= d.x, S[nt][3] *= d.y;
-        }
-      mma_steps(S, va, sKT, kLt, kChunk / 16, nks, lrow, lcol);
+      for (int nt = 0; nt < nkt; ++nt) {
+        const float2 d = *reinterpret_cast<const float2*>(dl + nt * sl.ldk);
+        S[nt][0] *= d.x, S[nt][1] *= d.y, S[nt][2] *= d.x, S[nt][3] *= d.y;
+      }
+      mma_steps<kLt>(S, va, sbase + sl.kt + lane_t);
       if (i + kStages < n) bar_arrive(kFree + stage, kAll);
       if (output && cw.snaps > 0) {
         const int c = c_begin + i;
@@ -689,8 +684,14 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
 
   // The output and the loads.
   if (n == 0) return;
-  const TcLayout tl(dk, dv);
-  const int ot = tid - kRec, rp = dk / 8, lrp = __ffs(rp) - 1;  // 16-byte pieces per row of dk (a power of two), its log2
+  constexpr TcLayout tl(dk, dv);
+  // A thread's 16-byte pieces of a chunk: rows of W and Qd (dk / 8 pieces each) from row wr0 in
+  // steps of kWs, at column wp; rows of the 64-wide arrays (Kdᵀ, Aqk, Uᵀ: 8 pieces) from row r0 in
+  // steps of kRs, at column p8. Each count is a whole number of steps for every thread.
+  constexpr int kRowPieces = dk / 8, kWs = kRec / kRowPieces, kRs = kRec / 8;
+  static_assert(kRec % kRowPieces == 0 && kChunk % kWs == 0 && dk % kRs == 0 && kChunk % kRs == 0 && kBv % kRs == 0,
+                "whole steps of loads");
+  const int ot = tid - kRec, wr0 = ot / kRowPieces, wp = 8 * (ot % kRowPieces), r0 = ot / 8, p8 = 8 * (ot % 8);
   // chunk i into stage i % 3, one commit group per call (a walk without output leaves Qd and Aqk
   // out); i ≥ n: an empty group
   auto issue = [&](int i) {
@@ -698,19 +699,29 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
       const int c = c_begin + i;
       unsigned char* base = smem_raw + (i % kStages) * sl.bytes;
       const bf16* src = tw.ws + (static_cast<int64_t>(c) * H + h) * tl.total;
-      for (int e = ot; e < kChunk * rp; e += kRec) {
-        const int r = e >> lrp, p = 8 * (e & (rp - 1));
-        cp_async16(base + 2 * (r * sl.ldk + p), src + tl.w + r * dk + p);
-        if (output) cp_async16(base + sl.q + 2 * (r * sl.ldk + p), src + tl.qd + r * dk + p);
+#pragma unroll
+      for (int j = 0; j < kChunk / kWs; ++j) {
+        const int r = wr0 + j * kWs;
+        cp_async16(base + 2 * (r * sl.ldk + wp), src + tl.w + r * dk + wp);
+        if (output) cp_async16(base + sl.q + 2 * (r * sl.ldk + wp), src + tl.qd + r * dk + wp);
       }
-      for (int e = ot; e < dk * 8; e += kRec)
-        cp_async16(base + sl.kt + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.kdt + 8 * e);
-      for (int e = ot; output && e < kChunk * 8; e += kRec)
-        cp_async16(base + sl.a + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.aqk + 8 * e);
-      for (int e = ot; e < kBv * 8; e += kRec)
-        cp_async16(base + sl.u + 2 * ((e >> 3) * kLt + 8 * (e & 7)), src + tl.ut + static_cast<int64_t>(vblk) * kChunk + 8 * e);
-      for (int e = ot; e < dk / 4; e += kRec)
-        cp_async16(base + sl.dl(e), tw.dl + (static_cast<int64_t>(c) * H + h) * dk + 4 * e);
+#pragma unroll
+      for (int j = 0; j < dk / kRs; ++j) {
+        const int r = r0 + j * kRs;
+        cp_async16(base + sl.kt + 2 * (r * kLt + p8), src + tl.kdt + r * kChunk + p8);
+      }
+      if (output)
+#pragma unroll
+        for (int j = 0; j < kChunk / kRs; ++j) {
+          const int r = r0 + j * kRs;
+          cp_async16(base + sl.a + 2 * (r * kLt + p8), src + tl.aqk + r * kChunk + p8);
+        }
+#pragma unroll
+      for (int j = 0; j < kBv / kRs; ++j) {
+        const int r = r0 + j * kRs;
+        cp_async16(base + sl.u + 2 * (r * kLt + p8), src + tl.ut + static_cast<int64_t>(vblk + r) * kChunk + p8);
+      }
+      if (ot < dk / 4) cp_async16(base + sl.dl(ot), tw.dl + (static_cast<int64_t>(c) * H + h) * dk + 4 * ot);
     }
     cp_async_commit();
   };
@@ -724,17 +735,14 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
       cp_async_wait<kStages - 2>();
       bar_arrive(kReady + (i + 1) % kStages, kAll);
     }
-    const unsigned char* base = smem_raw + stage * sl.bytes;
-    const bf16* sQ = reinterpret_cast<const bf16*>(base + sl.q);
-    const bf16* sA = reinterpret_cast<const bf16*>(base + sl.a);
+    const uint32_t sbase = smem0 + stage * sl.bytes;
     bar_sync(kFull + warp, 64);  // the partner's Sᵀ and Vnᵀ of chunk i
-    uint32_t sa[kMaxDk / 16][4], va[kChunk / 16][4];
+    uint32_t sa[nks][4], va[kChunk / 16][4];
 #pragma unroll
-    for (int ks = 0; ks < kMaxDk / 16; ++ks)
-      if (ks < nks) {
-        const uint4 x = hand[32 * ks];
-        sa[ks][0] = x.x, sa[ks][1] = x.y, sa[ks][2] = x.z, sa[ks][3] = x.w;
-      }
+    for (int ks = 0; ks < nks; ++ks) {
+      const uint4 x = hand[32 * ks];
+      sa[ks][0] = x.x, sa[ks][1] = x.y, sa[ks][2] = x.z, sa[ks][3] = x.w;
+    }
     const uint4* hv = vn_at(stage);
 #pragma unroll
     for (int ks = 0; ks < kChunk / 16; ++ks) {
@@ -744,8 +752,8 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
     if (i + 1 < n) bar_arrive(kEmpty + warp, 64);
     if (output) {  // Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ with the chunk-start state, written for the chunk's live rows
       float o[kChunk / 8][4] = {};
-      mma_steps(o, sa, sQ, sl.ldk, nks, kChunk / 16, lrow, lcol);
-      mma_steps(o, va, sA, kLt, kChunk / 16, kChunk / 16, lrow, lcol);
+      mma_steps<sl.ldk>(o, sa, sbase + sl.q + lane_k);
+      mma_steps<kLt>(o, va, sbase + sl.a + lane_t);
       const int64_t row0 = cw.chunk_row[c];
       const int L = cw.chunk_len[c];
       bf16* oc = out + (row0 * H + h) * dv + v0 + g;  // row 0 of the chunk, this lane's first column
@@ -868,22 +876,33 @@ double plan_cost(const StatePlan& p, int64_t blocks_per_walk, int sms) {
 constexpr int kMinSegmentChunks = 4;  // the op splits no segment shorter
 constexpr int kMaxSegments = 16;
 
-template <int kWarps>
+template <int kWarps, int kDk>
 void launch_state(CudaBackend& be, const KdaStep& s, const ChunkWork& cw, const TcWork& tw,
                   const std::vector<StateRun>& runs, float* scratch, const std::string& what) {
   static_assert(sizeof(StateRun) == 6 * sizeof(int32_t), "StateRun travels as int32 words");
-  const size_t smem = state_smem_bytes(s.dk, kWarps);
-  KL_CUDA(cudaFuncSetAttribute(kda_tc_state_kernel<kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  const size_t smem = state_smem_bytes(kDk, kWarps);
+  KL_CUDA(cudaFuncSetAttribute(kda_tc_state_kernel<kWarps, kDk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(smem)),
           what);
   const Tensor dev = be.to_device(Tensor::wrap(DType::kI32, {static_cast<int64_t>(6 * runs.size())},
                                                const_cast<StateRun*>(runs.data()), nullptr, Device::kCpu),
                                   DType::kI32);
-  const dim3 grid(static_cast<unsigned>(s.dv / (16 * kWarps)), s.heads, static_cast<unsigned>(runs.size()));
-  kda_tc_state_kernel<kWarps><<<grid, 64 * kWarps, smem, be.stream()>>>(s, cw, tw, dev.data_as<const StateRun>(),
-                                                                          scratch);
+  const dim3 grid(static_cast<unsigned>(kDk / (16 * kWarps)), s.heads, static_cast<unsigned>(runs.size()));
+  kda_tc_state_kernel<kWarps, kDk><<<grid, 64 * kWarps, smem, be.stream()>>>(s, cw, tw, dev.data_as<const StateRun>(),
+                                                                               scratch);
   KL_LAUNCHED(what + " (tensor-core state pass, " + std::to_string(16 * kWarps) + " columns, " +
               std::to_string(runs.size()) + " walks)");
+}
+
+// The state launch at the head dim (kda_tc_fits: 16, 32, 64 or 128), which fixes every shared-memory
+// offset at compile time.
+template <int kWarps>
+void launch_walks(CudaBackend& be, const KdaStep& s, const ChunkWork& cw, const TcWork& tw,
+                  const std::vector<StateRun>& runs, float* scratch, const std::string& what) {
+  if (s.dk == 16) launch_state<kWarps, 16>(be, s, cw, tw, runs, scratch, what);
+  else if (s.dk == 32) launch_state<kWarps, 32>(be, s, cw, tw, runs, scratch, what);
+  else if (s.dk == 64) launch_state<kWarps, 64>(be, s, cw, tw, runs, scratch, what);
+  else launch_state<kWarps, 128>(be, s, cw, tw, runs, scratch, what);
 }
 
 }  // namespace
@@ -939,9 +958,9 @@ void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables&
   }
   const Tensor scratch = be.alloc(DType::kF32, {std::max<int32_t>(plan.scratch_tiles, 1), s.heads, s.dk, s.dv});
   auto walk = [&](const std::vector<StateRun>& runs) {
-    if (cols == 64) launch_state<4>(be, s, ct.work, tw, runs, scratch.data_as<float>(), what);
-    else if (cols == 32) launch_state<2>(be, s, ct.work, tw, runs, scratch.data_as<float>(), what);
-    else launch_state<1>(be, s, ct.work, tw, runs, scratch.data_as<float>(), what);
+    if (cols == 64) launch_walks<4>(be, s, ct.work, tw, runs, scratch.data_as<float>(), what);
+    else if (cols == 32) launch_walks<2>(be, s, ct.work, tw, runs, scratch.data_as<float>(), what);
+    else launch_walks<1>(be, s, ct.work, tw, runs, scratch.data_as<float>(), what);
   };
   walk(plan.first);
   if (plan.chains.empty()) return;
