@@ -47,8 +47,9 @@
 // of a segment to cut the serial chain from n chunks to about 2n/P, so it pays where the unsplit
 // grid leaves SMs idle: a state block holds an SM's shared memory, so at B = 1, H = 32, d = 128 the
 // 128 blocks of 32 columns already fill the H200's 132 SMs and the op keeps the unsplit plan; with
-// 8 heads (a four-way tensor-parallel shard) it cuts 16k tokens into 5 segments. The plan is the
-// one of least predicted time (plan_cost: waves of walks, a chunk step each).
+// 16 heads (a two-way tensor-parallel shard) it cuts 16k tokens into 3 segments, with 8 into 5
+// (state pass 0.48 -> 0.41 and 0.36 ms). The plan is the one of least predicted time (plan_cost:
+// the launches' blocks list-scheduled onto the SMs).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -809,14 +810,15 @@ __global__ void __launch_bounds__(kChainThreads) kda_tc_chain_kernel(KdaStep s, 
     float* next = tile(p);
     for (int e = threadIdx.x; e < dk * dk / 4; e += kChainThreads) reinterpret_cast<float4*>(sa)[e] = a[e];
     __syncthreads();  // A_p and S_in(p) are in shared memory
-    float acc[kMaxDk / kChainRowGroups];
+    // The thread's rows k = kg + 8i as independent chains, j outer (A_p's rows read as warp broadcasts).
+    float acc[kMaxDk / kChainRowGroups] = {};
+    if (v < cols)
+      for (int j = 0; j < dk; ++j) {
+        const float x = ss[j * cols + v];
 #pragma unroll
-    for (int i = 0; i < kMaxDk / kChainRowGroups; ++i) {
-      acc[i] = 0.0f;
-      const int k = kg + kChainRowGroups * i;
-      if (k < dk && v < cols)
-        for (int j = 0; j < dk; ++j) acc[i] = fmaf(sa[k * dk + j], ss[j * cols + v], acc[i]);
-    }
+        for (int i = 0; i < kMaxDk / kChainRowGroups; ++i)
+          if (kg + kChainRowGroups * i < dk) acc[i] = fmaf(sa[(kg + kChainRowGroups * i) * dk + j], x, acc[i]);
+      }
     __syncthreads();  // every thread is done reading S_in(p)
 #pragma unroll
     for (int i = 0; i < kMaxDk / kChainRowGroups; ++i) {
@@ -867,50 +869,57 @@ StatePlan plan_state(const std::vector<int32_t>& seq_chunk, const std::vector<in
   return p;
 }
 
-// A plan's time in chunk steps of a walk: a state block holds an SM's shared memory, so a launch
-// takes ceil(blocks / SMs) waves of its longest walk; a split adds the chain (a step ~ a chunk
-// step: A_p is 64 KB at d = 128) and two launches (~4 chunk steps).
+// A plan's time in chunk steps of an output walk. A state block holds an SM's shared memory, so
+// a launch is list scheduling of its blocks (in grid order, each onto the SM that frees first) with
+// a walk's blocks costing its chunks, half that for a walk without output (measured on the H200: a
+// second wave of map walks hid under the output walks of the first at H = 16). A split adds the
+// chain (a step each) and the two launches (~4 steps).
+constexpr double kMapWalkCost = 0.5;
+double launch_cost(const std::vector<StateRun>& runs, int64_t blocks_per_walk, int sms) {
+  std::vector<double> free(static_cast<size_t>(sms), 0.0);
+  for (const StateRun& r : runs) {
+    const double cost = (r.end - r.begin) * (r.kind == RunKind::kOutput ? 1.0 : kMapWalkCost);
+    for (int64_t left = blocks_per_walk; left > 0;) {
+      const int64_t k = std::min<int64_t>(left, sms);
+      std::nth_element(free.begin(), free.begin() + (k - 1), free.end());  // the k SMs that free first
+      for (int64_t x = 0; x < k; ++x) free[x] += cost;
+      left -= k;
+    }
+  }
+  return *std::max_element(free.begin(), free.end());
+}
 double plan_cost(const StatePlan& p, int64_t blocks_per_walk, int sms) {
-  auto launch = [&](const std::vector<StateRun>& runs) {
-    int32_t longest = 0;
-    for (const StateRun& r : runs) longest = std::max(longest, r.end - r.begin);
-    return std::ceil(static_cast<double>(runs.size()) * blocks_per_walk / sms) * longest;
-  };
   int chain = 0;
   for (const SplitChain& c : p.chains) chain = std::max(chain, c.segments - 2);
-  return launch(p.first) + launch(p.last) + (p.chains.empty() ? 0.0 : 4.0 + chain);
+  return launch_cost(p.first, blocks_per_walk, sms) +
+         (p.chains.empty() ? 0.0 : launch_cost(p.last, blocks_per_walk, sms) + 4.0 + chain);
 }
 
 constexpr int kMinSegmentChunks = 4;  // the op splits no segment shorter
 constexpr int kMaxSegments = 16;
 
 template <int kWarps, int kDk>
-void launch_state(CudaBackend& be, const KdaStep& s, const ChunkWork& cw, const TcWork& tw,
-                  const std::vector<StateRun>& runs, float* scratch, const std::string& what) {
-  static_assert(sizeof(StateRun) == 6 * sizeof(int32_t), "StateRun travels as int32 words");
+void launch_state(CudaBackend& be, const KdaStep& s, const ChunkWork& cw, const TcWork& tw, const StateRun* runs,
+                  int64_t count, float* scratch, const std::string& what) {
   const size_t smem = state_smem_bytes(kDk, kWarps);
   KL_CUDA(cudaFuncSetAttribute(kda_tc_state_kernel<kWarps, kDk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(smem)),
           what);
-  const Tensor dev = be.to_device(Tensor::wrap(DType::kI32, {static_cast<int64_t>(6 * runs.size())},
-                                               const_cast<StateRun*>(runs.data()), nullptr, Device::kCpu),
-                                  DType::kI32);
-  const dim3 grid(static_cast<unsigned>(kDk / (16 * kWarps)), s.heads, static_cast<unsigned>(runs.size()));
-  kda_tc_state_kernel<kWarps, kDk><<<grid, 64 * kWarps, smem, be.stream()>>>(s, cw, tw, dev.data_as<const StateRun>(),
-                                                                               scratch);
+  const dim3 grid(static_cast<unsigned>(kDk / (16 * kWarps)), s.heads, static_cast<unsigned>(count));
+  kda_tc_state_kernel<kWarps, kDk><<<grid, 64 * kWarps, smem, be.stream()>>>(s, cw, tw, runs, scratch);
   KL_LAUNCHED(what + " (tensor-core state pass, " + std::to_string(16 * kWarps) + " columns, " +
-              std::to_string(runs.size()) + " walks)");
+              std::to_string(count) + " walks)");
 }
 
 // The state launch at the head dim (kda_tc_fits: 16, 32, 64 or 128), which fixes every shared-memory
 // offset at compile time.
 template <int kWarps>
-void launch_walks(CudaBackend& be, const KdaStep& s, const ChunkWork& cw, const TcWork& tw,
-                  const std::vector<StateRun>& runs, float* scratch, const std::string& what) {
-  if (s.dk == 16) launch_state<kWarps, 16>(be, s, cw, tw, runs, scratch, what);
-  else if (s.dk == 32) launch_state<kWarps, 32>(be, s, cw, tw, runs, scratch, what);
-  else if (s.dk == 64) launch_state<kWarps, 64>(be, s, cw, tw, runs, scratch, what);
-  else launch_state<kWarps, 128>(be, s, cw, tw, runs, scratch, what);
+void launch_walks(CudaBackend& be, const KdaStep& s, const ChunkWork& cw, const TcWork& tw, const StateRun* runs,
+                  int64_t count, float* scratch, const std::string& what) {
+  if (s.dk == 16) launch_state<kWarps, 16>(be, s, cw, tw, runs, count, scratch, what);
+  else if (s.dk == 32) launch_state<kWarps, 32>(be, s, cw, tw, runs, count, scratch, what);
+  else if (s.dk == 64) launch_state<kWarps, 64>(be, s, cw, tw, runs, count, scratch, what);
+  else launch_state<kWarps, 128>(be, s, cw, tw, runs, count, scratch, what);
 }
 
 }  // namespace
@@ -956,7 +965,7 @@ void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables&
   KL_CHECK(v.segments == 0 || v.segments == 1 || (v.segments >= 3 && v.segments <= kMaxSegments),
            what + ": segments " + std::to_string(v.segments) + " (0, 1 or 3.." + std::to_string(kMaxSegments) + ")");
   StatePlan plan = plan_state(ct.host_seq_chunk, layout.slots, v.segments, 1);
-  if (v.segments == 0) {
+  if (v.segments == 0 && num_seqs * blocks_per_walk <= be.num_sms()) {  // a full grid gains nothing from more walks
     double best = plan_cost(plan, blocks_per_walk, be.num_sms());
     for (int p = 3; p <= kMaxSegments; ++p) {
       StatePlan split = plan_state(ct.host_seq_chunk, layout.slots, p, kMinSegmentChunks);
@@ -965,25 +974,32 @@ void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables&
     }
   }
   const Tensor scratch = be.alloc(DType::kF32, {std::max<int32_t>(plan.scratch_tiles, 1), s.heads, s.dk, s.dv});
-  auto walk = [&](const std::vector<StateRun>& runs) {
-    if (cols == 64) launch_walks<4>(be, s, ct.work, tw, runs, scratch.data_as<float>(), what);
-    else if (cols == 32) launch_walks<2>(be, s, ct.work, tw, runs, scratch.data_as<float>(), what);
-    else launch_walks<1>(be, s, ct.work, tw, runs, scratch.data_as<float>(), what);
+  // The plan in one upload: the walks of both launches, then the chains, as int32 words.
+  static_assert(sizeof(StateRun) == 6 * sizeof(int32_t) && sizeof(SplitChain) == 2 * sizeof(int32_t),
+                "the plan travels as int32 words");
+  std::vector<int32_t> words(6 * (plan.first.size() + plan.last.size()) + 2 * plan.chains.size());
+  int32_t* at = words.data();
+  for (const auto* part : {&plan.first, &plan.last}) at = std::copy_n(reinterpret_cast<const int32_t*>(part->data()), 6 * part->size(), at);
+  std::copy_n(reinterpret_cast<const int32_t*>(plan.chains.data()), 2 * plan.chains.size(), at);
+  const Tensor dev = be.to_device(
+      Tensor::wrap(DType::kI32, {static_cast<int64_t>(words.size())}, words.data(), nullptr, Device::kCpu), DType::kI32);
+  const auto* runs = dev.data_as<const StateRun>();
+  auto walk = [&](const StateRun* first, size_t count) {
+    if (cols == 64) launch_walks<4>(be, s, ct.work, tw, first, count, scratch.data_as<float>(), what);
+    else if (cols == 32) launch_walks<2>(be, s, ct.work, tw, first, count, scratch.data_as<float>(), what);
+    else launch_walks<1>(be, s, ct.work, tw, first, count, scratch.data_as<float>(), what);
   };
-  walk(plan.first);
+  walk(runs, plan.first.size());
   if (plan.chains.empty()) return;
-  const Tensor chains = be.to_device(Tensor::wrap(DType::kI32, {static_cast<int64_t>(2 * plan.chains.size())},
-                                                  plan.chains.data(), nullptr, Device::kCpu),
-                                     DType::kI32);
+  const auto* chains = reinterpret_cast<const SplitChain*>(runs + plan.first.size() + plan.last.size());
   const size_t smem = chain_smem_bytes(s.dk);
   KL_CUDA(cudaFuncSetAttribute(kda_tc_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
           what);
   const dim3 grid(static_cast<unsigned>(s.dv / std::min(kChainCols, s.dv)), s.heads,
                   static_cast<unsigned>(plan.chains.size()));
-  kda_tc_chain_kernel<<<grid, kChainThreads, smem, be.stream()>>>(s, chains.data_as<const SplitChain>(),
-                                                                  scratch.data_as<float>());
+  kda_tc_chain_kernel<<<grid, kChainThreads, smem, be.stream()>>>(s, chains, scratch.data_as<float>());
   KL_LAUNCHED(what + " (segment chain, " + std::to_string(plan.chains.size()) + " split sequences)");
-  walk(plan.last);
+  walk(runs + plan.first.size(), plan.last.size());
 }
 
 }  // namespace klinear::cuda
