@@ -22,8 +22,9 @@
 //   gaps (at one block per SM, 208 KB, the H200 profile showed 30% issue use, 6.3 cycles per
 //   instruction, the load latency at the start fully exposed).
 //
-// state, a block per (16·warps value columns, head, sequence), chunks in order, with two warps per
-// 16 value columns. The recurrence warp keeps Sᵀ (16 value columns × dk) as fp32 mma accumulators in
+// state, a block per (16·warps value columns, head, walk: a sequence's chunks, or a segment of them
+// below), chunks in order, with two warps per 16 value columns; the head dim is a template argument,
+// so every shared-memory offset is a constant (ncu: address arithmetic was half the instructions). The recurrence warp keeps Sᵀ (16 value columns × dk) as fp32 mma accumulators in
 // registers and per chunk computes
 //   Vnᵀ = Uᵀ − Sᵀ·Wᵀ,  Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd
 // and its partner, the output warp, from the chunk-start Sᵀ and Vnᵀ it is handed through shared
