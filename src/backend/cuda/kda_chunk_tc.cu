@@ -970,6 +970,7 @@ void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables&
     double best = plan_cost(plan, blocks_per_walk, be.num_sms());
     for (int p = 3; p <= kMaxSegments; ++p) {
       StatePlan split = plan_state(ct.host_seq_chunk, layout.slots, p, kMinSegmentChunks);
+      if (split.chains.empty()) break;  // no sequence is long enough for p segments, nor for more
       const double cost = plan_cost(split, blocks_per_walk, be.num_sms());
       if (cost < best) best = cost, plan = std::move(split);
     }
