@@ -43,15 +43,25 @@ class KdaOps : public testing::BackendTest {
   double case_tol() const { return act() == DType::kF32 ? 10 * tol() : 1.5 * tol(); }
 
   // Gates through the CPU gate op: f random with strong decay (A up to e^2.5, lower bound −5: the
-  // cumulative log decay falls far below −100 inside a chunk, and inside 16 rows).
-  static Tensor gates(std::mt19937_64& rng, int64_t n, int64_t H, int64_t d, KdaGate gate) {
+  // cumulative log decay falls far below −100 inside a chunk, and inside 16 rows), times `decay`
+  // (0.01: the state, and a segment's map A, stay of order 1 over hundreds of rows).
+  static Tensor gates(std::mt19937_64& rng, int64_t n, int64_t H, int64_t d, KdaGate gate, float decay = 1.0f) {
     Tensor f = testing::random_tensor(rng, {n, H * d}, -3.0f, 3.0f);
     Tensor dt = testing::random_tensor(rng, {H * d});
     Tensor a_log = testing::random_tensor(rng, {H}, 0.0f, 2.5f);
     Tensor g = Tensor::empty(DType::kF32, {n, H, d});
     auto cpu = make_backend(BackendOptions{});
     (*cpu)->kda_gate(f, dt, a_log, {gate, -5.0f}, g.view({n, H * d}));
+    for (int64_t i = 0; i < g.numel(); ++i) g.f32()[i] *= decay;
     return g;
+  }
+  // A case's trace: heads, head dim, sequence lengths, gate form and decay factor.
+  static std::string case_name(int64_t H, int64_t d, const std::vector<int32_t>& lens, KdaGate gate, float decay) {
+    std::string what = "H " + std::to_string(H) + " d " + std::to_string(d) + " lens";
+    for (int32_t l : lens) what += " " + std::to_string(l);
+    what += gate == KdaGate::kSoftplus ? " softplus" : " lower-bound";
+    what += " decay ×" + std::to_string(decay);
+    return what;
   }
 };
 
@@ -202,16 +212,11 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
     SeqLayout layout = testing::make_layout(c.lens, c.cached, slot_of, 64, 64, rng);
     be().upload_layout(layout);
     const int64_t n = layout.num_rows(), H = c.heads, d = c.d;
-    std::string what = "H " + std::to_string(H) + " d " + std::to_string(d) + " lens";
-    for (int32_t l : c.lens) what += " " + std::to_string(l);
-    what += c.gate == KdaGate::kSoftplus ? " softplus" : " lower-bound";
-    what += " decay ×" + std::to_string(c.decay);
-    SCOPED_TRACE(what);
+    SCOPED_TRACE(case_name(H, d, c.lens, c.gate, c.decay));
 
     const Shape nhd{n, H, d};
     Tensor q = testing::random_tensor(rng, nhd), k = testing::random_tensor(rng, nhd), v = testing::random_tensor(rng, nhd);
-    Tensor g = gates(rng, n, H, d, c.gate);
-    for (int64_t i = 0; i < g.numel(); ++i) g.f32()[i] *= c.decay;
+    const Tensor g = gates(rng, n, H, d, c.gate, c.decay);
     Tensor beta = testing::random_tensor(rng, {n, H}, 0.0f, 1.0f);
     Tensor s0 = c.zero_state ? Tensor::zeros(DType::kF32, {slots, H, d, d}) : testing::random_tensor(rng, {slots, H, d, d}, -0.5f, 0.5f);
 
@@ -242,7 +247,8 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
         });
       for (int segments : {3, 5})
         check(std::to_string(segments) + " segments:", [&](const KdaArgs& a) {
-          cuda::kda_chunked_variant(*cuda, a, layout, cuda::KdaChunkedVariant{0, cuda::KdaChunkStages::kBoth, segments});
+          const cuda::KdaChunkedVariant split{0, cuda::KdaChunkStages::kBoth, segments};
+          cuda::kda_chunked_variant(*cuda, a, layout, split);
         });
     }
 #endif
@@ -397,15 +403,10 @@ TEST_P(KdaSummary, AppliesAsTheChunkedStateAndComposes) {
     std::iota(in_order.begin(), in_order.end(), 0);
     SeqLayout whole = testing::make_layout(c.lens, std::vector<int32_t>(seqs, 0), in_order, 64, 64, rng);
     const int64_t n = whole.num_rows();
-    std::string what = "H " + std::to_string(H) + " d " + std::to_string(d) + " lens";
-    for (int32_t l : c.lens) what += " " + std::to_string(l);
-    what += c.gate == KdaGate::kSoftplus ? " softplus" : " lower-bound";
-    what += " decay ×" + std::to_string(c.decay);
-    SCOPED_TRACE(what);
+    SCOPED_TRACE(case_name(H, d, c.lens, c.gate, c.decay));
 
     const Tensor k = testing::random_tensor(rng, {n, H, d}), v = testing::random_tensor(rng, {n, H, d});
-    Tensor g = gates(rng, n, H, d, c.gate);
-    for (int64_t i = 0; i < g.numel(); ++i) g.f32()[i] *= c.decay;
+    const Tensor g = gates(rng, n, H, d, c.gate, c.decay);
     const Tensor beta = testing::random_tensor(rng, {n, H}, 0.0f, 1.0f);
     const auto [A, B] = summary(k, v, g, beta, whole, H, d);
 

@@ -23,8 +23,9 @@
 //   instruction, the load latency at the start fully exposed).
 //
 // state, a block per (16·warps value columns, head, walk: a sequence's chunks, or a segment of them
-// below), chunks in order, with two warps per 16 value columns; the head dim is a template argument,
-// so every shared-memory offset is a constant (ncu: address arithmetic was half the instructions). The recurrence warp keeps Sᵀ (16 value columns × dk) as fp32 mma accumulators in
+// below), chunks in order, with two warps per 16 value columns; the head dim is a template
+// argument, so every shared-memory offset is a constant (ncu: address arithmetic was half the
+// instructions). The recurrence warp keeps Sᵀ (16 value columns × dk) as fp32 mma accumulators in
 // registers and per chunk computes
 //   Vnᵀ = Uᵀ − Sᵀ·Wᵀ,  Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd
 // and its partner, the output warp, from the chunk-start Sᵀ and Vnᵀ it is handed through shared
@@ -410,7 +411,9 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
     const float* glast = G + (kChunk - 1) * lg;  // = G at row L−1 (padding has g = 0)
     for (int e = u; e < dk * kChunk / 8; e += kOthers) {
       const int j = e % dk, i0 = 8 * (e / dk);
-      auto kd_at = [&](int i) { return __bfloat162float(Ks[i * lr + j]) * (fk[i] * exp_ftz(glast[j] - G[i * lg + j])); };
+      auto kd_at = [&](int i) {
+        return __bfloat162float(Ks[i * lr + j]) * (fk[i] * exp_ftz(glast[j] - G[i * lg + j]));
+      };
       uint32_t kd[4];
 #pragma unroll
       for (int x = 0; x < 4; ++x) kd[x] = pack_bf16(kd_at(i0 + 2 * x), kd_at(i0 + 2 * x + 1));
@@ -525,7 +528,8 @@ struct StageLayout {
   constexpr __host__ __device__ StageLayout(int dk, int bv)
       : ldk(dk + 8), q(2 * kChunk * ldk), kt(2 * q), a(kt + 2 * dk * kLt), u(a + 2 * kChunk * kLt),
         bytes(u + 2 * bv * kLt) {}
-  constexpr __host__ __device__ int dl(int piece) const { return 2 * (piece * ldk + ldk - 8); }  // e^{G_last}[4·piece ..]
+  // e^{G_last}[4·piece ..]
+  constexpr __host__ __device__ int dl(int piece) const { return 2 * (piece * ldk + ldk - 8); }
 };
 
 constexpr int kStages = 3;  // chunks in flight in the state pass's shared memory
@@ -790,9 +794,10 @@ struct SplitChain {
 };
 constexpr int kChainThreads = 256, kChainCols = 32, kChainRowGroups = kChainThreads / kChainCols;
 
-size_t chain_smem_bytes(int dk) { return sizeof(float) * (static_cast<size_t>(dk) * dk + static_cast<size_t>(dk) * kChainCols); }
+size_t chain_smem_bytes(int dk) { return sizeof(float) * static_cast<size_t>(dk) * (dk + kChainCols); }
 
-__global__ void __launch_bounds__(kChainThreads) kda_tc_chain_kernel(KdaStep s, const SplitChain* chains, float* scratch) {
+__global__ void __launch_bounds__(kChainThreads)
+    kda_tc_chain_kernel(KdaStep s, const SplitChain* chains, float* scratch) {
   extern __shared__ __align__(16) float chain_smem[];
   const int dk = s.dk, dv = s.dv, h = blockIdx.y, cols = min(kChainCols, dv);
   const int v = threadIdx.x % kChainCols, kg = threadIdx.x / kChainCols, col0 = blockIdx.x * cols;
@@ -981,10 +986,12 @@ void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables&
                 "the plan travels as int32 words");
   std::vector<int32_t> words(6 * (plan.first.size() + plan.last.size()) + 2 * plan.chains.size());
   int32_t* at = words.data();
-  for (const auto* part : {&plan.first, &plan.last}) at = std::copy_n(reinterpret_cast<const int32_t*>(part->data()), 6 * part->size(), at);
+  for (const auto* part : {&plan.first, &plan.last})
+    at = std::copy_n(reinterpret_cast<const int32_t*>(part->data()), 6 * part->size(), at);
   std::copy_n(reinterpret_cast<const int32_t*>(plan.chains.data()), 2 * plan.chains.size(), at);
   const Tensor dev = be.to_device(
-      Tensor::wrap(DType::kI32, {static_cast<int64_t>(words.size())}, words.data(), nullptr, Device::kCpu), DType::kI32);
+      Tensor::wrap(DType::kI32, {static_cast<int64_t>(words.size())}, words.data(), nullptr, Device::kCpu),
+      DType::kI32);
   const auto* runs = dev.data_as<const StateRun>();
   auto walk = [&](const StateRun* first, size_t count) {
     if (cols == 64) launch_walks<4>(be, s, ct.work, tw, first, count, scratch.data_as<float>(), what);
@@ -995,8 +1002,9 @@ void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables&
   if (plan.chains.empty()) return;
   const auto* chains = reinterpret_cast<const SplitChain*>(runs + plan.first.size() + plan.last.size());
   const size_t smem = chain_smem_bytes(s.dk);
-  KL_CUDA(cudaFuncSetAttribute(kda_tc_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-          what);
+  KL_CUDA(
+      cudaFuncSetAttribute(kda_tc_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+      what);
   const dim3 grid(static_cast<unsigned>(s.dv / std::min(kChainCols, s.dv)), s.heads,
                   static_cast<unsigned>(plan.chains.size()));
   kda_tc_chain_kernel<<<grid, kChainThreads, smem, be.stream()>>>(s, chains, scratch.data_as<float>());
