@@ -67,7 +67,15 @@ prebuild() {
   find "$src" -mindepth 1 -maxdepth 1 ! -name build-gpu -exec rm -rf {} +
   git ls-files -co --exclude-standard -z | tar --null --ignore-failed-read -T - -cf - | tar -xf - -C "$src"
   ln -sfn "$PWD/third_party" "$src/third_party"
-  tree_files | xargs -0 sha256sum >"$src/build-gpu/manifest.sha256"
+  # A file edited since the last prebuild copied the tree can be older than the objects that build
+  # made from its earlier text (edited while that build ran): every file whose hash changed gets the
+  # present time, so make rebuilds what depends on it.
+  local manifest=$src/build-gpu/manifest.sha256
+  tree_files | xargs -0 sha256sum >"$manifest.new"
+  if [ -f "$manifest" ]; then
+    comm -13 <(sort "$manifest") <(sort "$manifest.new") | cut -c67- | (cd "$src" && xargs -r -d '\n' touch --)
+  fi
+  mv "$manifest.new" "$manifest"
   cmake -S "$src" -B "$src/build-gpu" -DCMAKE_BUILD_TYPE=Release -DKLINEAR_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" \
     >/dev/null || return 1
   local targets=()
