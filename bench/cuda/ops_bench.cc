@@ -104,6 +104,10 @@ void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
       if ((decode || H != 32) && gate == KdaGate::kLowerBound) continue;
       SeqLayout layout = layout_for(lens, std::vector<int>(lens.size(), decode ? 100 : 0), 64);
       const int64_t N = layout.num_rows(), B = static_cast<int64_t>(lens.size());
+      char shape[64];
+      std::snprintf(shape, sizeof shape, "B=%lld T=%lld H=%lld D=128 %s", (long long)B, (long long)(N / B),
+                    (long long)H, gate == KdaGate::kSoftplus ? "softplus" : "lower-bound");
+      if (!wanted(shape)) continue;
       be.begin_step();
       be.upload_layout(layout);
       const Tensor q = random_tensor(be, {N, H, D}, gen, DType::kBF16);
@@ -127,12 +131,10 @@ void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
       // 2·(4·64·D + 3·D·D) per token and head (decode: 4·D·D per token and head).
       const double bytes = N * H * D * (2.0 * 4 + 4) + N * H * 4.0 + 2.0 * B * H * D * D * 4;
       const double flop = decode ? N * H * 4.0 * D * D : N * H * 2.0 * (4.0 * 64 * D + 3.0 * D * D);
-      char shape[64];
-      std::snprintf(shape, sizeof shape, "B=%lld T=%lld H=%lld D=128 %s", (long long)B, (long long)(N / B),
-                    (long long)H, gate == KdaGate::kSoftplus ? "softplus" : "lower-bound");
       row(decode ? "kda_recurrent (decode)" : "kda_chunked (prefill)", shape, ms, flop, bytes);
-      if (decode || gate != KdaGate::kSoftplus) continue;
-      // The tensor-core prefill's launches apart (the state pass at each width) over the same
+      if (decode) continue;
+      // The tensor-core prefill's launches apart (prep for each gate form: its diagonal blocks take
+      // the tensor cores where the decay allows; the state pass at each width) over the same
       // inputs: prep writes the bf16 workspace (W, Qd, Kdᵀ, Aqk, Uᵀ per chunk and head) and the
       // state pass reads it back in chunk order.
       const double chunks = (layout.num_rows() + 63.0 * B) / 64;  // upper bound: each sequence's last chunk
@@ -149,6 +151,7 @@ void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
         });
       };
       row("  tc prep only", shape, variant({0, cuda::KdaChunkStages::kPrepOnly}), prep_flop, prep_bytes);
+      if (gate != KdaGate::kSoftplus) continue;
       for (int cols : {16, 32, 64}) {
         const std::string name = "  tc state only, " + std::to_string(cols) + " cols";
         row(name, shape, variant({cols, cuda::KdaChunkStages::kStateOnly, 1}), state_flop, state_bytes);
@@ -574,7 +577,7 @@ int main(int argc, char** argv) {
   if (what == "--help" || what == "-h") {
     std::printf("usage: ops_bench [kda|kda_decode|mla|moe|grouped_gemm|gemv|norm|all] [SHAPE]\n"
                 "  prints a table of each op's median time against its floor on this GPU; SHAPE keeps the\n"
-                "  kda_decode and mla decode rows whose shape contains it\n");
+                "  kda, kda_decode and mla decode rows whose shape contains it\n");
     return 0;
   }
   if (argc > 2) g_shape_filter = argv[2];
