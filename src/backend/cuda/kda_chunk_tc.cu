@@ -6,12 +6,13 @@
 // values, their L2 norms become row factors fq_i = scale/‖q_i‖, fk_i = 1/‖k_i‖ applied where the
 // rows are consumed; G = cumsum(g) in fp32 (segments of rows in registers, then their carries).
 //   The decayed dots Akk (β included: L) and Aqk:
-//   - the four diagonal 16×16 blocks exactly, the dots of raw rows against k_m ⊙ e^{G_i−G_m} as running
-//     products of e^{G_i−G_{i−1}} (factors ≤ 1: strong decay underflows to 0, never overflows; one exp
-//     per row and channel serves a lane's keys), times the row factors, all 16 warps;
-//   - the six blocks below them with tf32 mma.sync m16n8k8 about a reference row r (the first row of
-//     the later block): q_i·fq_i·e^{G_i−G_r} and k_m·fk_m·e^{G_r−G_m}, both factors ≤ 1; each block
-//     split over two warps by channel halves, on the warps with the least diagonal work.
+//   - the ten 16×16 blocks on or below the diagonal with tf32 mma.sync m16n8k8 about a reference row
+//     r (the first row of the later block), a warp each: q_i·fq_i·e^{G_i−G_r} and k_m·fk_m·e^{G_r−G_m};
+//     below the diagonal both factors are ≤ 1; a diagonal block takes this path when its decay
+//     keeps e^{G_r−G_m} ≤ e^{80} (always under the lower-bound gate), else
+//   - exactly, the dots of raw rows against k_m ⊙ e^{G_i−G_m} as running products of e^{G_i−G_{i−1}}
+//     (factors ≤ 1: strong decay underflows to 0, never overflows; one exp per row and channel
+//     serves a lane's keys), times the row factors, on the block's four warps.
 //   (I + L)⁻¹ in fp32: forward substitution inside the diagonal blocks, then the block merge
 //   T_IM = −T_II·Σ_N L_IN·T_NM. W = T·diag(β)·(e^G ⊙ K) and U = T·diag(β)·V with bf16 m16n8k16
 //   (fp32 accumulate), the right-hand sides row-major in shared memory (ldmatrix.trans): e^G ⊙ K
@@ -178,15 +179,22 @@ size_t prep_smem_bytes(int d) {
 }
 
 // Rows 0..L−1 of a [rows, H, D] tensor (head h, rows from row0) into a [64][ld] shared array by
-// cp.async in 16-byte pieces (the caller commits), rows L..63 zeroed.
+// cp.async in 16-byte pieces (the caller commits), rows L..63 zeroed. A thread keeps one column
+// piece and steps down the rows (its source offset advanced, not rebuilt from the row).
 template <int D, typename E>
 __device__ __forceinline__ void load_chunk_rows(E* dst, int ld, const E* src, int64_t row0, int L, int H, int h,
                                                 int tid) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(E)), kRow = D / kPer;  // elements per piece, pieces per row
-  for (int e = tid; e < kChunk * kRow; e += kPrepThreads) {
-    const int i = e / kRow, j = kPer * (e % kRow);
+  constexpr int kRowsPass = kPrepThreads / kRow, kPasses = kRowsPass >= kChunk ? 1 : kChunk / kRowsPass;
+  const int i0 = tid / kRow, j = kPer * (tid % kRow);
+  int64_t off = ((row0 + i0) * H + h) * D + j;
+  const int64_t step = int64_t{kRowsPass} * H * D;
+#pragma unroll 1
+  for (int p = 0; p < kPasses; ++p, off += step) {
+    const int i = i0 + p * kRowsPass;
+    if (i >= kChunk) break;
     E* d = dst + i * ld + j;
-    if (i < L) cp_async16(d, src + ((row0 + i) * H + h) * D + j);
+    if (i < L) cp_async16(d, src + off);
     else *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
   }
 }
@@ -197,12 +205,25 @@ __device__ __forceinline__ float4 bf16x4(const bf16* p) {  // four bf16 at an 8-
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
+// Whether diagonal block I (rows 16I .. 16I + 15) of a chunk's dots may run on tensor cores about its
+// first row r: every channel's decay over the block's 15 steps, G_r − G_{r+15}, is at most kTcSpan,
+// so the factors e^{G_i−G_r} ≥ e^{−80} stay normal floats and e^{G_r−G_m} ≤ e^{80} stays finite
+// (their products above the diagonal, which are dropped, too: 128 · e^{80} < FLT_MAX). Always so
+// under the lower-bound gate (15 · 5 = 75); the softplus gate's strong decay takes the exact path.
+// A NaN span takes the exact path. Warp-uniform: the lanes vote.
+constexpr float kTcSpan = 80.0f;
+__device__ __forceinline__ bool tc_diagonal(const float* G, int lg, int dk, int I, int lane) {
+  bool ok = true;
+  for (int c = lane; c < dk; c += 32) ok = ok && G[16 * I * lg + c] - G[(16 * I + 15) * lg + c] <= kTcSpan;
+  return __all_sync(0xffffffffu, ok);
+}
+
 // D = dk = dv (compile time: the index arithmetic is shifts). Two blocks per SM: 64 registers.
 template <int D>
 __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int dk = D, dv = D, lg = D + 4, lr = D + 8, kWarpsP = kPrepThreads / 32;
-  // Lifetimes (phases: 1 loads, 2 cumsum and norms, 3 Akk/Aqk, 4 Aqk out, 5 inverse with Qd, Kdᵀ,
+  // Lifetimes (phases: 1 loads, 2 cumsum and norms, 3 Akk/Aqk with Kdᵀ, 4 Aqk out, 5 inverse with Qd,
   // e^G ⊙ K, 6 block merge, 7 W/U):
   float* G = reinterpret_cast<float*>(smem_raw);  // [64][lg] g, then its cumulative sum (1-5)
   float* X = G + kChunk * lg;                     // [64][kLx] L = β_i·Akk, strictly lower (1-6)
@@ -265,7 +286,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const int i = warp + r * kWarpsP;
-        fq[i] = s.scale / sqrtf(sq[r] + 1e-6f), fk[i] = 1.0f / sqrtf(sk[r] + 1e-6f);
+        fq[i] = s.scale * rsqrtf(sq[r] + 1e-6f), fk[i] = rsqrtf(sk[r] + 1e-6f);
       }
   }
   __syncthreads();
@@ -273,16 +294,77 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   // Aqk is built in fp32 in T (zeroed: above the diagonal stays 0), L in X; the dots run on raw q, k
   // and take the row factors at the end.
   float* aqk = T;
-  // Diagonal blocks, exact: warps 0-7 the keys of rows 0-31, warps 8-15 those of rows 32-63, four
-  // keys per warp. A lane holds kKpl consecutive keys m_x = mk + x on one slice of four channels
-  // (kSl slices: 32 at d = 128, 16 at 64, else 8; at d = 16 slices 4-7 idle) and walks the rows i of
-  // their block: dec_x = k_{m_x} ⊙ e^{G_i − G_{m_x}} as a running product (0 before m_x, k_{m_x} at
-  // i = m_x, then times e^{G_i − G_{i−1}}), the step factor (≤ 1: strong decay underflows to 0, never
-  // overflows) one exp per channel and row for all the lane's keys. The differences of G telescope:
-  // the product is e^{G_i − G_m} of the stored G up to the exps' rounding.
-  {
+  // A block (I, M), M ≤ I, of both dots on tf32 tensor cores about the reference row r = 16I (the
+  // block's first row), one warp, plain stores: operands q_i·fq_i·e^{G_i−G_r} and k_i·fk_i·e^{G_i−G_r}
+  // (i in block I) against k_m·fk_m·e^{G_r−G_m} (m in block M), the row factor folded into the decay
+  // factor. Below the diagonal (M < I) both factors are ≤ 1; on it (M = I) e^{G_r−G_m} ≥ 1, bounded
+  // by the block's span (tc_diagonal), and only the lower triangle is stored. The sum over channels
+  // takes them in any order, so a pair of m16n8k8 k-steps covers 16 channels with lane t's k-slots
+  // t, t + 4 of the first and of the second on channels 4t .. 4t + 3: each operand row comes as one
+  // float4 of G and one 8-byte load of bf16.
+  auto tc_block = [&](int I, int M) {
+    const int r = 16 * I, g = lane >> 2, t = lane & 3, ia = r + g, ib = ia + 8;
+    const float fka = fk[ia], fkb = fk[ib], fqa = fq[ia], fqb = fq[ib];
+    const float fkm[2] = {fk[16 * M + g], fk[16 * M + 8 + g]};
+    float ck[2][4] = {}, cq[2][4] = {};
+#pragma unroll 1
+    for (int j = 4 * t; j < dk; j += 16) {  // a pair of k-steps: channels j .. j + 3 of this lane
+      const float4 gr = *reinterpret_cast<const float4*>(G + r * lg + j);
+      const float4 ga = *reinterpret_cast<const float4*>(G + ia * lg + j);
+      const float4 gb = *reinterpret_cast<const float4*>(G + ib * lg + j);
+      const float4 ea = make_float4(exp_ftz(ga.x - gr.x), exp_ftz(ga.y - gr.y), exp_ftz(ga.z - gr.z), exp_ftz(ga.w - gr.w));
+      const float4 eb = make_float4(exp_ftz(gb.x - gr.x), exp_ftz(gb.y - gr.y), exp_ftz(gb.z - gr.z), exp_ftz(gb.w - gr.w));
+      uint32_t ak[2][4], aq[2][4];  // per k-step: rows ia, ib at slot t, then at slot t + 4
+      {
+        const float4 ka = bf16x4(Ks + ia * lr + j), kb = bf16x4(Ks + ib * lr + j);
+        const float4 qa = bf16x4(Qs + ia * lr + j), qb = bf16x4(Qs + ib * lr + j);
+        ak[0][0] = tf32(ka.x * (fka * ea.x)), ak[0][1] = tf32(kb.x * (fkb * eb.x));
+        ak[0][2] = tf32(ka.y * (fka * ea.y)), ak[0][3] = tf32(kb.y * (fkb * eb.y));
+        ak[1][0] = tf32(ka.z * (fka * ea.z)), ak[1][1] = tf32(kb.z * (fkb * eb.z));
+        ak[1][2] = tf32(ka.w * (fka * ea.w)), ak[1][3] = tf32(kb.w * (fkb * eb.w));
+        aq[0][0] = tf32(qa.x * (fqa * ea.x)), aq[0][1] = tf32(qb.x * (fqb * eb.x));
+        aq[0][2] = tf32(qa.y * (fqa * ea.y)), aq[0][3] = tf32(qb.y * (fqb * eb.y));
+        aq[1][0] = tf32(qa.z * (fqa * ea.z)), aq[1][1] = tf32(qb.z * (fqb * eb.z));
+        aq[1][2] = tf32(qa.w * (fqa * ea.w)), aq[1][3] = tf32(qb.w * (fqb * eb.w));
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int mm = 16 * M + 8 * nt + g;
+        const float4 gm = *reinterpret_cast<const float4*>(G + mm * lg + j);
+        const float4 km = bf16x4(Ks + mm * lr + j);
+        const float f = fkm[nt];
+        const uint32_t b0 = tf32(km.x * (f * exp_ftz(gr.x - gm.x))), b1 = tf32(km.y * (f * exp_ftz(gr.y - gm.y)));
+        const uint32_t b2 = tf32(km.z * (f * exp_ftz(gr.z - gm.z))), b3 = tf32(km.w * (f * exp_ftz(gr.w - gm.w)));
+        mma_tf32(ck[nt], ak[0], b0, b1);
+        mma_tf32(cq[nt], aq[0], b0, b1);
+        mma_tf32(ck[nt], ak[1], b2, b3);
+        mma_tf32(cq[nt], aq[1], b2, b3);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {  // accumulator x: row ia (x < 2) or ib, column col
+        const int i = x < 2 ? ia : ib, col = 16 * M + 8 * nt + 2 * t + (x & 1);
+        if (M < I || i > col) X[i * kLx + col] = bsh[i] * ck[nt][x];
+        if (M < I || i >= col) aqk[i * kLx + col] = cq[nt][x];
+      }
+  };
+  // The diagonal blocks: block I = warp / 4 belongs to warps 4I .. 4I + 3.
+  const int dblk = warp >> 2;
+  if (tc_diagonal(G, lg, dk, dblk, lane)) {
+    if ((warp & 3) == 0) tc_block(dblk, dblk);
+  } else {
+    // Exact, for a block whose decay is too steep for the tensor cores' factors: warp 4I + x takes
+    // keys 16I + 4x .. 16I + 4x + 3. A lane holds kKpl consecutive keys m_x = mk + x on one slice
+    // of four channels (kSl slices: 32 at d = 128, 16 at 64, else 8; at d = 16 slices 4-7 idle) and
+    // walks the rows i of their block: dec_x = k_{m_x} ⊙ e^{G_i − G_{m_x}} as a running product (0
+    // before m_x, k_{m_x} at i = m_x, then times e^{G_i − G_{i−1}}), the step factor (≤ 1: strong
+    // decay underflows to 0, never overflows) one exp per channel and row for all the lane's keys.
+    // The differences of G telescope: the product is e^{G_i − G_m} of the stored G up to the exps'
+    // rounding.
     constexpr int kSl = D >= 128 ? 32 : D >= 64 ? 16 : 8, kKpl = kSl / 8, kNv = 2 * kKpl;
-    const int mbase = (warp >> 3) * 32 + (warp & 7) * 4, end = (mbase | 15) + 1;
+    const int mbase = 16 * dblk + 4 * (warp & 3), end = 16 * dblk + 16;
     const int j = 4 * (lane % kSl), mk = mbase + (lane / kSl) * kKpl;
     const bool live = j < dk;
     float4 dec[kKpl], gprev = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -332,51 +414,30 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
       }
     }
   }
-  // The six blocks (I, M) below the diagonal ones on tf32 tensor cores about a reference row
-  // r = 16I, each split over two warps by channel halves (the halves meet in shared-memory atomic
-  // adds onto zero: two addends, so the sum is the same in either order). They go to the 12 warps
-  // with the least diagonal work (16 − 4·(warp % 4) rows): warp % 4 = 3 first, then 2, then 1. The
-  // operands: raw q_i·fq_i·e^{G_i−G_r}, k_i·fk_i·e^{G_i−G_r} and k_m·fk_m·e^{G_r−G_m} (the row factor
-  // folded into the decay factor, both factors ≤ 1).
-  if ((warp & 3) != 0) {
-    const int item = 4 * (3 - (warp & 3)) + (warp >> 2 & 1) + 2 * (warp >> 3), blk = item >> 1;
+  // The six blocks (I, M) below the diagonal ones, a warp each, go to warps with little exact
+  // diagonal work (16 − 4·(warp % 4) rows, when their block has any): warps 4I + 3, then 2 and 6.
+  // The six other warps with none of them (1, 5, 9, 13, 10, 14) write Kdᵀ (eight positions of a
+  // channel each) and e^{G_last}, which need only G, k and fk.
+  if ((warp & 3) == 3 || warp == 2 || warp == 6) {
+    const int blk = (warp & 3) == 3 ? warp >> 2 : 4 + (warp >> 2);
     // blocks (1,0), (2,0), (2,1), (3,0), (3,1), (3,2) in order (arithmetic: a table would sit in local memory)
     const int I = blk < 1 ? 1 : blk < 3 ? 2 : 3, M = blk - I * (I - 1) / 2;
-    const int r = 16 * I, g = lane >> 2, t = lane & 3, ia = r + g, ib = ia + 8;
-    const float fka = fk[ia], fkb = fk[ib], fqa = fq[ia], fqb = fq[ib];
-    const float fkm[2] = {fk[16 * M + g], fk[16 * M + 8 + g]};
-    float ck[2][4] = {}, cq[2][4] = {};
-    const int ks0 = (item & 1) * (dk / 16);
-    for (int ks = ks0; ks < ks0 + dk / 16; ++ks) {
-      const int j0 = 8 * ks + t, j1 = j0 + 4;
-      const float gr0 = G[r * lg + j0], gr1 = G[r * lg + j1];
-      const float e0 = exp_ftz(G[ia * lg + j0] - gr0), e1 = exp_ftz(G[ib * lg + j0] - gr0);
-      const float e2 = exp_ftz(G[ia * lg + j1] - gr1), e3 = exp_ftz(G[ib * lg + j1] - gr1);
-      const float ka0 = __bfloat162float(Ks[ia * lr + j0]), kb0 = __bfloat162float(Ks[ib * lr + j0]);
-      const float ka1 = __bfloat162float(Ks[ia * lr + j1]), kb1 = __bfloat162float(Ks[ib * lr + j1]);
-      const float qa0 = __bfloat162float(Qs[ia * lr + j0]), qb0 = __bfloat162float(Qs[ib * lr + j0]);
-      const float qa1 = __bfloat162float(Qs[ia * lr + j1]), qb1 = __bfloat162float(Qs[ib * lr + j1]);
-      const uint32_t ak[4] = {tf32(ka0 * (fka * e0)), tf32(kb0 * (fkb * e1)), tf32(ka1 * (fka * e2)),
-                              tf32(kb1 * (fkb * e3))};
-      const uint32_t aq[4] = {tf32(qa0 * (fqa * e0)), tf32(qb0 * (fqb * e1)), tf32(qa1 * (fqa * e2)),
-                              tf32(qb1 * (fqb * e3))};
+    tc_block(I, M);
+  } else if ((warp & 3) != 0) {
+    const int u = 32 * ((warp & 3) == 1 ? warp >> 2 : 2 + (warp >> 2)) + lane;  // warps 1, 5, 9, 13, 10, 14
+    constexpr int kWriters = 6 * 32;
+    const float* glast = G + (kChunk - 1) * lg;  // = G at row L−1 (padding has g = 0)
+    for (int e = u; e < dk * kChunk / 8; e += kWriters) {
+      const int j = e % dk, i0 = 8 * (e / dk);
+      auto kd_at = [&](int i) {
+        return __bfloat162float(Ks[i * lr + j]) * (fk[i] * exp_ftz(glast[j] - G[i * lg + j]));
+      };
+      uint32_t kd[4];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int mm = 16 * M + 8 * nt + g;
-        const uint32_t b0 = tf32(__bfloat162float(Ks[mm * lr + j0]) * (fkm[nt] * exp_ftz(gr0 - G[mm * lg + j0])));
-        const uint32_t b1 = tf32(__bfloat162float(Ks[mm * lr + j1]) * (fkm[nt] * exp_ftz(gr1 - G[mm * lg + j1])));
-        mma_tf32(ck[nt], ak, b0, b1);
-        mma_tf32(cq[nt], aq, b0, b1);
-      }
+      for (int x = 0; x < 4; ++x) kd[x] = pack_bf16(kd_at(i0 + 2 * x), kd_at(i0 + 2 * x + 1));
+      *reinterpret_cast<uint4*>(ws + tl.kdt + j * kChunk + i0) = make_uint4(kd[0], kd[1], kd[2], kd[3]);
     }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int col = 16 * M + 8 * nt + 2 * t;
-      atomicAdd(X + ia * kLx + col, bsh[ia] * ck[nt][0]), atomicAdd(X + ia * kLx + col + 1, bsh[ia] * ck[nt][1]);
-      atomicAdd(X + ib * kLx + col, bsh[ib] * ck[nt][2]), atomicAdd(X + ib * kLx + col + 1, bsh[ib] * ck[nt][3]);
-      atomicAdd(aqk + ia * kLx + col, cq[nt][0]), atomicAdd(aqk + ia * kLx + col + 1, cq[nt][1]);
-      atomicAdd(aqk + ib * kLx + col, cq[nt][2]), atomicAdd(aqk + ib * kLx + col + 1, cq[nt][3]);
-    }
+    for (int j = u; j < dk; j += kWriters) tw.dl[(static_cast<int64_t>(chunk) * H + h) * dk + j] = exp_ftz(glast[j]);
   }
   __syncthreads();
   // Aqk to the workspace in bf16, eight entries per thread, and T back to zero.
@@ -403,23 +464,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
       T[(o + i) * kLx + o + c] = x[i];
     }
   } else {
-    // The other threads write Kdᵀ (eight positions of a channel each) and e^{G_last}, then Qd and
-    // the right-hand side e^G ⊙ K (four channels of a row each; e^G ⊙ K over the thread's own raw
-    // q: no other thread reads q in this phase).
+    // The other threads write Qd and the right-hand side e^G ⊙ K (four channels of a row each;
+    // e^G ⊙ K over the thread's own raw q: no other thread reads q in this phase).
     const int u = tid - kChunk;
     constexpr int kOthers = kPrepThreads - kChunk;
-    const float* glast = G + (kChunk - 1) * lg;  // = G at row L−1 (padding has g = 0)
-    for (int e = u; e < dk * kChunk / 8; e += kOthers) {
-      const int j = e % dk, i0 = 8 * (e / dk);
-      auto kd_at = [&](int i) {
-        return __bfloat162float(Ks[i * lr + j]) * (fk[i] * exp_ftz(glast[j] - G[i * lg + j]));
-      };
-      uint32_t kd[4];
-#pragma unroll
-      for (int x = 0; x < 4; ++x) kd[x] = pack_bf16(kd_at(i0 + 2 * x), kd_at(i0 + 2 * x + 1));
-      *reinterpret_cast<uint4*>(ws + tl.kdt + j * kChunk + i0) = make_uint4(kd[0], kd[1], kd[2], kd[3]);
-    }
-    for (int j = u; j < dk; j += kOthers) tw.dl[(static_cast<int64_t>(chunk) * H + h) * dk + j] = exp_ftz(glast[j]);
     for (int e = u; e < kChunk * dk / 4; e += kOthers) {  // a warp reads whole rows
       const int i = e / (dk / 4), j = 4 * (e % (dk / 4));
       const float4 gg = *reinterpret_cast<const float4*>(G + i * lg + j);
