@@ -13,8 +13,8 @@
 //   - exactly, the dots of raw rows against k_m ⊙ e^{G_i−G_m} as running products of e^{G_i−G_{i−1}}
 //     (factors ≤ 1: strong decay underflows to 0, never overflows; one exp per row and channel
 //     serves a lane's keys), times the row factors, on the block's four warps.
-//   (I + L)⁻¹ in fp32: forward substitution inside the diagonal blocks, then the block merge
-//   T_IM = −T_II·Σ_N L_IN·T_NM. W = T·diag(β)·(e^G ⊙ K) and U = T·diag(β)·V with bf16 m16n8k16
+//   (I + L)⁻¹ in fp32: forward substitution inside the diagonal blocks, then below them by doubling
+//   (the 32×32 inverses, then the 64×64). W = T·diag(β)·(e^G ⊙ K) and U = T·diag(β)·V with bf16 m16n8k16
 //   (fp32 accumulate), the right-hand sides row-major in shared memory (ldmatrix.trans): e^G ⊙ K
 //   over raw q once q is spent, V (loaded during the merge) over raw k.
 //   It writes a bf16 workspace per (chunk, head): W [64, dk], Qd = Q⊙e^G [64, dk],
@@ -205,6 +205,20 @@ __device__ __forceinline__ float4 bf16x4(const bf16* p) {  // four bf16 at an 8-
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
+// dst[0..3] = sign · Σ_{p<kInner} a[p]·b[p·ldb + 0..3]: four columns of one row of a product of
+// fp32 blocks in shared memory (a broadcast scalar and a float4 per term: shared-memory bound).
+template <int kInner>
+__device__ __forceinline__ void product_row4(float* dst, const float* a, const float* b, int ldb, float sign) {
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int p = 0; p < kInner; ++p) {
+    const float x = a[p];
+    const float4 v = *reinterpret_cast<const float4*>(b + p * ldb);
+    acc.x += x * v.x, acc.y += x * v.y, acc.z += x * v.z, acc.w += x * v.w;
+  }
+  *reinterpret_cast<float4*>(dst) = make_float4(sign * acc.x, sign * acc.y, sign * acc.z, sign * acc.w);
+}
+
 // Whether diagonal block I (rows 16I .. 16I + 15) of a chunk's dots may run on tensor cores about its
 // first row r: every channel's decay over the block's 15 steps, G_r − G_{r+15}, is at most kTcSpan,
 // so the factors e^{G_i−G_r} ≥ e^{−80} stay normal floats and e^{G_r−G_m} ≤ e^{80} stays finite
@@ -224,11 +238,11 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int dk = D, dv = D, lg = D + 4, lr = D + 8, kWarpsP = kPrepThreads / 32;
   // Lifetimes (phases: 1 loads, 2 cumsum and norms, 3 Akk/Aqk with Kdᵀ, 4 Aqk out, 5 inverse with Qd,
-  // e^G ⊙ K, 6 block merge, 7 W/U):
+  // e^G ⊙ K, 6 the merge below the diagonal blocks, 7 W/U):
   float* G = reinterpret_cast<float*>(smem_raw);  // [64][lg] g, then its cumulative sum (1-5)
-  float* X = G + kChunk * lg;                     // [64][kLx] L = β_i·Akk, strictly lower (1-6)
+  float* X = G + kChunk * lg;                     // [64][kLx] L = β_i·Akk, strictly lower (1-6); Z of 6 above
   float* T = X + kChunk * kLx;                    // [64][kLx] Aqk in fp32 (1-4), then (I + L)⁻¹ (5-7)
-  float* Y = T + kChunk * kLx;                    // [768] cumsum carries (2), then the block-merge sums (6)
+  float* Y = T + kChunk * kLx;                    // [768] cumsum carries (2), then the merge's first products (6)
   float* bsh = Y + 3 * 256;                       // [64] β
   float* fq = bsh + kChunk;                       // [64] scale / ‖q_i‖
   float* fk = fq + kChunk;                        // [64] 1 / ‖k_i‖
@@ -484,37 +498,36 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   // k is dead: V over it (from global; the load flies during the merge), waited for before W/U.
   load_chunk_rows<D>(Ks, lr, static_cast<const bf16*>(s.v.p), row0, L, H, h, tid);
   cp_async_commit();
-  // Block merge, block row by block row: T_IM = −T_II·Σ_{M≤N<I} L_IN·T_NM; a thread per four
-  // consecutive columns b of one row a (a broadcast scalar and a float4 per step: the merge is
-  // shared-memory bound).
-  for (int I = 1; I < 4; ++I) {
-    for (int e = tid; e < I * 64; e += kPrepThreads) {
-      const int M = e >> 6, a = (e >> 2) & 15, b = 4 * (e & 3);
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int N = M; N < I; ++N)
-#pragma unroll
-        for (int p = 0; p < 16; ++p) {
-          const float x = X[(16 * I + a) * kLx + 16 * N + p];
-          const float4 t4 = *reinterpret_cast<const float4*>(T + (16 * N + p) * kLx + 16 * M + b);
-          acc.x += x * t4.x, acc.y += x * t4.y, acc.z += x * t4.z, acc.w += x * t4.w;
-        }
-      *reinterpret_cast<float4*>(Y + (M << 8) + a * 16 + b) = acc;
-    }
-    __syncthreads();
-    for (int e = tid; e < I * 64; e += kPrepThreads) {
-      const int M = e >> 6, a = (e >> 2) & 15, b = 4 * (e & 3);
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int p = 0; p < 16; ++p) {
-        const float x = T[(16 * I + a) * kLx + 16 * I + p];
-        const float4 y4 = *reinterpret_cast<const float4*>(Y + (M << 8) + p * 16 + b);
-        acc.x += x * y4.x, acc.y += x * y4.y, acc.z += x * y4.z, acc.w += x * y4.w;
-      }
-      *reinterpret_cast<float4*>(T + (16 * I + a) * kLx + 16 * M + b) = make_float4(-acc.x, -acc.y, -acc.z, -acc.w);
-    }
-    if (I == 3) cp_async_wait<0>();  // V (this thread's pieces), visible to all after the barrier
-    __syncthreads();
+  // (I + L)⁻¹ below its diagonal blocks, by doubling (M = [[A, 0], [C, B]] ⇒ the lower-left block of
+  // M⁻¹ is −B⁻¹·C·A⁻¹): the 32×32 inverses of blocks 0-1 and 2-3, T_{I,I−1} = −T_II·(L_{I,I−1}·T_{I−1,I−1})
+  // for I = 1, 3 (the products in Y), then the lower-left 32×32 block −T[32:, 32:]·(L[32:, :32]·T[:32, :32])
+  // (the product Z in X's upper-right 32×32 block, which nothing reads: L is strictly lower). The
+  // products span whole blocks (T's zeros above its diagonal included); a thread per four columns
+  // of a row. Four barriers, rounds of 16 and 32 terms.
+  if (tid < 128) {  // round 1: x = tid / 64 is I = 2x + 1; o = 16(I − 1)
+    const int o = 32 * (tid >> 6), a = (tid >> 2) & 15, b = 4 * (tid & 3);
+    product_row4<16>(Y + 4 * tid, X + (o + 16 + a) * kLx + o, T + o * kLx + o + b, kLx, 1.0f);
   }
+  __syncthreads();
+  if (tid < 128) {
+    const int o = 32 * (tid >> 6), a = (tid >> 2) & 15, b = 4 * (tid & 3);
+    float* row = T + (o + 16 + a) * kLx;
+    product_row4<16>(row + o + b, row + o + 16, Y + 256 * (tid >> 6) + b, 16, -1.0f);
+  }
+  __syncthreads();
+  float* Z = X + 32;  // [32][kLx]
+  if (tid < 256) {  // round 2
+    const int a = tid >> 3, b = 4 * (tid & 7);
+    product_row4<32>(Z + a * kLx + b, X + (32 + a) * kLx, T + b, kLx, 1.0f);
+  }
+  __syncthreads();
+  if (tid < 256) {
+    const int a = tid >> 3, b = 4 * (tid & 7);
+    float* row = T + (32 + a) * kLx;
+    product_row4<32>(row + b, row + 32, Z + b, kLx, -1.0f);
+  }
+  cp_async_wait<0>();  // V (this thread's pieces), visible to all after the barrier
+  __syncthreads();
   // [W | U] = T·diag(β) · [e^G ⊙ K | V] on bf16 tensor cores: warp → 16 rows (warp % 4) and a
   // quarter of the n-tiles; B fragments of the row-major right-hand sides by ldmatrix.trans.
   {
