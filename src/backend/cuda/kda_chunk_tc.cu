@@ -326,8 +326,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
       const float4 gr = *reinterpret_cast<const float4*>(G + r * lg + j);
       const float4 ga = *reinterpret_cast<const float4*>(G + ia * lg + j);
       const float4 gb = *reinterpret_cast<const float4*>(G + ib * lg + j);
-      const float4 ea = make_float4(exp_ftz(ga.x - gr.x), exp_ftz(ga.y - gr.y), exp_ftz(ga.z - gr.z), exp_ftz(ga.w - gr.w));
-      const float4 eb = make_float4(exp_ftz(gb.x - gr.x), exp_ftz(gb.y - gr.y), exp_ftz(gb.z - gr.z), exp_ftz(gb.w - gr.w));
+      const float4 ea =
+          make_float4(exp_ftz(ga.x - gr.x), exp_ftz(ga.y - gr.y), exp_ftz(ga.z - gr.z), exp_ftz(ga.w - gr.w));
+      const float4 eb =
+          make_float4(exp_ftz(gb.x - gr.x), exp_ftz(gb.y - gr.y), exp_ftz(gb.z - gr.z), exp_ftz(gb.w - gr.w));
       uint32_t ak[2][4], aq[2][4];  // per k-step: rows ia, ib at slot t, then at slot t + 4
       {
         const float4 ka = bf16x4(Ks + ia * lr + j), kb = bf16x4(Ks + ib * lr + j);
@@ -499,11 +501,11 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   load_chunk_rows<D>(Ks, lr, static_cast<const bf16*>(s.v.p), row0, L, H, h, tid);
   cp_async_commit();
   // (I + L)⁻¹ below its diagonal blocks, by doubling (M = [[A, 0], [C, B]] ⇒ the lower-left block of
-  // M⁻¹ is −B⁻¹·C·A⁻¹): the 32×32 inverses of blocks 0-1 and 2-3, T_{I,I−1} = −T_II·(L_{I,I−1}·T_{I−1,I−1})
-  // for I = 1, 3 (the products in Y), then the lower-left 32×32 block −T[32:, 32:]·(L[32:, :32]·T[:32, :32])
-  // (the product Z in X's upper-right 32×32 block, which nothing reads: L is strictly lower). The
-  // products span whole blocks (T's zeros above its diagonal included); a thread per four columns
-  // of a row. Four barriers, rounds of 16 and 32 terms.
+  // M⁻¹ is −B⁻¹·C·A⁻¹): the 32×32 inverses of blocks 0-1 and 2-3,
+  // T_{I,I−1} = −T_II·(L_{I,I−1}·T_{I−1,I−1}) for I = 1, 3 (the products in Y), then the lower-left
+  // 32×32 block −T[32:, 32:]·(L[32:, :32]·T[:32, :32]) (the product Z in X's upper-right 32×32 block,
+  // which nothing reads: L is strictly lower). The products span whole blocks (T's zeros above its
+  // diagonal included); a thread per four columns of a row. Four barriers, rounds of 16 and 32 terms.
   if (tid < 128) {  // round 1: x = tid / 64 is I = 2x + 1; o = 16(I − 1)
     const int o = 32 * (tid >> 6), a = (tid >> 2) & 15, b = 4 * (tid & 3);
     product_row4<16>(Y + 4 * tid, X + (o + 16 + a) * kLx + o, T + o * kLx + o + b, kLx, 1.0f);
