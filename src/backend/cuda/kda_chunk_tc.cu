@@ -18,7 +18,8 @@
 //   (fp32 accumulate), the right-hand sides row-major in shared memory (ldmatrix.trans): e^G ⊙ K
 //   over raw q once q is spent, V (loaded during the merge) over raw k.
 //   It writes a bf16 workspace per (chunk, head): W [64, dk], Qd = Q⊙e^G [64, dk],
-//   Kdᵀ = (K⊙e^{G_last−G})ᵀ [dk, 64], Aqk [64, 64], Uᵀ [dv, 64]; and e^{G_last} [dk] in fp32.
+//   Kdᵀ = (K⊙e^{G_last−G})ᵀ [dk, 64], Aqk [64, 64], Uᵀ [dv, 64], and e^{G_last} [dk] in fp32, in the
+//   padded layout of a state stage (ChunkLayout).
 //   The phases follow each other with barriers between them; the second block on the SM fills the
 //   gaps (at one block per SM, 208 KB, the H200 profile showed 30% issue use, 6.3 cycles per
 //   instruction, the load latency at the start fully exposed).
@@ -35,10 +36,11 @@
 // with bf16 m16n8k16 (Sᵀ and Vnᵀ rounded to bf16 as operands; the state itself stays fp32 and
 // accumulates in fp32); B fragments come from shared memory by ldmatrix. The output does not feed
 // the recurrence, so the recurrence warps go on to the next chunk while their partners finish the
-// output (one warp of each kind per scheduler). The output warps also stream the workspace into
-// shared memory (cp.async, three stages: a chunk's stage lives until its output is written, and
-// the load of chunk i + 3 is issued as chunk i's ends). Snapshots are written by the recurrence
-// warps from their registers at chunk ends.
+// output (one warp of each kind per scheduler). The workspace streams into shared memory as bulk
+// copies (TMA), issued by one output thread, three stages: a chunk's stage lives until its output is
+// written, and the load of chunk i + 3 is issued as chunk i's ends (with per-thread cp.async the
+// issue took a third of the output warps' time, ncu, and the recurrence waited for it). Snapshots
+// are written by the recurrence warps from their registers at chunk ends.
 //
 // The sequence split (issue 9; docs/CONTEXT-PARALLEL.md's summary): a segment of chunks maps its
 // incoming state affinely, S_out = A·S_in + B, A the product of its chunks' diag(e^{G_last}) − Kdᵀ·W.
@@ -70,17 +72,22 @@ constexpr int kPrepThreads = 512;
 constexpr int kLx = kChunk + 4;  // row stride of the fp32 [64, 64] matrices (fragment reads spread over banks)
 constexpr int kLt = kChunk + 8;  // row stride of the bf16 [*, 64] matrices in shared memory (ldmatrix rows)
 
-// The bf16 workspace of one (chunk, head), offsets in elements.
-struct TcLayout {
-  int64_t w, qd, kdt, aqk, ut, total;
-  constexpr __host__ __device__ TcLayout(int dk, int dv)
-      : w(0), qd(int64_t{kChunk} * dk), kdt(2 * qd), aqk(3 * qd), ut(aqk + kChunk * kChunk),
-        total(ut + int64_t{kChunk} * dv) {}
+// The bf16 workspace of one (chunk, head), offsets in bytes: W and Qd [64][dk + 8], Kdᵀ [dk][kLt],
+// Aqk [64][kLt] and Uᵀ [rows][kLt], with e^{G_last} (fp32) in the padding of W's first dk/4 rows, 16
+// bytes each (ldmatrix reads only W's first dk columns). In global memory it holds all dv rows of Uᵀ;
+// a stage of the state pass in shared memory has the same layout with the block's rows of Uᵀ only,
+// so a stage loads as two or three bulk copies (the padded rows spread ldmatrix over the banks).
+struct ChunkLayout {
+  int ldk, q, kt, a, u, bytes;
+  constexpr __host__ __device__ ChunkLayout(int dk, int u_rows)
+      : ldk(dk + 8), q(2 * kChunk * ldk), kt(2 * q), a(kt + 2 * dk * kLt), u(a + 2 * kChunk * kLt),
+        bytes(u + 2 * u_rows * kLt) {}
+  // e^{G_last}[4·piece ..]
+  constexpr __host__ __device__ int dl(int piece) const { return 2 * (piece * ldk + ldk - 8); }
 };
 
 struct TcWork {
-  bf16* ws;   // [chunks, H, TcLayout::total]
-  float* dl;  // [chunks, H, dk] e^{G_last}
+  bf16* ws;  // [chunks, H, ChunkLayout(dk, dv).bytes / 2]
 };
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -133,6 +140,13 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
 }
+// An 8×8 bf16 matrix in the m16n8k16 fragment layout (lane l: row l / 4, columns 2·(l % 4), + 1),
+// transposed across the warp into the same layout.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
 // Four 8×8 bf16 matrices from shared memory (lane l gives the address of row l % 8 of matrix l / 8):
 // with rows = n and 8 consecutive k per row, r[0], r[1] are the m16n8k16 B fragment of the first 8
 // rows and r[2], r[3] that of the next 8 (see the addresses in the state pass).
@@ -147,15 +161,17 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
 // shared memory, of which `b` is this lane's ldmatrix address (the shared-space address of row
 // lrow, column lcol: see the state pass), so every other address is b plus a constant. One k-step
 // at a time: its B fragments are loaded together, then the mma's run on independent accumulators.
-template <int kLd, int kKs, int kNt>
+// kLower: B is zero where its 16-block of k lies past its 16-block of n (Aqk: zero above its
+// diagonal), so n-tiles 2p, 2p + 1 take k-steps ≤ p only.
+template <int kLd, bool kLower = false, int kKs, int kNt>
 __device__ __forceinline__ void mma_steps(float (&acc)[kNt][4], const uint32_t (&a)[kKs][4], uint32_t b) {
 #pragma unroll
   for (int ks = 0; ks < kKs; ++ks) {
     uint32_t bq[kNt / 2][4];
 #pragma unroll
-    for (int np = 0; np < kNt / 2; ++np) ldsm_x4(bq[np], b + 2 * (16 * np * kLd + 16 * ks));
+    for (int np = kLower ? ks : 0; np < kNt / 2; ++np) ldsm_x4(bq[np], b + 2 * (16 * np * kLd + 16 * ks));
 #pragma unroll
-    for (int np = 0; np < kNt / 2; ++np) {
+    for (int np = kLower ? ks : 0; np < kNt / 2; ++np) {
       mma_bf16(acc[2 * np], a[ks], bq[np][0], bq[np][1]);
       mma_bf16(acc[2 * np + 1], a[ks], bq[np][2], bq[np][3]);
     }
@@ -252,8 +268,9 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   const int chunk = blockIdx.x, h = blockIdx.y, H = s.heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t row0 = cw.chunk_row[chunk];
   const int L = cw.chunk_len[chunk];
-  const TcLayout tl(dk, dv);
-  bf16* ws = tw.ws + (static_cast<int64_t>(chunk) * H + h) * tl.total;
+  constexpr ChunkLayout wl(dk, dv);  // the workspace's offsets in bytes, halved below for bf16 elements
+  constexpr int ldw = wl.ldk;
+  bf16* ws = tw.ws + (static_cast<int64_t>(chunk) * H + h) * (wl.bytes / 2);
 
   // Phase 1: q, k, g straight into shared memory by cp.async (no registers held), β; zero past L.
   load_chunk_rows<D>(Qs, lr, static_cast<const bf16*>(s.q.p), row0, L, H, h, tid);
@@ -451,9 +468,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
       uint32_t kd[4];
 #pragma unroll
       for (int x = 0; x < 4; ++x) kd[x] = pack_bf16(kd_at(i0 + 2 * x), kd_at(i0 + 2 * x + 1));
-      *reinterpret_cast<uint4*>(ws + tl.kdt + j * kChunk + i0) = make_uint4(kd[0], kd[1], kd[2], kd[3]);
+      *reinterpret_cast<uint4*>(ws + wl.kt / 2 + j * kLt + i0) = make_uint4(kd[0], kd[1], kd[2], kd[3]);
     }
-    for (int j = u; j < dk; j += kWriters) tw.dl[(static_cast<int64_t>(chunk) * H + h) * dk + j] = exp_ftz(glast[j]);
+    for (int j = u; j < dk; j += kWriters)
+      reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(ws) + wl.dl(j / 4))[j % 4] = exp_ftz(glast[j]);
   }
   __syncthreads();
   // Aqk to the workspace in bf16, eight entries per thread, and T back to zero.
@@ -461,7 +479,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
     const int i = e >> 3, c = 8 * (e & 7);
     float4* src = reinterpret_cast<float4*>(aqk + i * kLx + c);
     const float4 a = src[0], b = src[1];
-    *reinterpret_cast<uint4*>(ws + tl.aqk + i * kChunk + c) =
+    *reinterpret_cast<uint4*>(ws + wl.a / 2 + i * kLt + c) =
         make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
     src[0] = src[1] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -490,7 +508,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
       const float4 qq = bf16x4(Qs + i * lr + j), kk = bf16x4(Ks + i * lr + j);
       const float qf = fq[i], kf = fk[i];
       const float e0 = exp_ftz(gg.x), e1 = exp_ftz(gg.y), e2 = exp_ftz(gg.z), e3 = exp_ftz(gg.w);
-      *reinterpret_cast<uint2*>(ws + tl.qd + i * dk + j) =
+      *reinterpret_cast<uint2*>(ws + wl.q / 2 + i * ldw + j) =
           make_uint2(pack_bf16(qq.x * (qf * e0), qq.y * (qf * e1)), pack_bf16(qq.z * (qf * e2), qq.w * (qf * e3)));
       *reinterpret_cast<uint2*>(Qs + i * lr + j) =
           make_uint2(pack_bf16(kk.x * (kf * e0), kk.y * (kf * e1)), pack_bf16(kk.z * (kf * e2), kk.w * (kf * e3)));
@@ -564,41 +582,31 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
       }
       const int col = n + 2 * t;
       if (n < dk) {
-        *reinterpret_cast<__nv_bfloat162*>(ws + tl.w + i0 * dk + col) = __floats2bfloat162_rn(c[0], c[1]);
-        *reinterpret_cast<__nv_bfloat162*>(ws + tl.w + i1 * dk + col) = __floats2bfloat162_rn(c[2], c[3]);
+        *reinterpret_cast<__nv_bfloat162*>(ws + i0 * ldw + col) = __floats2bfloat162_rn(c[0], c[1]);
+        *reinterpret_cast<__nv_bfloat162*>(ws + i1 * ldw + col) = __floats2bfloat162_rn(c[2], c[3]);
       } else {
-        bf16* ut = ws + tl.ut + static_cast<int64_t>(col - dk) * kChunk;
+        bf16* ut = ws + wl.u / 2 + (col - dk) * kLt;
         ut[i0] = __float2bfloat16_rn(c[0]);
-        ut[kChunk + i0] = __float2bfloat16_rn(c[1]);
+        ut[kLt + i0] = __float2bfloat16_rn(c[1]);
         ut[i1] = __float2bfloat16_rn(c[2]);
-        ut[kChunk + i1] = __float2bfloat16_rn(c[3]);
+        ut[kLt + i1] = __float2bfloat16_rn(c[3]);
       }
     }
   }
 }
 
-// Shared memory of the state pass, offsets in bytes. A stage holds one chunk: W and Qd (rows of
-// dk + 8), Kdᵀ, Aqk and the block's Uᵀ rows (rows of kLt); e^{G_last} (fp32) sits in the padding of
-// W's first dk/4 rows, 16 bytes each (ldmatrix reads only W's first dk columns): a separate array
-// would leave no room for three stages and the handoff at dk = 128. After the stages, the handoff:
-// per warp pair 16·dk bf16 (Sᵀ as A fragments, lane-major 16-byte pieces). At dk = 128 and 64
-// columns: 3 × 71,680 + 16,384 = 231,424 bytes of the 232,448 a block may have. Three stages, not
-// two: with two, chunk i + 2 could only load once the output of chunk i is written, which would
-// leave the recurrence waiting for the load; a second handoff buffer (overlapping the partner's
-// chunks further) does not fit beside three stages.
-struct StageLayout {
-  int ldk, q, kt, a, u, bytes;
-  constexpr __host__ __device__ StageLayout(int dk, int bv)
-      : ldk(dk + 8), q(2 * kChunk * ldk), kt(2 * q), a(kt + 2 * dk * kLt), u(a + 2 * kChunk * kLt),
-        bytes(u + 2 * bv * kLt) {}
-  // e^{G_last}[4·piece ..]
-  constexpr __host__ __device__ int dl(int piece) const { return 2 * (piece * ldk + ldk - 8); }
-};
-
+// Shared memory of the state pass: kStages stages (ChunkLayout with the block's 16·warps rows of Uᵀ),
+// then the handoff, per warp pair 16·dk bf16 (Sᵀ as A fragments, lane-major 16-byte pieces), then a
+// full mbarrier per stage (the stage's bulk copies have landed). At dk = 128 and 64 columns: 3 ×
+// 71,680 + 16,384 + 24 = 231,448 bytes of the 232,448 a block may have. Three stages, not two: with
+// two, chunk i + 2 could only load once the output of chunk i is written, which would leave the
+// recurrence waiting for the load; a second handoff buffer (overlapping the partner's chunks
+// further) does not fit beside three stages.
 constexpr int kStages = 3;  // chunks in flight in the state pass's shared memory
 
 size_t state_smem_bytes(int dk, int warps) {
-  return kStages * static_cast<size_t>(StageLayout(dk, 16 * warps).bytes) + static_cast<size_t>(warps) * 32 * dk;
+  return kStages * static_cast<size_t>(ChunkLayout(dk, 16 * warps).bytes) + static_cast<size_t>(warps) * 32 * dk +
+         kStages * sizeof(uint64_t);
 }
 
 // One serial walk of the state pass (a grid z-index): chunks [begin, end) of the layout's sequence
@@ -628,37 +636,68 @@ __device__ __forceinline__ void bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
-// Warps 0..kWarps−1 run the recurrence, warps kWarps..2kWarps−1 the output and the loads; warp
-// kWarps + w is the partner of warp w (the same 16 value columns). Chunk i of the sequence (n in
-// all) lives in stage i % 3. The barriers, per chunk i:
-//   ready[i % 3]  the output warps, once their cp.async group of chunk i is complete, arrive; the
-//                 recurrence warps sync before reading the stage (output warps see the stage
-//                 through full, which comes later in the same chain);
+// The stages' loads: bulk copies (the TMA's 1-D form) that complete on a stage's mbarrier. One thread
+// arms the barrier with the stage's byte count and issues the copies; every reader waits for the
+// barrier's phase (chunk i of a walk is phase i / kStages of stage i % kStages).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+// Orders this thread's view of shared memory (after a barrier: every warp's reads of a stage) before
+// its later bulk copies into it.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// Warps 0..kWarps−1 run the recurrence, warps kWarps..2kWarps−1 the output; the first output thread
+// issues the loads. Warp kWarps + w is the partner of warp w (the same 16 value columns). Chunk i of
+// the walk (n in all) lives in stage i % 3. Per chunk i:
+//   loaded[i % 3] (mbarrier, phase i / 3) completes when the chunk's bulk copies have landed; every
+//                 warp waits for it before reading the stage;
 //   full[w]       recurrence warp w arrives once chunk i's Sᵀ (handoff) and Vnᵀ (over its own Uᵀ
 //                 rows, which it has read) are written; its partner syncs before reading them;
 //   empty[w]      the partner arrives once it holds the handoff in registers; warp w syncs before
 //                 writing chunk i + 1's (none before chunk 0, none after the last read);
 //   free[i % 3]   only if chunk i + 3 exists: the recurrence warps arrive when done with the stage,
-//                 the output warps sync when done with it, then load chunk i + 3 into it.
-// Each barrier completes once per round (arrivals and waits are counted alike on both sides, the
-// conditions above are the same on both): a side cannot arrive twice before the other side's wait,
-// since its second arrival depends on that wait (ready of chunk i + 3 is given at the start of the
-// output's chunk i + 2, after full of i + 1, after the recurrence's ready of i + 1; full of i + 1
-// after empty of i; empty of i + 1 after full of i + 1; free of i + 3 after ready of i + 3, after
-// the output's free of i). Loads never overwrite a stage a warp still reads (free: every warp is
-// past the chunk), the handoff is never overwritten before it was read (empty), and the waits form
-// no cycle: the recurrence's chunk i waits for the start of the output's chunk i − 1, which waits
-// for the recurrence's chunk i − 1 (full) and the end of the output's chunk i − 2 (free of i − 2).
-// A sequence without chunks touches no barrier; the last chunk gives no empty, the last three no
-// free. Output warps commit a group per chunk (empty past the end), so the group counts hold.
+//                 the output warps sync when done with it, then chunk i + 3 is loaded into it.
+// Each named barrier completes once per round (arrivals and waits are counted alike on both sides,
+// the conditions above are the same on both): a side cannot arrive twice before the other side's
+// wait, since its second arrival depends on that wait (full of i + 1 after empty of i; empty of
+// i + 1 after full of i + 1; free of i + 3 after the load of i + 3, which follows free of i). No
+// wait misses a phase of loaded: the load of chunk i + 3 into a stage follows every warp's free of
+// chunk i, after its wait for chunk i. Loads never overwrite a stage a warp still reads (free), the
+// handoff is never overwritten before it was read (empty), and the waits form no cycle: the
+// recurrence's chunk i waits for the load of chunk i (issued at the end of the output's chunk i − 3)
+// and the output's chunk i − 1 for its handoff (empty); the output's chunk i waits for the
+// recurrence's chunk i (full). A walk without chunks touches no barrier; the last chunk gives no
+// empty, the last three no free.
 template <int kWarps, int kDk>
 __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s, ChunkWork cw, TcWork tw,
                                                                       const StateRun* runs, float* scratch) {
   constexpr int kBv = 16 * kWarps, kRec = 32 * kWarps, kAll = 2 * kRec;  // value columns, threads per role, all
-  constexpr int kReady = 1, kFree = kReady + kStages, kFull = kFree + kStages, kEmpty = kFull + kWarps;
+  constexpr int kFree = 1, kFull = kFree + kStages, kEmpty = kFull + kWarps;
   static_assert(kEmpty + kWarps <= 16, "16 named barriers per block");
   constexpr int dk = kDk, dv = kDk, nkt = dk / 8, nks = dk / 16;  // state n-tiles (8 channels), k-steps (16)
-  constexpr StageLayout sl(dk, kBv);
+  constexpr ChunkLayout sl(dk, kBv), wl(dk, dv);  // a stage, a chunk's workspace
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const int H = s.heads;
@@ -670,6 +709,7 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
   const bool output = run.kind == RunKind::kOutput;
   // The handoff of this warp pair (k-step ks at [32·ks]) and the pair's Vnᵀ in a stage's Uᵀ rows.
   uint4* hand = reinterpret_cast<uint4*>(smem_raw + kStages * sl.bytes) + warp * nks * 32 + lane;
+  uint64_t* loaded = reinterpret_cast<uint64_t*>(smem_raw + kStages * sl.bytes + kWarps * 32 * dk);
   auto vn_at = [&](int stage) {
     return reinterpret_cast<uint4*>(smem_raw + stage * sl.bytes + sl.u + 2 * 16 * warp * kLt) + lane;
   };
@@ -678,6 +718,9 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
   // the arrays of rows dk + 8 (W, Qd) and kLt (Kdᵀ, Aqk) at p = ks = 0.
   const int lrow = (lane & 7) + 8 * (lane >> 4), lcol = 8 * ((lane >> 3) & 1);
   const uint32_t lane_k = 2 * (lrow * sl.ldk + lcol), lane_t = 2 * (lrow * kLt + lcol);
+  if (tid == 0)
+    for (int x = 0; x < kStages; ++x) mbar_init(loaded + x);
+  __syncthreads();
 
   if (tid < kRec) {  // the recurrence
     // Sᵀ[v][j] of this warp's 16 value columns as m16n8 accumulators: [nt][0..3] ↔ (v0+g, 8nt+2t),
@@ -715,7 +758,7 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
       const unsigned char* base = smem_raw + stage * sl.bytes;
       const uint32_t sbase = smem0 + stage * sl.bytes;
       const unsigned char* su = base + sl.u + u_lane;
-      bar_sync(kReady + stage, kAll);  // chunk i is in the stage
+      mbar_wait(loaded + stage, (i / kStages) & 1);  // chunk i is in the stage
 
       uint32_t sa[nks][4];  // Sᵀ as bf16 A fragments
       to_a_fragments(S, sa);
@@ -759,59 +802,33 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
     return;
   }
 
-  // The output and the loads.
+  // The output; its first thread issues the loads.
   if (n == 0) return;
-  constexpr TcLayout tl(dk, dv);
-  // A thread's 16-byte pieces of a chunk: rows of W and Qd (dk / 8 pieces each) from row wr0 in
-  // steps of kWs, at column wp; rows of the 64-wide arrays (Kdᵀ, Aqk, Uᵀ: 8 pieces) from row r0 in
-  // steps of kRs, at column p8. Each count is a whole number of steps for every thread.
-  constexpr int kRowPieces = dk / 8, kWs = kRec / kRowPieces, kRs = kRec / 8;
-  static_assert(kRec % kRowPieces == 0 && kChunk % kWs == 0 && dk % kRs == 0 && kChunk % kRs == 0 && kBv % kRs == 0,
-                "whole steps of loads");
-  const int ot = tid - kRec, wr0 = ot / kRowPieces, wp = 8 * (ot % kRowPieces), r0 = ot / 8, p8 = 8 * (ot % 8);
-  // chunk i into stage i % 3, one commit group per call (a walk without output leaves Qd and Aqk
-  // out); i ≥ n: an empty group
+  // Chunk i into stage i % 3 as bulk copies: W to Aqk in one (a walk without output: W and Kdᵀ),
+  // the block's rows of Uᵀ in another.
   auto issue = [&](int i) {
-    if (i < n) {
-      const int c = c_begin + i;
-      unsigned char* base = smem_raw + (i % kStages) * sl.bytes;
-      const bf16* src = tw.ws + (static_cast<int64_t>(c) * H + h) * tl.total;
-#pragma unroll
-      for (int j = 0; j < kChunk / kWs; ++j) {
-        const int r = wr0 + j * kWs;
-        cp_async16(base + 2 * (r * sl.ldk + wp), src + tl.w + r * dk + wp);
-        if (output) cp_async16(base + sl.q + 2 * (r * sl.ldk + wp), src + tl.qd + r * dk + wp);
-      }
-#pragma unroll
-      for (int j = 0; j < dk / kRs; ++j) {
-        const int r = r0 + j * kRs;
-        cp_async16(base + sl.kt + 2 * (r * kLt + p8), src + tl.kdt + r * kChunk + p8);
-      }
-      if (output)
-#pragma unroll
-        for (int j = 0; j < kChunk / kRs; ++j) {
-          const int r = r0 + j * kRs;
-          cp_async16(base + sl.a + 2 * (r * kLt + p8), src + tl.aqk + r * kChunk + p8);
-        }
-#pragma unroll
-      for (int j = 0; j < kBv / kRs; ++j) {
-        const int r = r0 + j * kRs;
-        cp_async16(base + sl.u + 2 * (r * kLt + p8), src + tl.ut + static_cast<int64_t>(vblk + r) * kChunk + p8);
-      }
-      if (ot < dk / 4) cp_async16(base + sl.dl(ot), tw.dl + (static_cast<int64_t>(c) * H + h) * dk + 4 * ot);
+    const int stage = i % kStages;
+    unsigned char* dst = smem_raw + stage * sl.bytes;
+    const unsigned char* src =
+        reinterpret_cast<const unsigned char*>(tw.ws) + (static_cast<int64_t>(c_begin + i) * H + h) * wl.bytes;
+    constexpr uint32_t kUBytes = 2 * kBv * kLt;
+    if (output) {
+      mbar_expect_tx(loaded + stage, sl.u + kUBytes);
+      bulk_load(dst, src, sl.u, loaded + stage);
+    } else {
+      mbar_expect_tx(loaded + stage, sl.q + (sl.a - sl.kt) + kUBytes);
+      bulk_load(dst, src, sl.q, loaded + stage);
+      bulk_load(dst + sl.kt, src + sl.kt, sl.a - sl.kt, loaded + stage);
     }
-    cp_async_commit();
+    bulk_load(dst + sl.u, src + sl.u + 2 * vblk * kLt, kUBytes, loaded + stage);
   };
+  const bool loader = tid == kRec;
+  if (loader)
+    for (int i = 0; i < kStages && i < n; ++i) issue(i);
   bf16* out = static_cast<bf16*>(s.out.p);
-  for (int i = 0; i < kStages; ++i) issue(i);
-  cp_async_wait<kStages - 1>();  // chunk 0
-  bar_arrive(kReady, kAll);
   for (int i = 0; i < n; ++i) {
     const int stage = i % kStages, c = c_begin + i;
-    if (i + 1 < n) {  // groups up to chunk i + 2's are committed: with one pending, chunk i + 1's is complete
-      cp_async_wait<kStages - 2>();
-      bar_arrive(kReady + (i + 1) % kStages, kAll);
-    }
+    mbar_wait(loaded + stage, (i / kStages) & 1);
     const uint32_t sbase = smem0 + stage * sl.bytes;
     bar_sync(kFull + warp, 64);  // the partner's Sᵀ and Vnᵀ of chunk i
     uint32_t sa[nks][4], va[kChunk / 16][4];
@@ -830,21 +847,28 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
     if (output) {  // Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ with the chunk-start state, written for the chunk's live rows
       float o[kChunk / 8][4] = {};
       mma_steps<sl.ldk>(o, sa, sbase + sl.q + lane_k);
-      mma_steps<kLt>(o, va, sbase + sl.a + lane_t);
+      mma_steps<kLt, true>(o, va, sbase + sl.a + lane_t);
       const int64_t row0 = cw.chunk_row[c];
       const int L = cw.chunk_len[c];
-      bf16* oc = out + (row0 * H + h) * dv + v0 + g;  // row 0 of the chunk, this lane's first column
+      bf16* oc = out + (row0 * H + h) * dv + v0 + 2 * t;  // row 0 of the chunk, this lane's first pair
       const int ostride = H * dv;
+      // n-tile nt holds Oᵀ's columns v0 + g (and + 8) at rows 8nt + 2t, + 1; each half, as a bf16
+      // 8×8 matrix transposed, is row 8nt + g at columns v0 + 2t, + 1 (and + 8): a 4-byte store.
 #pragma unroll
       for (int nt = 0; nt < kChunk / 8; ++nt) {
-        const int r = 8 * nt + 2 * t;
-        bf16* o0 = oc + r * ostride;
-        if (r < L) o0[0] = __float2bfloat16_rn(o[nt][0]), o0[8] = __float2bfloat16_rn(o[nt][2]);
-        if (r + 1 < L) o0[ostride] = __float2bfloat16_rn(o[nt][1]), o0[ostride + 8] = __float2bfloat16_rn(o[nt][3]);
+        const uint32_t lo = movmatrix_trans(pack_bf16(o[nt][0], o[nt][1]));
+        const uint32_t hi = movmatrix_trans(pack_bf16(o[nt][2], o[nt][3]));
+        const int r = 8 * nt + g;
+        if (r < L) {
+          bf16* o0 = oc + r * ostride;
+          *reinterpret_cast<uint32_t*>(o0) = lo, *reinterpret_cast<uint32_t*>(o0 + 8) = hi;
+        }
       }
     }
-    if (i + kStages < n) bar_sync(kFree + stage, kAll);  // every warp is done with chunk i's stage
-    issue(i + kStages);
+    if (i + kStages < n) {
+      bar_sync(kFree + stage, kAll);  // every warp is done with chunk i's stage
+      if (loader) fence_proxy_async(), issue(i + kStages);
+    }
   }
 }
 
@@ -1002,11 +1026,10 @@ bool kda_tc_fits(const KdaArgs& a, const KdaStep& s) {
 void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables& ct, const SeqLayout& layout,
                            const KdaChunkedVariant& v, const std::string& what) {
   const int64_t num_seqs = layout.num_seqs();
-  const TcLayout tl(s.dk, s.dv);
+  const ChunkLayout wl(s.dk, s.dv);
   const int64_t chunks = std::max<int64_t>(ct.chunks, 1);
-  const Tensor ws = be.alloc(DType::kBF16, {chunks, s.heads, tl.total});
-  const Tensor dl = be.alloc(DType::kF32, {chunks, s.heads, s.dk});
-  const TcWork tw{ws.data_as<bf16>(), dl.data_as<float>()};
+  const Tensor ws = be.alloc(DType::kBF16, {chunks, s.heads, wl.bytes / 2});
+  const TcWork tw{ws.data_as<bf16>()};
   if (v.stages != KdaChunkStages::kStateOnly && ct.chunks > 0) {
     auto prep = s.dk == 16 ? kda_tc_prep_kernel<16>
               : s.dk == 32 ? kda_tc_prep_kernel<32>
