@@ -94,12 +94,14 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
-// e^x as __expf computes it (ex2.approx of x·log2 e) with results below 2^−126 flushed to 0: the
-// prep's exps are decays (x ≤ 0) and underflow to 0 by design; the flush spares the subnormal
-// fix-up __expf carries without -ftz (three instructions an exp; ~10% of prep's instructions in ncu).
-__device__ __forceinline__ float exp_ftz(float x) {
+// 2^x (ex2.approx) with results below 2^−126 flushed to 0. Prep keeps G in log2 units, so its
+// exps e^{G_i − G_m} are 2^x of differences of the stored G with no multiply; they are decays (x ≤ 0)
+// and underflow to 0 by design; the flush spares the subnormal fix-up __expf carries without -ftz
+// (three instructions an exp; ~10% of prep's instructions in ncu).
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float exp2_ftz(float x) {
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 __device__ __forceinline__ uint32_t tf32(float x) {
@@ -196,21 +198,22 @@ size_t prep_smem_bytes(int d) {
 
 // Rows 0..L−1 of a [rows, H, D] tensor (head h, rows from row0) into a [64][ld] shared array by
 // cp.async in 16-byte pieces (the caller commits), rows L..63 zeroed. A thread keeps one column
-// piece and steps down the rows (its source offset advanced, not rebuilt from the row).
+// piece and steps down the rows: one 64-bit address, then 32-bit steps (a chunk spans 64·H·D
+// elements), the passes unrolled.
 template <int D, typename E>
 __device__ __forceinline__ void load_chunk_rows(E* dst, int ld, const E* src, int64_t row0, int L, int H, int h,
                                                 int tid) {
   constexpr int kPer = 16 / static_cast<int>(sizeof(E)), kRow = D / kPer;  // elements per piece, pieces per row
   constexpr int kRowsPass = kPrepThreads / kRow, kPasses = kRowsPass >= kChunk ? 1 : kChunk / kRowsPass;
   const int i0 = tid / kRow, j = kPer * (tid % kRow);
-  int64_t off = ((row0 + i0) * H + h) * D + j;
-  const int64_t step = int64_t{kRowsPass} * H * D;
-#pragma unroll 1
-  for (int p = 0; p < kPasses; ++p, off += step) {
+  if (kRowsPass > kChunk && i0 >= kChunk) return;  // small D: more threads than pieces
+  const E* from = src + ((row0 + i0) * H + h) * D + j;
+  const int step = kRowsPass * H * D;
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
     const int i = i0 + p * kRowsPass;
-    if (i >= kChunk) break;
     E* d = dst + i * ld + j;
-    if (i < L) cp_async16(d, src + off);
+    if (i < L) cp_async16(d, from + p * step);
     else *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
   }
 }
@@ -237,14 +240,14 @@ __device__ __forceinline__ void product_row4(float* dst, const float* a, const f
 
 // Whether diagonal block I (rows 16I .. 16I + 15) of a chunk's dots may run on tensor cores about its
 // first row r: every channel's decay over the block's 15 steps, G_r − G_{r+15}, is at most kTcSpan,
-// so the factors e^{G_i−G_r} ≥ e^{−80} stay normal floats and e^{G_r−G_m} ≤ e^{80} stays finite
-// (their products above the diagonal, which are dropped, too: 128 · e^{80} < FLT_MAX). Always so
-// under the lower-bound gate (15 · 5 = 75); the softplus gate's strong decay takes the exact path.
-// A NaN span takes the exact path. Warp-uniform: the lanes vote.
+// so the factors e^{G_i−G_r} ≥ e^{−80} stay normal floats and e^{G_r−G_m} ≤ e^{80} stays finite.
+// Always so under the lower-bound gate (15 · 5 = 75); the softplus gate's strong decay takes the
+// exact path. A NaN span takes the exact path. Warp-uniform: the lanes vote. (G in log2 units.)
 constexpr float kTcSpan = 80.0f;
 __device__ __forceinline__ bool tc_diagonal(const float* G, int lg, int dk, int I, int lane) {
   bool ok = true;
-  for (int c = lane; c < dk; c += 32) ok = ok && G[16 * I * lg + c] - G[(16 * I + 15) * lg + c] <= kTcSpan;
+  for (int c = lane; c < dk; c += 32)
+    ok = ok && G[16 * I * lg + c] - G[(16 * I + 15) * lg + c] <= kTcSpan * kLog2e;
   return __all_sync(0xffffffffu, ok);
 }
 
@@ -255,7 +258,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   constexpr int dk = D, dv = D, lg = D + 4, lr = D + 8, kWarpsP = kPrepThreads / 32;
   // Lifetimes (phases: 1 loads, 2 cumsum and norms, 3 Akk/Aqk with Kdᵀ, 4 Aqk out, 5 inverse with Qd,
   // e^G ⊙ K, 6 the merge below the diagonal blocks, 7 W/U):
-  float* G = reinterpret_cast<float*>(smem_raw);  // [64][lg] g, then its cumulative sum (1-5)
+  float* G = reinterpret_cast<float*>(smem_raw);  // [64][lg] g, then its cumulative sum in log2 units (1-5)
   float* X = G + kChunk * lg;                     // [64][kLx] L = β_i·Akk, strictly lower (1-6); Z of 6 above
   float* T = X + kChunk * kLx;                    // [64][kLx] Aqk in fp32 (1-4), then (I + L)⁻¹ (5-7)
   float* Y = T + kChunk * kLx;                    // [768] cumsum carries (2), then the merge's first products (6)
@@ -283,7 +286,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   cp_async_wait<0>();
   __syncthreads();
   {  // G = cumsum(g) down each channel (padding has g = 0): kSeg segments of rows per channel summed
-     // in registers, then each segment adds the totals of the segments above it, in order.
+     // in registers, then each segment adds the totals of the segments above it, in order; stored
+     // times log2 e (exp2_ftz).
     constexpr int kSeg = kPrepThreads / D, kRowsSeg = kChunk / kSeg;
     const int j = tid % D, sg = tid / D;
     float run[kRowsSeg], acc = 0.0f;
@@ -294,7 +298,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
     float carry = 0.0f;
     for (int p = 0; p < sg; ++p) carry += Y[p * D + j];
 #pragma unroll
-    for (int r = 0; r < kRowsSeg; ++r) G[(sg * kRowsSeg + r) * lg + j] = run[r] + carry;
+    for (int r = 0; r < kRowsSeg; ++r) G[(sg * kRowsSeg + r) * lg + j] = (run[r] + carry) * kLog2e;
   }
   {  // L2 norms into the row factors fq, fk (q and k stay raw), a warp per row; the warp's rows
      // reduced together (independent shuffle chains)
@@ -326,16 +330,17 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   // and take the row factors at the end.
   float* aqk = T;
   // A block (I, M), M ≤ I, of both dots on tf32 tensor cores about the reference row r = 16I (the
-  // block's first row), one warp, plain stores: operands q_i·fq_i·e^{G_i−G_r} and k_i·fk_i·e^{G_i−G_r}
-  // (i in block I) against k_m·fk_m·e^{G_r−G_m} (m in block M), the row factor folded into the decay
-  // factor. Below the diagonal (M < I) both factors are ≤ 1; on it (M = I) e^{G_r−G_m} ≥ 1, bounded
-  // by the block's span (tc_diagonal), and only the lower triangle is stored. The sum over channels
+  // block's first row), one warp, plain stores: operands q_i·e^{G_i−G_r} and k_i·e^{G_i−G_r} (i in
+  // block I; their row factors fq_i, fk_i scale the sums at the end) against k_m·fk_m·e^{G_r−G_m} (m
+  // in block M, the row factor folded into the decay factor). Below the diagonal (M < I) both decay
+  // factors are ≤ 1; on it (M = I) e^{G_r−G_m} ≥ 1, bounded by the block's span (tc_diagonal), and
+  // only the lower triangle is stored (an entry above it may overflow; each is its own accumulator
+  // element, never stored). The sum over channels
   // takes them in any order, so a pair of m16n8k8 k-steps covers 16 channels with lane t's k-slots
   // t, t + 4 of the first and of the second on channels 4t .. 4t + 3: each operand row comes as one
   // float4 of G and one 8-byte load of bf16.
   auto tc_block = [&](int I, int M) {
     const int r = 16 * I, g = lane >> 2, t = lane & 3, ia = r + g, ib = ia + 8;
-    const float fka = fk[ia], fkb = fk[ib], fqa = fq[ia], fqb = fq[ib];
     const float fkm[2] = {fk[16 * M + g], fk[16 * M + 8 + g]};
     float ck[2][4] = {}, cq[2][4] = {};
 #pragma unroll 1
@@ -344,21 +349,19 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
       const float4 ga = *reinterpret_cast<const float4*>(G + ia * lg + j);
       const float4 gb = *reinterpret_cast<const float4*>(G + ib * lg + j);
       const float4 ea =
-          make_float4(exp_ftz(ga.x - gr.x), exp_ftz(ga.y - gr.y), exp_ftz(ga.z - gr.z), exp_ftz(ga.w - gr.w));
+          make_float4(exp2_ftz(ga.x - gr.x), exp2_ftz(ga.y - gr.y), exp2_ftz(ga.z - gr.z), exp2_ftz(ga.w - gr.w));
       const float4 eb =
-          make_float4(exp_ftz(gb.x - gr.x), exp_ftz(gb.y - gr.y), exp_ftz(gb.z - gr.z), exp_ftz(gb.w - gr.w));
+          make_float4(exp2_ftz(gb.x - gr.x), exp2_ftz(gb.y - gr.y), exp2_ftz(gb.z - gr.z), exp2_ftz(gb.w - gr.w));
       uint32_t ak[2][4], aq[2][4];  // per k-step: rows ia, ib at slot t, then at slot t + 4
       {
         const float4 ka = bf16x4(Ks + ia * lr + j), kb = bf16x4(Ks + ib * lr + j);
         const float4 qa = bf16x4(Qs + ia * lr + j), qb = bf16x4(Qs + ib * lr + j);
-        ak[0][0] = tf32(ka.x * (fka * ea.x)), ak[0][1] = tf32(kb.x * (fkb * eb.x));
-        ak[0][2] = tf32(ka.y * (fka * ea.y)), ak[0][3] = tf32(kb.y * (fkb * eb.y));
-        ak[1][0] = tf32(ka.z * (fka * ea.z)), ak[1][1] = tf32(kb.z * (fkb * eb.z));
-        ak[1][2] = tf32(ka.w * (fka * ea.w)), ak[1][3] = tf32(kb.w * (fkb * eb.w));
-        aq[0][0] = tf32(qa.x * (fqa * ea.x)), aq[0][1] = tf32(qb.x * (fqb * eb.x));
-        aq[0][2] = tf32(qa.y * (fqa * ea.y)), aq[0][3] = tf32(qb.y * (fqb * eb.y));
-        aq[1][0] = tf32(qa.z * (fqa * ea.z)), aq[1][1] = tf32(qb.z * (fqb * eb.z));
-        aq[1][2] = tf32(qa.w * (fqa * ea.w)), aq[1][3] = tf32(qb.w * (fqb * eb.w));
+        ak[0][0] = tf32(ka.x * ea.x), ak[0][1] = tf32(kb.x * eb.x), ak[0][2] = tf32(ka.y * ea.y);
+        ak[0][3] = tf32(kb.y * eb.y), ak[1][0] = tf32(ka.z * ea.z), ak[1][1] = tf32(kb.z * eb.z);
+        ak[1][2] = tf32(ka.w * ea.w), ak[1][3] = tf32(kb.w * eb.w);
+        aq[0][0] = tf32(qa.x * ea.x), aq[0][1] = tf32(qb.x * eb.x), aq[0][2] = tf32(qa.y * ea.y);
+        aq[0][3] = tf32(qb.y * eb.y), aq[1][0] = tf32(qa.z * ea.z), aq[1][1] = tf32(qb.z * eb.z);
+        aq[1][2] = tf32(qa.w * ea.w), aq[1][3] = tf32(qb.w * eb.w);
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
@@ -366,8 +369,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
         const float4 gm = *reinterpret_cast<const float4*>(G + mm * lg + j);
         const float4 km = bf16x4(Ks + mm * lr + j);
         const float f = fkm[nt];
-        const uint32_t b0 = tf32(km.x * (f * exp_ftz(gr.x - gm.x))), b1 = tf32(km.y * (f * exp_ftz(gr.y - gm.y)));
-        const uint32_t b2 = tf32(km.z * (f * exp_ftz(gr.z - gm.z))), b3 = tf32(km.w * (f * exp_ftz(gr.w - gm.w)));
+        const uint32_t b0 = tf32(km.x * (f * exp2_ftz(gr.x - gm.x))), b1 = tf32(km.y * (f * exp2_ftz(gr.y - gm.y)));
+        const uint32_t b2 = tf32(km.z * (f * exp2_ftz(gr.z - gm.z))), b3 = tf32(km.w * (f * exp2_ftz(gr.w - gm.w)));
         mma_tf32(ck[nt], ak[0], b0, b1);
         mma_tf32(cq[nt], aq[0], b0, b1);
         mma_tf32(ck[nt], ak[1], b2, b3);
@@ -379,8 +382,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
 #pragma unroll
       for (int x = 0; x < 4; ++x) {  // accumulator x: row ia (x < 2) or ib, column col
         const int i = x < 2 ? ia : ib, col = 16 * M + 8 * nt + 2 * t + (x & 1);
-        if (M < I || i > col) X[i * kLx + col] = bsh[i] * ck[nt][x];
-        if (M < I || i >= col) aqk[i * kLx + col] = cq[nt][x];
+        if (M < I || i > col) X[i * kLx + col] = (bsh[i] * fk[i]) * ck[nt][x];
+        if (M < I || i >= col) aqk[i * kLx + col] = fq[i] * cq[nt][x];
       }
   };
   // The diagonal blocks: block I = warp / 4 belongs to warps 4I .. 4I + 3.
@@ -410,8 +413,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
       if (live) {
         const float4 gi = *reinterpret_cast<const float4*>(G + i * lg + j);
         const float4 kv = bf16x4(Ks + i * lr + j), qv = bf16x4(Qs + i * lr + j);
-        const float4 e = make_float4(exp_ftz(gi.x - gprev.x), exp_ftz(gi.y - gprev.y), exp_ftz(gi.z - gprev.z),
-                                     exp_ftz(gi.w - gprev.w));
+        const float4 e = make_float4(exp2_ftz(gi.x - gprev.x), exp2_ftz(gi.y - gprev.y), exp2_ftz(gi.z - gprev.z),
+                                     exp2_ftz(gi.w - gprev.w));
         gprev = gi;
 #pragma unroll
         for (int x = 0; x < kKpl; ++x) {
@@ -463,7 +466,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
     for (int e = u; e < dk * kChunk / 8; e += kWriters) {
       const int j = e % dk, i0 = 8 * (e / dk);
       auto kd_at = [&](int i) {
-        return __bfloat162float(Ks[i * lr + j]) * (fk[i] * exp_ftz(glast[j] - G[i * lg + j]));
+        return __bfloat162float(Ks[i * lr + j]) * (fk[i] * exp2_ftz(glast[j] - G[i * lg + j]));
       };
       uint32_t kd[4];
 #pragma unroll
@@ -471,7 +474,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
       *reinterpret_cast<uint4*>(ws + wl.kt / 2 + j * kLt + i0) = make_uint4(kd[0], kd[1], kd[2], kd[3]);
     }
     for (int j = u; j < dk; j += kWriters)
-      reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(ws) + wl.dl(j / 4))[j % 4] = exp_ftz(glast[j]);
+      reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(ws) + wl.dl(j / 4))[j % 4] = exp2_ftz(glast[j]);
   }
   __syncthreads();
   // Aqk to the workspace in bf16, eight entries per thread, and T back to zero.
@@ -507,7 +510,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
       const float4 gg = *reinterpret_cast<const float4*>(G + i * lg + j);
       const float4 qq = bf16x4(Qs + i * lr + j), kk = bf16x4(Ks + i * lr + j);
       const float qf = fq[i], kf = fk[i];
-      const float e0 = exp_ftz(gg.x), e1 = exp_ftz(gg.y), e2 = exp_ftz(gg.z), e3 = exp_ftz(gg.w);
+      const float e0 = exp2_ftz(gg.x), e1 = exp2_ftz(gg.y), e2 = exp2_ftz(gg.z), e3 = exp2_ftz(gg.w);
       *reinterpret_cast<uint2*>(ws + wl.q / 2 + i * ldw + j) =
           make_uint2(pack_bf16(qq.x * (qf * e0), qq.y * (qf * e1)), pack_bf16(qq.z * (qf * e2), qq.w * (qf * e3)));
       *reinterpret_cast<uint2*>(Qs + i * lr + j) =
