@@ -1,6 +1,6 @@
 // The bf16 KDA chunked prefill on tensor cores (SPEC 4.6, chunk 64), two launches:
 //
-// prep, a block of 512 threads per (chunk, head), two blocks per SM (≤ 64 registers, 107,264 bytes of
+// prep, a block of 512 threads per (chunk, head), two blocks per SM (≤ 64 registers, 108,288 bytes of
 // shared memory at d = 128), every chunk in parallel (dk = dv = 16, 32, 64 or 128, a template
 // argument). q, k and g go straight to shared memory by cp.async; q and k stay their raw bf16
 // values, their L2 norms become row factors fq_i = scale/‖q_i‖, fk_i = 1/‖k_i‖ applied where the
@@ -188,11 +188,13 @@ __device__ __forceinline__ void ldsm_x2_trans(uint32_t (&r)[2], const bf16* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 
-// Shared memory of the prep at d = dk = dv: G (fp32 [64][d+4]), X and T (fp32 [64][kLx]), Y (768),
-// β, fq, fk (64 each), then q and k as their bf16 inputs ([64][d+8] each). 107,264 bytes at d = 128:
-// two blocks per SM (2 × (107,264 + 1,024) ≤ 233,472).
+// Shared memory of the prep at d = dk = dv: G (fp32 [64][d+8]), X and T (fp32 [64][kLx]), Y (768),
+// β, fq, fk (64 each), then q and k as their bf16 inputs ([64][d+8] each). 108,288 bytes at d = 128:
+// two blocks per SM (2 × (108,288 + 1,024) ≤ 233,472). The rows of G are 8 words apart in the banks
+// and those of q and k 4 (mod 32), so the tensor-core blocks' reads of rows g = 0 .. 7 (8 bytes of G,
+// 4 of q or k a lane) and the ldmatrix reads of eight rows are free of bank conflicts.
 size_t prep_smem_bytes(int d) {
-  return sizeof(float) * (kChunk * (d + 4) + 2 * kChunk * kLx + 3 * 256 + 3 * kChunk) +
+  return sizeof(float) * (kChunk * (d + 8) + 2 * kChunk * kLx + 3 * 256 + 3 * kChunk) +
          sizeof(bf16) * static_cast<size_t>(2 * kChunk) * (d + 8);
 }
 
@@ -255,7 +257,7 @@ __device__ __forceinline__ bool tc_diagonal(const float* G, int lg, int dk, int 
 template <int D>
 __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s, ChunkWork cw, TcWork tw) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  constexpr int dk = D, dv = D, lg = D + 4, lr = D + 8, kWarpsP = kPrepThreads / 32;
+  constexpr int dk = D, dv = D, lg = D + 8, lr = D + 8, kWarpsP = kPrepThreads / 32;
   // Lifetimes (phases: 1 loads, 2 cumsum and norms, 3 Akk/Aqk with Kdᵀ, 4 Aqk out, 5 inverse with Qd,
   // e^G ⊙ K, 6 the merge below the diagonal blocks, 7 W/U):
   float* G = reinterpret_cast<float*>(smem_raw);  // [64][lg] g, then its cumulative sum in log2 units (1-5)
@@ -335,48 +337,37 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   // in block M, the row factor folded into the decay factor). Below the diagonal (M < I) both decay
   // factors are ≤ 1; on it (M = I) e^{G_r−G_m} ≥ 1, bounded by the block's span (tc_diagonal), and
   // only the lower triangle is stored (an entry above it may overflow; each is its own accumulator
-  // element, never stored). The sum over channels
-  // takes them in any order, so a pair of m16n8k8 k-steps covers 16 channels with lane t's k-slots
-  // t, t + 4 of the first and of the second on channels 4t .. 4t + 3: each operand row comes as one
-  // float4 of G and one 8-byte load of bf16.
+  // element, never stored). The sum over channels takes them in any order: in k-step pair p, lane t's
+  // slots t, t + 4 are channels 16p + 2t, + 1 in the first step and 16p + 8 + 2t, + 1 in the second,
+  // so each operand row comes as 8 bytes of G and 4 of bf16 a step, conflict-free (prep_smem_bytes).
   auto tc_block = [&](int I, int M) {
     const int r = 16 * I, g = lane >> 2, t = lane & 3, ia = r + g, ib = ia + 8;
     const float fkm[2] = {fk[16 * M + g], fk[16 * M + 8 + g]};
+    auto g2 = [&](int i, int c) { return *reinterpret_cast<const float2*>(G + i * lg + c); };
+    auto b2 = [&](const bf16* m, int i, int c) {
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(m + i * lr + c));
+    };
     float ck[2][4] = {}, cq[2][4] = {};
 #pragma unroll 1
-    for (int j = 4 * t; j < dk; j += 16) {  // a pair of k-steps: channels j .. j + 3 of this lane
-      const float4 gr = *reinterpret_cast<const float4*>(G + r * lg + j);
-      const float4 ga = *reinterpret_cast<const float4*>(G + ia * lg + j);
-      const float4 gb = *reinterpret_cast<const float4*>(G + ib * lg + j);
-      const float4 ea =
-          make_float4(exp2_ftz(ga.x - gr.x), exp2_ftz(ga.y - gr.y), exp2_ftz(ga.z - gr.z), exp2_ftz(ga.w - gr.w));
-      const float4 eb =
-          make_float4(exp2_ftz(gb.x - gr.x), exp2_ftz(gb.y - gr.y), exp2_ftz(gb.z - gr.z), exp2_ftz(gb.w - gr.w));
-      uint32_t ak[2][4], aq[2][4];  // per k-step: rows ia, ib at slot t, then at slot t + 4
-      {
-        const float4 ka = bf16x4(Ks + ia * lr + j), kb = bf16x4(Ks + ib * lr + j);
-        const float4 qa = bf16x4(Qs + ia * lr + j), qb = bf16x4(Qs + ib * lr + j);
-        ak[0][0] = tf32(ka.x * ea.x), ak[0][1] = tf32(kb.x * eb.x), ak[0][2] = tf32(ka.y * ea.y);
-        ak[0][3] = tf32(kb.y * eb.y), ak[1][0] = tf32(ka.z * ea.z), ak[1][1] = tf32(kb.z * eb.z);
-        ak[1][2] = tf32(ka.w * ea.w), ak[1][3] = tf32(kb.w * eb.w);
-        aq[0][0] = tf32(qa.x * ea.x), aq[0][1] = tf32(qb.x * eb.x), aq[0][2] = tf32(qa.y * ea.y);
-        aq[0][3] = tf32(qb.y * eb.y), aq[1][0] = tf32(qa.z * ea.z), aq[1][1] = tf32(qb.z * eb.z);
-        aq[1][2] = tf32(qa.w * ea.w), aq[1][3] = tf32(qb.w * eb.w);
-      }
+    for (int c0 = 2 * t; c0 < dk; c0 += 16)
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int mm = 16 * M + 8 * nt + g;
-        const float4 gm = *reinterpret_cast<const float4*>(G + mm * lg + j);
-        const float4 km = bf16x4(Ks + mm * lr + j);
-        const float f = fkm[nt];
-        const uint32_t b0 = tf32(km.x * (f * exp2_ftz(gr.x - gm.x))), b1 = tf32(km.y * (f * exp2_ftz(gr.y - gm.y)));
-        const uint32_t b2 = tf32(km.z * (f * exp2_ftz(gr.z - gm.z))), b3 = tf32(km.w * (f * exp2_ftz(gr.w - gm.w)));
-        mma_tf32(ck[nt], ak[0], b0, b1);
-        mma_tf32(cq[nt], aq[0], b0, b1);
-        mma_tf32(ck[nt], ak[1], b2, b3);
-        mma_tf32(cq[nt], aq[1], b2, b3);
+      for (int c = c0; c < c0 + 16; c += 8) {  // a k-step: channels c, c + 1 in slots t, t + 4
+        const float2 gr = g2(r, c), ga = g2(ia, c), gb = g2(ib, c);
+        const float2 ka = b2(Ks, ia, c), kb = b2(Ks, ib, c), qa = b2(Qs, ia, c), qb = b2(Qs, ib, c);
+        const float ea0 = exp2_ftz(ga.x - gr.x), ea1 = exp2_ftz(ga.y - gr.y);
+        const float eb0 = exp2_ftz(gb.x - gr.x), eb1 = exp2_ftz(gb.y - gr.y);
+        const uint32_t ak[4] = {tf32(ka.x * ea0), tf32(kb.x * eb0), tf32(ka.y * ea1), tf32(kb.y * eb1)};
+        const uint32_t aq[4] = {tf32(qa.x * ea0), tf32(qb.x * eb0), tf32(qa.y * ea1), tf32(qb.y * eb1)};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int mm = 16 * M + 8 * nt + g;
+          const float2 gm = g2(mm, c), km = b2(Ks, mm, c);
+          const float f = fkm[nt];
+          const uint32_t b0 = tf32(km.x * (f * exp2_ftz(gr.x - gm.x))), b1 = tf32(km.y * (f * exp2_ftz(gr.y - gm.y)));
+          mma_tf32(ck[nt], ak, b0, b1);
+          mma_tf32(cq[nt], aq, b0, b1);
+        }
       }
-    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
