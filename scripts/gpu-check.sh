@@ -17,7 +17,7 @@
 #    `klinear run` over 1,000 lines plus `klinear bench-serve` against `klinear serve` on it
 #    (serve_48b);
 # 5. runs the benchmarks: bench/cuda/ops_bench (klinear) and bench/cuda/fla_bench.py (FLA) on the
-#    same shapes;
+#    same shapes, nvidia-smi sampling the SM clock, power and temperature meanwhile (clocks.csv);
 # 6. runs compute-sanitizer memcheck over the GPU tests (capped: see memcheck below);
 # and writes each step's log plus summary.md (step, status, seconds; the benchmark tables) to OUTDIR.
 # The CPU suite is CI's (scripts/test.sh); KLINEAR_GPU_CHECK_CPU=1 runs it here too.
@@ -269,8 +269,15 @@ with open('/tmp/klinear-run.jsonl', 'w') as f:
   return $rc
 }
 step serve_48b serve_48b
+# The GPU's SM clock, power and temperature every 200 ms while the benchmarks run (clocks.csv; the
+# summary gives their range): lent machines differ, and a compute-bound row moves with the clock.
+nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 200 \
+  >"$out/clocks.csv" 2>/dev/null &
+clocks_pid=$!
 step ops_bench build-gpu/ops_bench all
 step fla_bench env PYTHONUNBUFFERED=1 python3 bench/cuda/fla_bench.py all
+kill "$clocks_pid" 2>/dev/null
+wait "$clocks_pid" 2>/dev/null
 if [ "${KLINEAR_GPU_CHECK_CPU:-0}" = 1 ]; then
   step cpu_ctest bash -c "cd build-gpu && ctest --output-on-failure -j $(nproc) --timeout 600 -E 'cuda_(f32|bf16)'"
 fi
@@ -297,6 +304,21 @@ step memcheck_models memcheck '*cuda_f32:*cuda_bf16-Backends/*'
   echo
   echo "## FLA (bench/cuda/fla_bench.py)"
   grep '^|' "$out/fla_bench.log" || echo "(no table)"
+  echo
+  echo "## GPU during the benchmarks (nvidia-smi every 200 ms, samples drawing over 200 W)"
+  python3 - "$out/clocks.csv" <<'PY' || echo "(no samples)"
+import statistics, sys
+rows = []
+for line in open(sys.argv[1]):
+    try:
+        rows.append([float(x) for x in line.split(",")])
+    except ValueError:
+        pass
+busy = [r for r in rows if r[1] > 200] or rows
+sm, watts, temp = ([r[i] for r in busy] for i in range(3))
+print(f"{len(busy)} of {len(rows)} samples: SM clock {min(sm):.0f} / {statistics.median(sm):.0f} / {max(sm):.0f} MHz"
+      f" (min / median / max), power median {statistics.median(watts):.0f} W, max {max(temp):.0f} C")
+PY
   echo
   echo "## GPU tests"
   grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests? from .* ran' "$out/gpu_tests.log" | tail -20
