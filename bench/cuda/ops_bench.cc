@@ -138,8 +138,8 @@ void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
       // inputs: prep writes the bf16 workspace (W, Qd, Kdᵀ, Aqk, Uᵀ per chunk and head) and the
       // state pass reads it back in chunk order.
       const double chunks = (layout.num_rows() + 63.0 * B) / 64;  // upper bound: each sequence's last chunk
-      // The workspace is padded as a state stage (rows of D + 8 and 72; e^{G_last} in W's padding).
-      const double ws_bytes = chunks * H * 2.0 * (2 * 64 * (D + 8) + (2 * D + 64) * 72);
+      // The workspace, dense: W, Qd [64, D], Kdᵀ, Uᵀ [D, 64], Aqk [64, 64] in bf16, e^{G_last} [D] in fp32.
+      const double ws_bytes = chunks * H * (2.0 * (4 * 64 * D + 64 * 64) + 4.0 * D);
       const double prep_bytes = N * H * D * (2.0 * 3 + 4) + N * H * 4.0 + ws_bytes;
       const double state_bytes = ws_bytes + N * H * D * 2.0 + 2.0 * B * H * D * D * 4;
       const double prep_flop = chunks * H * (2.0 * 64 * 64 * D + 2.0 * 64 * 64 * 2 * D);

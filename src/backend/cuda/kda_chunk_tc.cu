@@ -18,8 +18,9 @@
 //   (fp32 accumulate), the right-hand sides row-major in shared memory (ldmatrix.trans): e^G ⊙ K
 //   over raw q once q is spent, V (loaded during the merge) over raw k.
 //   It writes a bf16 workspace per (chunk, head): W [64, dk], Qd = Q⊙e^G [64, dk],
-//   Kdᵀ = (K⊙e^{G_last−G})ᵀ [dk, 64], Aqk [64, 64], Uᵀ [dv, 64], and e^{G_last} [dk] in fp32, in the
-//   padded layout of a state stage (ChunkLayout).
+//   Kdᵀ = (K⊙e^{G_last−G})ᵀ [dk, 64], Aqk [64, 64], Uᵀ [dv, 64], and e^{G_last} [dk] in fp32, dense
+//   with each row's 16-byte pieces permuted (ChunkLayout, swz); W and Uᵀ as one image in shared
+//   memory, stored by two bulk copies (their mma fragments, stored directly, wrote parts of sectors).
 //   The phases follow each other with barriers between them; the second block on the SM fills the
 //   gaps (at one block per SM, 208 KB, the H200 profile showed 30% issue use, 6.3 cycles per
 //   instruction, the load latency at the start fully exposed).
@@ -70,21 +71,33 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kPrepThreads = 512;
 constexpr int kLx = kChunk + 4;  // row stride of the fp32 [64, 64] matrices (fragment reads spread over banks)
-constexpr int kLt = kChunk + 8;  // row stride of the bf16 [*, 64] matrices in shared memory (ldmatrix rows)
-
-// The bf16 workspace of one (chunk, head), offsets in bytes: W and Qd [64][dk + 8], Kdᵀ [dk][kLt],
-// Aqk [64][kLt] and Uᵀ [rows][kLt], with e^{G_last} (fp32) in the padding of W's first dk/4 rows, 16
-// bytes each (ldmatrix reads only W's first dk columns). In global memory it holds all dv rows of Uᵀ;
-// a stage of the state pass in shared memory has the same layout with the block's rows of Uᵀ only,
-// so a stage loads as two or three bulk copies (the padded rows spread ldmatrix over the banks).
+// The bf16 workspace of one (chunk, head), dense, offsets in bytes: W [64][dk] at 0, e^{G_last} [dk]
+// in fp32, Qd [64][dk], Kdᵀ [dk][64], Aqk [64][64], Uᵀ [rows][64], each bf16 array's rows with their
+// 16-byte pieces permuted (swz). In global memory it holds all dv rows of Uᵀ; a stage of the state
+// pass in shared memory has the same layout with the block's rows of Uᵀ only, so a stage loads as
+// two or three bulk copies, and the permutation spreads ldmatrix's reads over the banks there.
 struct ChunkLayout {
-  int ldk, q, kt, a, u, bytes;
+  int dl, q, kt, a, u, bytes;
   constexpr __host__ __device__ ChunkLayout(int dk, int u_rows)
-      : ldk(dk + 8), q(2 * kChunk * ldk), kt(2 * q), a(kt + 2 * dk * kLt), u(a + 2 * kChunk * kLt),
-        bytes(u + 2 * u_rows * kLt) {}
-  // e^{G_last}[4·piece ..]
-  constexpr __host__ __device__ int dl(int piece) const { return 2 * (piece * ldk + ldk - 8); }
+      : dl(2 * kChunk * dk), q(dl + 4 * dk), kt(q + 2 * kChunk * dk), a(kt + 2 * dk * kChunk),
+        u(a + 2 * kChunk * kChunk), bytes(u + 2 * u_rows * kChunk) {}
 };
+
+// The permutation of a dense bf16 array of rows of kLd elements (n = kLd / 8 pieces of 16 bytes):
+// row r's piece c is stored as piece c ^ swz_key(r), so that eight rows from a multiple of 8 give
+// one column's pieces from eight distinct 16-byte bank groups (ldmatrix, and the state pass's reads
+// of Uᵀ). With n ≥ 8 the key is r mod 8; with fewer, 8 / n rows share a 128-byte line and the key
+// is the line's index mod n. A row offset by a multiple of 8 keeps its key.
+template <int kLd>
+__host__ __device__ constexpr int swz_key(int r) {
+  constexpr int n = kLd / 8;
+  return n >= 8 ? (r & 7) : ((r * n / 8) & (n - 1));
+}
+// The byte offset of element (r, c).
+template <int kLd>
+__host__ __device__ constexpr int swz(int r, int c) {
+  return 2 * r * kLd + 16 * ((c >> 3) ^ swz_key<kLd>(r)) + 2 * (c & 7);
+}
 
 struct TcWork {
   bf16* ws;  // [chunks, H, ChunkLayout(dk, dv).bytes / 2]
@@ -158,20 +171,28 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
+// A lane's ldmatrix address in a permuted (swz) [rows][kLd] bf16 array in shared memory: the
+// shared-space address of its row (lrow below a multiple of 8: see the state pass) and its key, the
+// lane's column half (lcol / 8) folded in, so that the piece of k-step ks is (2ks) ^ key.
+struct SwzLane {
+  uint32_t row;
+  int key;
+};
+
 // acc (kNt n-tiles of 8 columns) += A·B over kKs k-steps: a holds the bf16 A fragments of each
-// k-step; B's column r at k-step ks is row r, columns 16ks .. 16ks + 15 of a [n][kLd] bf16 array in
-// shared memory, of which `b` is this lane's ldmatrix address (the shared-space address of row
-// lrow, column lcol: see the state pass), so every other address is b plus a constant. One k-step
-// at a time: its B fragments are loaded together, then the mma's run on independent accumulators.
+// k-step; B's column r at k-step ks is row r, columns 16ks .. 16ks + 15 of a permuted [n][kLd] bf16
+// array in shared memory, of which `b` is this lane's ldmatrix address. One k-step at a time: its B
+// fragments are loaded together, then the mma's run on independent accumulators.
 // kLower: B is zero where its 16-block of k lies past its 16-block of n (Aqk: zero above its
 // diagonal), so n-tiles 2p, 2p + 1 take k-steps ≤ p only.
 template <int kLd, bool kLower = false, int kKs, int kNt>
-__device__ __forceinline__ void mma_steps(float (&acc)[kNt][4], const uint32_t (&a)[kKs][4], uint32_t b) {
+__device__ __forceinline__ void mma_steps(float (&acc)[kNt][4], const uint32_t (&a)[kKs][4], SwzLane b) {
 #pragma unroll
   for (int ks = 0; ks < kKs; ++ks) {
     uint32_t bq[kNt / 2][4];
+    const uint32_t col = b.row + 16 * ((2 * ks) ^ b.key);
 #pragma unroll
-    for (int np = kLower ? ks : 0; np < kNt / 2; ++np) ldsm_x4(bq[np], b + 2 * (16 * np * kLd + 16 * ks));
+    for (int np = kLower ? ks : 0; np < kNt / 2; ++np) ldsm_x4(bq[np], col + 2 * 16 * np * kLd);
 #pragma unroll
     for (int np = kLower ? ks : 0; np < kNt / 2; ++np) {
       mma_bf16(acc[2 * np], a[ks], bq[np][0], bq[np][1]);
@@ -186,6 +207,48 @@ __device__ __forceinline__ void mma_steps(float (&acc)[kNt][4], const uint32_t (
 __device__ __forceinline__ void ldsm_x2_trans(uint32_t (&r)[2], const bf16* p) {
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+
+// Bulk copies (the TMA's 1-D form). The state pass's stage loads complete on a stage's mbarrier: one
+// thread arms the barrier with the stage's byte count and issues the copies; every reader waits for
+// the barrier's phase (chunk i of a walk is phase i / kStages of stage i % kStages). Prep stores W
+// and Uᵀ from shared memory.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+// Orders this thread's view of shared memory before the bulk copies issued after the next barrier
+// (its reads of a stage before a load into it; its writes of prep's image before their store).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)),
+               "r"(bytes)
+               : "memory");
+}
+// Commits this thread's bulk stores and waits until they have read shared memory (the block may exit).
+__device__ __forceinline__ void bulk_store_wait() {
+  asm volatile("cp.async.bulk.commit_group;\n\tcp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
 // Shared memory of the prep at d = dk = dv: G (fp32 [64][d+8]), X and T (fp32 [64][kLx]), Y (768),
@@ -273,9 +336,8 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   const int chunk = blockIdx.x, h = blockIdx.y, H = s.heads, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t row0 = cw.chunk_row[chunk];
   const int L = cw.chunk_len[chunk];
-  constexpr ChunkLayout wl(dk, dv);  // the workspace's offsets in bytes, halved below for bf16 elements
-  constexpr int ldw = wl.ldk;
-  bf16* ws = tw.ws + (static_cast<int64_t>(chunk) * H + h) * (wl.bytes / 2);
+  constexpr ChunkLayout wl(dk, dv);  // the workspace's offsets in bytes
+  unsigned char* ws = reinterpret_cast<unsigned char*>(tw.ws) + (static_cast<int64_t>(chunk) * H + h) * wl.bytes;
 
   // Phase 1: q, k, g straight into shared memory by cp.async (no registers held), β; zero past L.
   load_chunk_rows<D>(Qs, lr, static_cast<const bf16*>(s.q.p), row0, L, H, h, tid);
@@ -462,10 +524,9 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
       uint32_t kd[4];
 #pragma unroll
       for (int x = 0; x < 4; ++x) kd[x] = pack_bf16(kd_at(i0 + 2 * x), kd_at(i0 + 2 * x + 1));
-      *reinterpret_cast<uint4*>(ws + wl.kt / 2 + j * kLt + i0) = make_uint4(kd[0], kd[1], kd[2], kd[3]);
+      *reinterpret_cast<uint4*>(ws + wl.kt + swz<kChunk>(j, i0)) = make_uint4(kd[0], kd[1], kd[2], kd[3]);
     }
-    for (int j = u; j < dk; j += kWriters)
-      reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(ws) + wl.dl(j / 4))[j % 4] = exp2_ftz(glast[j]);
+    for (int j = u; j < dk; j += kWriters) reinterpret_cast<float*>(ws + wl.dl)[j] = exp2_ftz(glast[j]);
   }
   __syncthreads();
   // Aqk to the workspace in bf16, eight entries per thread, and T back to zero.
@@ -473,7 +534,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
     const int i = e >> 3, c = 8 * (e & 7);
     float4* src = reinterpret_cast<float4*>(aqk + i * kLx + c);
     const float4 a = src[0], b = src[1];
-    *reinterpret_cast<uint4*>(ws + wl.a / 2 + i * kLt + c) =
+    *reinterpret_cast<uint4*>(ws + wl.a + swz<kChunk>(i, c)) =
         make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
     src[0] = src[1] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -502,7 +563,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
       const float4 qq = bf16x4(Qs + i * lr + j), kk = bf16x4(Ks + i * lr + j);
       const float qf = fq[i], kf = fk[i];
       const float e0 = exp2_ftz(gg.x), e1 = exp2_ftz(gg.y), e2 = exp2_ftz(gg.z), e3 = exp2_ftz(gg.w);
-      *reinterpret_cast<uint2*>(ws + wl.q / 2 + i * ldw + j) =
+      *reinterpret_cast<uint2*>(ws + wl.q + swz<dk>(i, j)) =
           make_uint2(pack_bf16(qq.x * (qf * e0), qq.y * (qf * e1)), pack_bf16(qq.z * (qf * e2), qq.w * (qf * e3)));
       *reinterpret_cast<uint2*>(Qs + i * lr + j) =
           make_uint2(pack_bf16(kk.x * (kf * e0), kk.y * (kf * e1)), pack_bf16(kk.z * (kf * e2), kk.w * (kf * e3)));
@@ -543,7 +604,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   cp_async_wait<0>();  // V (this thread's pieces), visible to all after the barrier
   __syncthreads();
   // [W | U] = T·diag(β) · [e^G ⊙ K | V] on bf16 tensor cores: warp → 16 rows (warp % 4) and a
-  // quarter of the n-tiles; B fragments of the row-major right-hand sides by ldmatrix.trans.
+  // quarter of the n-tiles; B fragments of the row-major right-hand sides by ldmatrix.trans. W and Uᵀ
+  // go into G's dead shared memory as their workspace image (G holds 64·(dk + 8) floats).
+  unsigned char* img = reinterpret_cast<unsigned char*>(G);  // W [64][dk], permuted
+  unsigned char* img_u = img + 2 * kChunk * dk;              // Uᵀ [dv][64], permuted
   {
     const bf16* Es = Qs;  // e^G ⊙ K (phase 5)
     const bf16* Vs = Ks;  // V (phase 6)
@@ -574,28 +638,32 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
         ldsm_x2_trans(b, rhs + (16 * ks + brow) * lr);
         mma_bf16(c, a[ks], b[0], b[1]);
       }
-      const int col = n + 2 * t;
       if (n < dk) {
-        *reinterpret_cast<__nv_bfloat162*>(ws + i0 * ldw + col) = __floats2bfloat162_rn(c[0], c[1]);
-        *reinterpret_cast<__nv_bfloat162*>(ws + i1 * ldw + col) = __floats2bfloat162_rn(c[2], c[3]);
-      } else {
-        bf16* ut = ws + wl.u / 2 + (col - dk) * kLt;
-        ut[i0] = __float2bfloat16_rn(c[0]);
-        ut[kLt + i0] = __float2bfloat16_rn(c[1]);
-        ut[i1] = __float2bfloat16_rn(c[2]);
-        ut[kLt + i1] = __float2bfloat16_rn(c[3]);
+        *reinterpret_cast<uint32_t*>(img + swz<dk>(i0, n + 2 * t)) = pack_bf16(c[0], c[1]);
+        *reinterpret_cast<uint32_t*>(img + swz<dk>(i1, n + 2 * t)) = pack_bf16(c[2], c[3]);
+      } else {  // Uᵀ rows n − dk + g at positions 16mt + 2t, + 1 (and + 8): the halves transposed
+        const uint32_t lo = movmatrix_trans(pack_bf16(c[0], c[1])), hi = movmatrix_trans(pack_bf16(c[2], c[3]));
+        *reinterpret_cast<uint32_t*>(img_u + swz<kChunk>(n - dk + g, 16 * mt + 2 * t)) = lo;
+        *reinterpret_cast<uint32_t*>(img_u + swz<kChunk>(n - dk + g, 16 * mt + 8 + 2 * t)) = hi;
       }
     }
+  }
+  // W and Uᵀ to the workspace as two bulk copies (the image in shared memory is the global one).
+  fence_proxy_async();
+  __syncthreads();
+  if (tid == 0) {
+    bulk_store(ws, img, 2 * kChunk * dk);
+    bulk_store(ws + wl.u, img_u, 2 * dv * kChunk);
+    bulk_store_wait();
   }
 }
 
 // Shared memory of the state pass: kStages stages (ChunkLayout with the block's 16·warps rows of Uᵀ),
-// then the handoff, per warp pair 16·dk bf16 (Sᵀ as A fragments, lane-major 16-byte pieces), then a
-// full mbarrier per stage (the stage's bulk copies have landed). At dk = 128 and 64 columns: 3 ×
-// 71,680 + 16,384 + 24 = 231,448 bytes of the 232,448 a block may have. Three stages, not two: with
-// two, chunk i + 2 could only load once the output of chunk i is written, which would leave the
-// recurrence waiting for the load; a second handoff buffer (overlapping the partner's chunks
-// further) does not fit beside three stages.
+// then the handoff, per warp pair 16·dk bf16 (Sᵀ as A fragments, lane-major 16-byte pieces),
+// then a full mbarrier per stage (the stage's bulk copies have landed). At dk = 128 and 64 columns:
+// 3 × 66,048 + 16,384 + 24 = 214,552 bytes of the 232,448 a block may have (32 columns: 194,072).
+// Three stages, not two: with two, chunk i + 2 could only load once the output of chunk i is
+// written, which would leave the recurrence waiting for the load; a fourth does not fit.
 constexpr int kStages = 3;  // chunks in flight in the state pass's shared memory
 
 size_t state_smem_bytes(int dk, int warps) {
@@ -629,38 +697,6 @@ __device__ __forceinline__ void bar_sync(int id, int count) {
 __device__ __forceinline__ void bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
-
-// The stages' loads: bulk copies (the TMA's 1-D form) that complete on a stage's mbarrier. One thread
-// arms the barrier with the stage's byte count and issues the copies; every reader waits for the
-// barrier's phase (chunk i of a walk is phase i / kStages of stage i % kStages).
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-// Orders this thread's view of shared memory (after a barrier: every warp's reads of a stage) before
-// its later bulk copies into it.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // Warps 0..kWarps−1 run the recurrence, warps kWarps..2kWarps−1 the output; the first output thread
 // issues the loads. Warp kWarps + w is the partner of warp w (the same 16 value columns). Chunk i of
@@ -705,13 +741,14 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
   uint4* hand = reinterpret_cast<uint4*>(smem_raw + kStages * sl.bytes) + warp * nks * 32 + lane;
   uint64_t* loaded = reinterpret_cast<uint64_t*>(smem_raw + kStages * sl.bytes + kWarps * 32 * dk);
   auto vn_at = [&](int stage) {
-    return reinterpret_cast<uint4*>(smem_raw + stage * sl.bytes + sl.u + 2 * 16 * warp * kLt) + lane;
+    return reinterpret_cast<uint4*>(smem_raw + stage * sl.bytes + sl.u + 2 * 16 * warp * kChunk) + lane;
   };
   // B fragments of n-tiles (2p, 2p+1) at k-step ks of a [rows n][ld] array: lane l reads row
-  // 16p + l % 8 + 8·(l / 16), columns 16ks + 8·((l / 8) % 2) .. + 8: the lane's byte offsets in
-  // the arrays of rows dk + 8 (W, Qd) and kLt (Kdᵀ, Aqk) at p = ks = 0.
-  const int lrow = (lane & 7) + 8 * (lane >> 4), lcol = 8 * ((lane >> 3) & 1);
-  const uint32_t lane_k = 2 * (lrow * sl.ldk + lcol), lane_t = 2 * (lrow * kLt + lcol);
+  // 16p + l % 8 + 8·(l / 16), columns 16ks + 8·((l / 8) % 2) .. + 8: the lane's rows' byte offsets
+  // and keys in the arrays of rows dk (W, Qd) and 64 (Kdᵀ, Aqk).
+  const int lrow = (lane & 7) + 8 * (lane >> 4), lc = (lane >> 3) & 1;
+  const uint32_t row_k = 2 * lrow * dk, row_t = 2 * lrow * kChunk;
+  const int key_k = swz_key<dk>(lrow) ^ lc, key_t = swz_key<kChunk>(lrow) ^ lc;
   if (tid == 0)
     for (int x = 0; x < kStages; ++x) mbar_init(loaded + x);
   __syncthreads();
@@ -746,23 +783,25 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
     if (n == 0) return;
     const float keep_u = run.kind == RunKind::kMap ? 0.0f : 1.0f;  // the map runs with U = 0
     const int64_t seq_row0 = s.cu[b];
-    const int u_lane = 2 * ((16 * warp + g) * kLt + 2 * t);  // this lane's Uᵀ pair in a stage, bytes past sl.u
     for (int i = 0; i < n; ++i) {
       const int stage = i % kStages;
       const unsigned char* base = smem_raw + stage * sl.bytes;
       const uint32_t sbase = smem0 + stage * sl.bytes;
-      const unsigned char* su = base + sl.u + u_lane;
+      const unsigned char* su = base + sl.u;
       mbar_wait(loaded + stage, (i / kStages) & 1);  // chunk i is in the stage
 
       uint32_t sa[nks][4];  // Sᵀ as bf16 A fragments
       to_a_fragments(S, sa);
       // Vnᵀ = Uᵀ − Sᵀ·Wᵀ (16 value columns × 64 positions)
       float vn[kChunk / 8][4] = {};
-      mma_steps<sl.ldk>(vn, sa, sbase + lane_k);
+      mma_steps<dk>(vn, sa, SwzLane{sbase + row_k, key_k});
 #pragma unroll
       for (int nt = 0; nt < kChunk / 8; ++nt) {
-        const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(su + 16 * nt));
-        const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(su + 16 * nt + 16 * kLt));
+        auto u_at = [&](int r) {  // Uᵀ at row 16·warp + r, positions 8nt + 2t, + 1
+          const int at = swz<kChunk>(16 * warp + r, 8 * nt + 2 * t);
+          return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(su + at));
+        };
+        const float2 u0 = u_at(g), u1 = u_at(g + 8);
         vn[nt][0] = keep_u * u0.x - vn[nt][0], vn[nt][1] = keep_u * u0.y - vn[nt][1];
         vn[nt][2] = keep_u * u1.x - vn[nt][2], vn[nt][3] = keep_u * u1.y - vn[nt][3];
       }
@@ -778,14 +817,14 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
 #pragma unroll
       for (int ks = 0; ks < nks; ++ks) hand[32 * ks] = make_uint4(sa[ks][0], sa[ks][1], sa[ks][2], sa[ks][3]);
       bar_arrive(kFull + warp, 64);
-      // Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd: e^{G_last}[8nt + 2t ..] is in W's row 2nt + t / 2.
-      const float* dl = reinterpret_cast<const float*>(base + sl.dl(t >> 1)) + 2 * (t & 1);
+      // Sᵀ ← Sᵀ·diag(e^{G_last}) + Vnᵀ·Kd
+      const float* dl = reinterpret_cast<const float*>(base + sl.dl) + 2 * t;
 #pragma unroll
       for (int nt = 0; nt < nkt; ++nt) {
-        const float2 d = *reinterpret_cast<const float2*>(dl + nt * sl.ldk);
+        const float2 d = *reinterpret_cast<const float2*>(dl + 8 * nt);
         S[nt][0] *= d.x, S[nt][1] *= d.y, S[nt][2] *= d.x, S[nt][3] *= d.y;
       }
-      mma_steps<kLt>(S, va, sbase + sl.kt + lane_t);
+      mma_steps<kChunk>(S, va, SwzLane{sbase + sl.kt + row_t, key_t});
       if (i + kStages < n) bar_arrive(kFree + stage, kAll);
       if (output && cw.snaps > 0) {
         const int c = c_begin + i;
@@ -805,7 +844,7 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
     unsigned char* dst = smem_raw + stage * sl.bytes;
     const unsigned char* src =
         reinterpret_cast<const unsigned char*>(tw.ws) + (static_cast<int64_t>(c_begin + i) * H + h) * wl.bytes;
-    constexpr uint32_t kUBytes = 2 * kBv * kLt;
+    constexpr uint32_t kUBytes = 2 * kBv * kChunk;
     if (output) {
       mbar_expect_tx(loaded + stage, sl.u + kUBytes);
       bulk_load(dst, src, sl.u, loaded + stage);
@@ -814,7 +853,7 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
       bulk_load(dst, src, sl.q, loaded + stage);
       bulk_load(dst + sl.kt, src + sl.kt, sl.a - sl.kt, loaded + stage);
     }
-    bulk_load(dst + sl.u, src + sl.u + 2 * vblk * kLt, kUBytes, loaded + stage);
+    bulk_load(dst + sl.u, src + sl.u + 2 * vblk * kChunk, kUBytes, loaded + stage);
   };
   const bool loader = tid == kRec;
   if (loader)
@@ -840,8 +879,8 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
     if (i + 1 < n) bar_arrive(kEmpty + warp, 64);
     if (output) {  // Oᵀ = Sᵀ·Qdᵀ + Vnᵀ·Aqkᵀ with the chunk-start state, written for the chunk's live rows
       float o[kChunk / 8][4] = {};
-      mma_steps<sl.ldk>(o, sa, sbase + sl.q + lane_k);
-      mma_steps<kLt, true>(o, va, sbase + sl.a + lane_t);
+      mma_steps<dk>(o, sa, SwzLane{sbase + sl.q + row_k, key_k});
+      mma_steps<kChunk, true>(o, va, SwzLane{sbase + sl.a + row_t, key_t});
       const int64_t row0 = cw.chunk_row[c];
       const int L = cw.chunk_len[c];
       bf16* oc = out + (row0 * H + h) * dv + v0 + 2 * t;  // row 0 of the chunk, this lane's first pair
