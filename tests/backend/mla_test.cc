@@ -168,8 +168,12 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
     Tensor expanded = poisoned({n, c.heads, c.v}), absorbed = poisoned({n, c.heads, c.v});
     be().mla_prefill(MlaArgs{dq, dpages, dkv_b, scale, expanded}, layout);
     be().mla_decode(MlaArgs{dq, dpages, dkv_b, scale, absorbed}, layout);
+    // The absorbed form rounds two more intermediates to the activation dtype than the expanded
+    // one (q_n·W_UK and the latent output before W_UV): in bf16 it has half the tolerance again (the
+    // 48B shape's 1,000-key rows measured a worst row of 0.0203 against 0.02 once in ~10 runs).
+    const double absorbed_tol = act() == DType::kBF16 ? 1.5 * tol() : tol();
     EXPECT_TRUE(testing::all_close(host(expanded), expect, tol())) << "prefill (expanded)";
-    EXPECT_TRUE(testing::all_close(host(absorbed), expect, tol())) << "decode (absorbed)";
+    EXPECT_TRUE(testing::all_close(host(absorbed), expect, absorbed_tol)) << "decode (absorbed)";
 #if KLINEAR_WITH_CUDA
     if (auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be())) {
       // bf16 rows of the head shape q/k 128 + 64, v 128 (the 48B rows among them) run FlashInfer's.
@@ -182,7 +186,7 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
       for (const auto kernel : {cuda::MlaDecodeKernel::kFlashInfer, cuda::MlaDecodeKernel::kOwn}) {
         Tensor named = poisoned({n, c.heads, c.v});
         cuda->mla_decode(MlaArgs{dq, dpages, dkv_b, scale, named}, layout, kernel);
-        EXPECT_TRUE(testing::all_close(host(named), expect, tol()))
+        EXPECT_TRUE(testing::all_close(host(named), expect, absorbed_tol))
             << "decode (absorbed) on " << (kernel == cuda::MlaDecodeKernel::kFlashInfer ? "FlashInfer's" : "mla.cu's") << " kernel";
       }
     }
