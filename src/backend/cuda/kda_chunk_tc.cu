@@ -100,7 +100,7 @@ __host__ __device__ constexpr int swz(int r, int c) {
 }
 
 struct TcWork {
-  bf16* ws;  // [chunks, H, ChunkLayout(dk, dv).bytes / 2]
+  unsigned char* ws;  // [chunks, H, ChunkLayout(dk, dv).bytes]
 };
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   const int64_t row0 = cw.chunk_row[chunk];
   const int L = cw.chunk_len[chunk];
   constexpr ChunkLayout wl(dk, dv);  // the workspace's offsets in bytes
-  unsigned char* ws = reinterpret_cast<unsigned char*>(tw.ws) + (static_cast<int64_t>(chunk) * H + h) * wl.bytes;
+  unsigned char* ws = tw.ws + (static_cast<int64_t>(chunk) * H + h) * wl.bytes;
 
   // Phase 1: q, k, g straight into shared memory by cp.async (no registers held), β; zero past L.
   load_chunk_rows<D>(Qs, lr, static_cast<const bf16*>(s.q.p), row0, L, H, h, tid);
@@ -842,8 +842,7 @@ __global__ void __launch_bounds__(64 * kWarps, 1) kda_tc_state_kernel(KdaStep s,
   auto issue = [&](int i) {
     const int stage = i % kStages;
     unsigned char* dst = smem_raw + stage * sl.bytes;
-    const unsigned char* src =
-        reinterpret_cast<const unsigned char*>(tw.ws) + (static_cast<int64_t>(c_begin + i) * H + h) * wl.bytes;
+    const unsigned char* src = tw.ws + (static_cast<int64_t>(c_begin + i) * H + h) * wl.bytes;
     constexpr uint32_t kUBytes = 2 * kBv * kChunk;
     if (output) {
       mbar_expect_tx(loaded + stage, sl.u + kUBytes);
@@ -1062,7 +1061,7 @@ void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables&
   const ChunkLayout wl(s.dk, s.dv);
   const int64_t chunks = std::max<int64_t>(ct.chunks, 1);
   const Tensor ws = be.alloc(DType::kBF16, {chunks, s.heads, wl.bytes / 2});
-  const TcWork tw{ws.data_as<bf16>()};
+  const TcWork tw{ws.data_as<unsigned char>()};
   if (v.stages != KdaChunkStages::kStateOnly && ct.chunks > 0) {
     auto prep = s.dk == 16 ? kda_tc_prep_kernel<16>
               : s.dk == 32 ? kda_tc_prep_kernel<32>
