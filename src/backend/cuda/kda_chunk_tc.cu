@@ -405,9 +405,10 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   // into the decay factor). Below the diagonal (M < I) r = 16I, the block's first row, and both decay
   // factors are ≤ 1; on it (M = I) r = 16I + 8, its middle row, and each factor is ≥ 1 on one side
   // of r, bounded by the half's span (tc_diagonal); only the lower triangle is stored (an entry above
-  // it, i < r ≤ m, may overflow; each is its own accumulator element, never stored). The sum over channels takes them in any order: in k-step pair p, lane t's
-  // slots t, t + 4 are channels 16p + 2t, + 1 in the first step and 16p + 8 + 2t, + 1 in the second,
-  // so each operand row comes as 8 bytes of G and 4 of bf16 a step, conflict-free (prep_smem_bytes).
+  // it, i < r ≤ m, may overflow; each is its own accumulator element, never stored). The sum over
+  // channels takes them in any order: in k-step pair p, lane t's slots t, t + 4 are channels
+  // 16p + 2t, + 1 in the first step and 16p + 8 + 2t, + 1 in the second, so each operand row comes
+  // as 8 bytes of G and 4 of bf16 a step, conflict-free (prep_smem_bytes).
   auto tc_block = [&](int I, int M) {
     const int r = 16 * I + (M < I ? 0 : 8), g = lane >> 2, t = lane & 3, ia = 16 * I + g, ib = ia + 8;
     const float fkm[2] = {fk[16 * M + g], fk[16 * M + 8 + g]};
@@ -1066,7 +1067,7 @@ void kda_chunked_tc_launch(CudaBackend& be, const KdaStep& s, const ChunkTables&
   const int64_t num_seqs = layout.num_seqs();
   const ChunkLayout wl(s.dk, s.dv);
   const int64_t chunks = std::max<int64_t>(ct.chunks, 1);
-  const Tensor ws = be.alloc(DType::kBF16, {chunks, s.heads, wl.bytes / 2});
+  const Tensor ws = be.alloc(DType::kU8, {chunks, s.heads, wl.bytes});
   const TcWork tw{ws.data_as<unsigned char>()};
   if (v.stages != KdaChunkStages::kStateOnly && ct.chunks > 0) {
     auto prep = s.dk == 16 ? kda_tc_prep_kernel<16>
