@@ -10,6 +10,9 @@ klinear's kda_recurrent row; then the whole decode layer after the projections a
 compose it (a conv update for each of q, k and v with SiLU, the recurrent kernel, the sigmoid-gated
 RMSNorm), the same work as klinear's fused kda_decode row. Median of timed repeats with CUDA events
 after warm-up; random inputs.
+
+usage: fla_bench.py [all | kda | kda_decode] [SHAPE]: the rows of a group whose shape contains SHAPE
+(as bench/cuda/ops_bench's second argument), e.g. fla_bench.py kda "T=16384 H=32".
 """
 import math
 import sys
@@ -57,6 +60,12 @@ def inputs(b, t, h, d, dev):
 
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if what in ("-h", "--help"):
+        print(__doc__)
+        return
+    if what not in ("all", "kda", "kda_decode"):
+        sys.exit(f"fla_bench.py: unknown group {what!r}\n{__doc__}")
+    wanted = sys.argv[2] if len(sys.argv) > 2 else ""
     dev = "cuda"
     h, d = 32, 128
     print("| op | shape | ms (median) | FLOP | bytes | floor ms | of floor |\n|---|---|---|---|---|---|---|")
@@ -65,6 +74,9 @@ def main():
         for lens, heads in (([4096], 32), ([16384], 32), ([65536], 32), ([2048] * 8, 32), ([16384], 16), ([16384], 8)):
             for lb in (None, -5.0) if heads == 32 else (None,):
                 n, b = sum(lens), len(lens)
+                shape = f"B={b} T={n // b} H={heads} D=128 {'softplus' if lb is None else 'lower-bound'}"
+                if wanted not in shape:
+                    continue
                 q, k, v, f, beta, a_log, dt_bias = inputs(1, n, heads, d, dev)
                 s0 = torch.rand(b, heads, d, d, device=dev, dtype=torch.float32) * 0.2 - 0.1
                 cu = torch.tensor([0] + list(__import__("itertools").accumulate(lens)), device=dev, dtype=torch.long)
@@ -79,11 +91,12 @@ def main():
                     ms = time_ms(run)
                 nbytes = n * heads * d * (2.0 * 4 + 4) + n * heads * 4.0 + 2.0 * b * heads * d * d * 4
                 flop = n * heads * 2.0 * (4.0 * 64 * d + 3.0 * d * d)
-                row("FLA chunk_kda", f"B={b} T={n // b} H={heads} D=128 {'softplus' if lb is None else 'lower-bound'}",
-                    ms, flop, nbytes)
+                row("FLA chunk_kda", shape, ms, flop, nbytes)
     if what in ("all", "kda_decode"):
         taps = 4
         for b in (1, 64, 256):
+            if wanted not in f"B={b} T=1 H=32 D=128 softplus" and wanted not in f"B={b} H=32 D=128 softplus":
+                continue
             q, k, v, f, beta, a_log, dt_bias = inputs(b, 1, h, d, dev)
             pool = torch.rand(b, h, d, d, device=dev, dtype=torch.float32) * 0.2 - 0.1
             slots = torch.arange(b, device=dev, dtype=torch.int32)
