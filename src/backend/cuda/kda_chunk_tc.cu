@@ -6,11 +6,13 @@
 // values, their L2 norms become row factors fq_i = scale/‖q_i‖, fk_i = 1/‖k_i‖ applied where the
 // rows are consumed; G = cumsum(g) in fp32 (segments of rows in registers, then their carries).
 //   The decayed dots Akk (β included: L) and Aqk:
-//   - the ten 16×16 blocks on or below the diagonal with tf32 mma.sync m16n8k8 about a reference row
-//     r (the first row of the later block; a diagonal block's middle row), a warp each:
-//     q_i·fq_i·e^{G_i−G_r} and k_m·fk_m·e^{G_r−G_m}; below the diagonal both factors are ≤ 1; a
-//     diagonal block takes this path when its decay keeps both within e^{±80} (always under the
-//     lower-bound gate), else
+//   - the ten 16×16 blocks on or below the diagonal with tf32 mma.sync m16n8k8 about reference rows
+//     r: q_i·fq_i·e^{G_i−G_r} and k_m·fk_m·e^{G_r−G_m}; below the diagonal, a warp each, r is the
+//     later block's first row and both factors are ≤ 1; a diagonal block on one warp about its middle
+//     row, or where its decay is too steep for that, as three 8×8 quadrants on two warps, the
+//     lower-left about its row 8 (factors ≤ 1), the two on the diagonal about their middle rows 4 and
+//     12; either when the decay keeps the factors within e^{±80} (always the first under the
+//     lower-bound gate: tc_diagonal), else
 //   - exactly, the dots of raw rows against k_m ⊙ e^{G_i−G_m} as running products of e^{G_i−G_{i−1}}
 //     (factors ≤ 1: strong decay underflows to 0, never overflows; one exp per row and channel
 //     serves a lane's keys), times the row factors, on the block's four warps.
@@ -60,6 +62,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/kda_chunk.cuh"
@@ -304,22 +307,33 @@ __device__ __forceinline__ void product_row4(float* dst, const float* a, const f
   *reinterpret_cast<float4*>(dst) = make_float4(sign * acc.x, sign * acc.y, sign * acc.z, sign * acc.w);
 }
 
-// Whether diagonal block I (rows 16I .. 16I + 15) of a chunk's dots may run on tensor cores about its
-// middle row r = 16I + 8: every channel's decay over each half, G_{16I} − G_r (8 steps) and
-// G_r − G_{16I+15} (7 steps), is at most kTcSpan, so the factors e^{G_i−G_r} and e^{G_r−G_m} lie in
-// [e^{−80}, e^{80}]: normal floats, finite. Always so under the lower-bound gate (8 · 5 = 40); the
-// softplus gate's strong decay takes the exact path. About the middle row a block passes with about
-// twice the decay it could have about its first (ops_bench's softplus draws, estimated from their
-// distribution: ~45 % of the diagonal blocks exact, ~60 % about the first row). A NaN span takes the
-// exact path. Warp-uniform: the lanes vote. (G in log2 units.)
+// How diagonal block I (rows 16I .. 16I + 15) of a chunk's dots runs (tc_block): on tensor cores
+// about reference rows r, where every channel's decay on each side of each r is at most kTcSpan so
+// that the factors e^{G_i−G_r} and e^{G_r−G_m} lie in [e^{−80}, e^{80}] (normal floats, finite):
+//   kMiddle, on one warp, about its middle row r = 16I + 8: G_{16I} − G_r and G_r − G_{16I+15}
+//   (8 and 7 steps); always so under the lower-bound gate (8 · 5 = 40);
+//   kQuadrants, on two warps, as three 8×8 quadrants: the two on the diagonal about their middle
+//   rows 16I + 4 and 16I + 12 (spans of 4 or 3 steps), the lower-left about row 16I + 8 (factors
+//   ≤ 1 whatever the decay);
+//   else kExact, the running products on the block's four warps.
+// ops_bench's softplus draws, estimated from their distribution over three draws of the heads' A:
+// 39-59 % of the diagonal blocks middle, 11-29 % quadrants, 24-32 % exact (41-61 % would be exact
+// with the middle row alone). A NaN span takes the exact path. Warp-uniform: the lanes vote. (G in
+// log2 units.)
+enum class DiagPath { kMiddle, kQuadrants, kExact };
 constexpr float kTcSpan = 80.0f;
-__device__ __forceinline__ bool tc_diagonal(const float* G, int lg, int dk, int I, int lane) {
-  bool ok = true;
+__device__ __forceinline__ DiagPath tc_diagonal(const float* G, int lg, int dk, int I, int lane) {
+  constexpr float kMax = kTcSpan * kLog2e;  // compared one by one: fmaxf would pass a NaN over
+  bool middle = true, quadrants = true;
   for (int c = lane; c < dk; c += 32) {
-    const float top = G[16 * I * lg + c], mid = G[(16 * I + 8) * lg + c], end = G[(16 * I + 15) * lg + c];
-    ok = ok && top - mid <= kTcSpan * kLog2e && mid - end <= kTcSpan * kLog2e;
+    const float* col = G + 16 * I * lg + c;
+    const float g0 = col[0], g4 = col[4 * lg], g7 = col[7 * lg], g8 = col[8 * lg], g12 = col[12 * lg],
+                g15 = col[15 * lg];
+    middle = middle && g0 - g8 <= kMax && g8 - g15 <= kMax;
+    quadrants = quadrants && g0 - g4 <= kMax && g4 - g7 <= kMax && g8 - g12 <= kMax && g12 - g15 <= kMax;
   }
-  return __all_sync(0xffffffffu, ok);
+  if (__all_sync(0xffffffffu, middle)) return DiagPath::kMiddle;
+  return __all_sync(0xffffffffu, quadrants) ? DiagPath::kQuadrants : DiagPath::kExact;
 }
 
 // D = dk = dv (compile time: the index arithmetic is shifts). Two blocks per SM: 64 registers.
@@ -399,46 +413,68 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   // Aqk is built in fp32 in T (zeroed: above the diagonal stays 0), L in X; the dots run on raw q, k
   // and take the row factors at the end.
   float* aqk = T;
-  // A block (I, M), M ≤ I, of both dots on tf32 tensor cores about a reference row r, one warp,
-  // plain stores: operands q_i·e^{G_i−G_r} and k_i·e^{G_i−G_r} (i in block I; their row factors fq_i,
-  // fk_i scale the sums at the end) against k_m·fk_m·e^{G_r−G_m} (m in block M, the row factor folded
-  // into the decay factor). Below the diagonal (M < I) r = 16I, the block's first row, and both decay
-  // factors are ≤ 1; on it (M = I) r = 16I + 8, its middle row, and each factor is ≥ 1 on one side
-  // of r, bounded by the half's span (tc_diagonal); only the lower triangle is stored (an entry above
-  // it, i < r ≤ m, may overflow; each is its own accumulator element, never stored). The sum over
-  // channels takes them in any order: in k-step pair p, lane t's slots t, t + 4 are channels
-  // 16p + 2t, + 1 in the first step and 16p + 8 + 2t, + 1 in the second, so each operand row comes
-  // as 8 bytes of G and 4 of bf16 a step, conflict-free (prep_smem_bytes).
-  auto tc_block = [&](int I, int M) {
-    const int r = 16 * I + (M < I ? 0 : 8), g = lane >> 2, t = lane & 3, ia = 16 * I + g, ib = ia + 8;
+  // A block (I, M), M ≤ I, of both dots on tf32 tensor cores, one warp, plain stores: operands
+  // q_i·e^{G_i−G_r} and k_i·e^{G_i−G_r} (i in block I; their row factors fq_i, fk_i scale the sums at
+  // the end) against k_m·fk_m·e^{G_r−G_m} (m in block M, the row factor folded into the decay
+  // factor), about reference rows r (tc_diagonal bounds a factor ≥ 1). `TcPart::kWhole`: the block
+  // about one row, below the diagonal (M < I) r = 16I, the block's first row, where both factors are
+  // ≤ 1; on it (M = I) r = 16I + 8, its middle row. As quadrants, each its own mma's with the other
+  // rows' operands zero, on two warps: columns 16I .. 16I + 7 (kDiagLeft) by rows 16I .. 16I + 7
+  // about r = 16I + 4 and by rows 16I + 8 .. 16I + 15 about r = 16I + 8 (factors ≤ 1), into the same
+  // accumulators; columns 16I + 8 .. 16I + 15 (kDiagRight) by rows 16I + 8 .. 16I + 15 about
+  // r = 16I + 12 (three quadrants cost a warp about 1.5 blocks, so a block that allows it runs about
+  // its middle row, and the right quadrant goes to a second warp). Only the lower triangle is
+  // stored. The sum over channels takes them in any order: in k-step pair p, lane t's slots t, t + 4
+  // are channels 16p + 2t, + 1 in the first step and 16p + 8 + 2t, + 1 in the second, so each operand
+  // row comes as 8 bytes of G and 4 of bf16 a step, conflict-free (prep_smem_bytes).
+  struct RowPair {  // a row's two channels of k and q and their decay factors; {} is a row left out
+    float2 k, q, e;
+  };
+  enum class TcPart { kWhole, kDiagLeft, kDiagRight };
+  auto tc_block = [&](int I, int M, auto part) {
+    constexpr TcPart kPart = decltype(part)::value;
+    constexpr int nt_begin = kPart == TcPart::kDiagRight ? 1 : 0, nt_end = kPart == TcPart::kDiagLeft ? 1 : 2;
+    const int g = lane >> 2, t = lane & 3, ia = 16 * I + g, ib = ia + 8;
     const float fkm[2] = {fk[16 * M + g], fk[16 * M + 8 + g]};
     auto g2 = [&](int i, int c) { return *reinterpret_cast<const float2*>(G + i * lg + c); };
     auto b2 = [&](const bf16* m, int i, int c) {
       return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(m + i * lr + c));
     };
+    auto decay = [](float2 gi, float2 gr) { return make_float2(exp2_ftz(gi.x - gr.x), exp2_ftz(gi.y - gr.y)); };
     float ck[2][4] = {}, cq[2][4] = {};
+    // Both dots of n-tile nt at channels c, c + 1, rows ia and ib against the keys about row G gr.
+    auto dots = [&](int nt, int c, float2 gr, RowPair a, RowPair b) {
+      const int mm = 16 * M + 8 * nt + g;
+      const float2 gm = g2(mm, c), km = b2(Ks, mm, c);
+      const float f = fkm[nt];
+      const uint32_t b0 = tf32(km.x * (f * exp2_ftz(gr.x - gm.x))), b1 = tf32(km.y * (f * exp2_ftz(gr.y - gm.y)));
+      const uint32_t ak[4] = {tf32(a.k.x * a.e.x), tf32(b.k.x * b.e.x), tf32(a.k.y * a.e.y), tf32(b.k.y * b.e.y)};
+      const uint32_t aq[4] = {tf32(a.q.x * a.e.x), tf32(b.q.x * b.e.x), tf32(a.q.y * a.e.y), tf32(b.q.y * b.e.y)};
+      mma_tf32(ck[nt], ak, b0, b1);
+      mma_tf32(cq[nt], aq, b0, b1);
+    };
 #pragma unroll 1
     for (int c0 = 2 * t; c0 < dk; c0 += 16)
 #pragma unroll
       for (int c = c0; c < c0 + 16; c += 8) {  // a k-step: channels c, c + 1 in slots t, t + 4
-        const float2 gr = g2(r, c), ga = g2(ia, c), gb = g2(ib, c);
+        const float2 ga = g2(ia, c), gb = g2(ib, c);
         const float2 ka = b2(Ks, ia, c), kb = b2(Ks, ib, c), qa = b2(Qs, ia, c), qb = b2(Qs, ib, c);
-        const float ea0 = exp2_ftz(ga.x - gr.x), ea1 = exp2_ftz(ga.y - gr.y);
-        const float eb0 = exp2_ftz(gb.x - gr.x), eb1 = exp2_ftz(gb.y - gr.y);
-        const uint32_t ak[4] = {tf32(ka.x * ea0), tf32(kb.x * eb0), tf32(ka.y * ea1), tf32(kb.y * eb1)};
-        const uint32_t aq[4] = {tf32(qa.x * ea0), tf32(qb.x * eb0), tf32(qa.y * ea1), tf32(qb.y * eb1)};
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const int mm = 16 * M + 8 * nt + g;
-          const float2 gm = g2(mm, c), km = b2(Ks, mm, c);
-          const float f = fkm[nt];
-          const uint32_t b0 = tf32(km.x * (f * exp2_ftz(gr.x - gm.x))), b1 = tf32(km.y * (f * exp2_ftz(gr.y - gm.y)));
-          mma_tf32(ck[nt], ak, b0, b1);
-          mma_tf32(cq[nt], aq, b0, b1);
+        if constexpr (kPart == TcPart::kWhole) {
+          const float2 gr = g2(16 * I + (M < I ? 0 : 8), c);
+          const RowPair a{ka, qa, decay(ga, gr)}, b{kb, qb, decay(gb, gr)};
+          dots(0, c, gr, a, b);
+          dots(1, c, gr, a, b);
+        } else if constexpr (kPart == TcPart::kDiagLeft) {
+          const float2 g4 = g2(16 * I + 4, c), g8 = g2(16 * I + 8, c);
+          dots(0, c, g4, RowPair{ka, qa, decay(ga, g4)}, RowPair{});
+          dots(0, c, g8, RowPair{}, RowPair{kb, qb, decay(gb, g8)});
+        } else {
+          const float2 g12 = g2(16 * I + 12, c);
+          dots(1, c, g12, RowPair{}, RowPair{kb, qb, decay(gb, g12)});
         }
       }
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = nt_begin; nt < nt_end; ++nt)
 #pragma unroll
       for (int x = 0; x < 4; ++x) {  // accumulator x: row ia (x < 2) or ib, column col
         const int i = x < 2 ? ia : ib, col = 16 * M + 8 * nt + 2 * t + (x & 1);
@@ -448,8 +484,12 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   };
   // The diagonal blocks: block I = warp / 4 belongs to warps 4I .. 4I + 3.
   const int dblk = warp >> 2;
-  if (tc_diagonal(G, lg, dk, dblk, lane)) {
-    if ((warp & 3) == 0) tc_block(dblk, dblk);
+  const DiagPath path = tc_diagonal(G, lg, dk, dblk, lane);
+  if (path == DiagPath::kMiddle) {
+    if ((warp & 3) == 0) tc_block(dblk, dblk, std::integral_constant<TcPart, TcPart::kWhole>{});
+  } else if (path == DiagPath::kQuadrants) {
+    if ((warp & 3) == 0) tc_block(dblk, dblk, std::integral_constant<TcPart, TcPart::kDiagLeft>{});
+    if ((warp & 3) == 1) tc_block(dblk, dblk, std::integral_constant<TcPart, TcPart::kDiagRight>{});
   } else {
     // Exact, for a block whose decay is too steep for the tensor cores' factors: warp 4I + x takes
     // keys 16I + 4x .. 16I + 4x + 3. A lane holds kKpl consecutive keys m_x = mk + x on one slice
@@ -512,13 +552,14 @@ __global__ void __launch_bounds__(kPrepThreads, 2) kda_tc_prep_kernel(KdaStep s,
   }
   // The six blocks (I, M) below the diagonal ones, a warp each, go to warps with little exact
   // diagonal work (16 − 4·(warp % 4) rows, when their block has any): warps 4I + 3, then 2 and 6.
-  // The six other warps with none of them (1, 5, 9, 13, 10, 14) write Kdᵀ (eight positions of a
-  // channel each) and e^{G_last}, which need only G, k and fk.
+  // The six other warps with none of them (1, 5, 9, 13, 10, 14; the first four after their diagonal
+  // block's right quadrant, if it runs as quadrants) write Kdᵀ (eight positions of a channel each)
+  // and e^{G_last}, which need only G, k and fk.
   if ((warp & 3) == 3 || warp == 2 || warp == 6) {
     const int blk = (warp & 3) == 3 ? warp >> 2 : 4 + (warp >> 2);
     // blocks (1,0), (2,0), (2,1), (3,0), (3,1), (3,2) in order (arithmetic: a table would sit in local memory)
     const int I = blk < 1 ? 1 : blk < 3 ? 2 : 3, M = blk - I * (I - 1) / 2;
-    tc_block(I, M);
+    tc_block(I, M, std::integral_constant<TcPart, TcPart::kWhole>{});
   } else if ((warp & 3) != 0) {
     const int u = 32 * ((warp & 3) == 1 ? warp >> 2 : 2 + (warp >> 2)) + lane;  // warps 1, 5, 9, 13, 10, 14
     constexpr int kWriters = 6 * 32;
