@@ -95,7 +95,8 @@ def main():
     if what in ("all", "kda_decode"):
         taps = 4
         for b in (1, 64, 256):
-            if wanted not in f"B={b} T=1 H=32 D=128 softplus" and wanted not in f"B={b} H=32 D=128 softplus":
+            recurrent_shape, layer_shape = f"B={b} T=1 H=32 D=128 softplus", f"B={b} H=32 D=128 softplus"
+            if wanted not in recurrent_shape and wanted not in layer_shape:
                 continue
             q, k, v, f, beta, a_log, dt_bias = inputs(b, 1, h, d, dev)
             pool = torch.rand(b, h, d, d, device=dev, dtype=torch.float32) * 0.2 - 0.1
@@ -109,7 +110,7 @@ def main():
             with torch.inference_mode():
                 ms = time_ms(lambda: recurrent(q, k, v))
             nbytes = b * h * d * (2.0 * 4 + 4) + b * h * 4.0 + 2.0 * b * h * d * d * 4
-            row("FLA fused_recurrent", f"B={b} T=1 H=32 D=128 softplus", ms, b * h * 4.0 * d * d, nbytes)
+            row("FLA fused_recurrent", recurrent_shape, ms, b * h * 4.0 * d * d, nbytes)
 
             # The layer: x rows of q, k, v before their convs, FLA's conv caches [B, channels, taps] (bf16).
             p = h * d
@@ -132,7 +133,7 @@ def main():
             ch = 3 * p
             nbytes = (2.0 * b * h * d * d * 4 + b * (ch + 2.0 * p) * 2 + 2.0 * b * (taps - 1) * ch * 2 + b * (p + h) * 4.0 +
                       ch * taps * 2.0 + p * 4.0 + d * 2.0)
-            row("FLA decode layer", f"B={b} H=32 D=128 softplus", ms, 7.0 * b * h * d * d, nbytes)
+            row("FLA decode layer", layer_shape, ms, 7.0 * b * h * d * d, nbytes)
 
 
 if __name__ == "__main__":
