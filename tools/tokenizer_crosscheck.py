@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-# tokenization_kimi.py's pattern (docs CHAT-FORMATS.md); `&&` is class intersection.
+# tokenization_kimi.py's pattern (docs/DESIGN.md "Chat formats"); `&&` is class intersection.
 KIMI_PATTERN = "|".join([
     r"""[\p{Han}]+""",
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",

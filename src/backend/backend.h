@@ -37,20 +37,20 @@ struct Projection {
   Tensor y;  // [N, M]: the activation dtype, or F32 as `linear` allows
 };
 
-// SPEC 3.2. kSilu: silu(gate)·up. kSitu: β·tanh(g/β)·σ(g) · (β_l·tanh(u/β_l) or u).
+// MODEL.md 3.2. kSilu: silu(gate)·up. kSitu: β·tanh(g/β)·σ(g) · (β_l·tanh(u/β_l) or u).
 struct GluParams {
   Activation kind = Activation::kSilu;
   float beta = 1.0f;
   std::optional<float> linear_beta;
 };
 
-// SPEC 4.3: g = −exp(A)·softplus(f + dt_bias) or lb·σ(exp(A)·(f + dt_bias)).
+// MODEL.md 4.3: g = −exp(A)·softplus(f + dt_bias) or lb·σ(exp(A)·(f + dt_bias)).
 struct KdaGateParams {
   KdaGate kind = KdaGate::kSoftplus;
   float lower_bound = 0.0f;
 };
 
-// The shared experts of a MoE block (SPEC 3.4) as moe_experts takes them: their gate/up projection
+// The shared experts of a MoE block (MODEL.md 3.4) as moe_experts takes them: their gate/up projection
 // of the block's input (computed with the router's logits, one launch) and their down weight.
 // gate_up undefined: none.
 struct SharedExperts {
@@ -58,7 +58,7 @@ struct SharedExperts {
   Tensor down;     // [Dout, Fs]
 };
 
-// SPEC 3.3: sigmoid scores, bias for selection only, grouped top-k, renormalise, scale.
+// MODEL.md 3.3: sigmoid scores, bias for selection only, grouped top-k, renormalise, scale.
 struct RouteParams {
   int top_k = 1;
   int num_groups = 1;   // grouped selection runs when num_groups > topk_group
@@ -95,7 +95,7 @@ struct SeqLayout {
   SeqLayout part(int64_t b0, int64_t b1) const;
 };
 
-// Short convolution over a step (SPEC 4.2).
+// Short convolution over a step (MODEL.md 4.2).
 struct ConvArgs {
   Tensor x;       // [N, C] pre-conv rows
   Tensor w;       // [C, Kc]
@@ -103,7 +103,7 @@ struct ConvArgs {
   Tensor out;     // [N, C] silu(conv(x))
 };
 
-// The KDA core over a step (SPEC 4.4-4.6).
+// The KDA core over a step (MODEL.md 4.4-4.6).
 struct KdaArgs {
   Tensor q, k;    // [N, H, dk] raw conv outputs: L2-normalised per head inside, q also scaled by dk^-1/2
   Tensor v;       // [N, H, dv]
@@ -117,7 +117,7 @@ struct KdaArgs {
   }
 };
 
-// The affine summary of each sequence's new rows (docs/CONTEXT-PARALLEL.md, SPEC 4.5): per head,
+// The affine summary of each sequence's new rows (MODEL.md 4.9, 4.5): per head,
 // with M_t = (I − β_t k_t k_tᵀ)·diag(e^{g_t}) (k L2-normalised as in KdaArgs), the rows map any
 // start state to S_end = A·S_start + B, A = M_T···M_1 and B = S_end from S_start = 0. A sequence
 // with no new rows has A = I, B = 0. Summaries of consecutive segments compose: (A2·A1, A2·B1 + B2).
@@ -130,7 +130,7 @@ struct KdaSummaryArgs {
   Tensor b;     // [B, H, dk, dv] F32 out: the zero-start end state B
 };
 
-// One decode step of a KDA layer after its projections (SPEC 4.8): every sequence of the layout has
+// One decode step of a KDA layer after its projections (MODEL.md 4.8): every sequence of the layout has
 // one row. Equal, up to rounding, to short_conv → split q, k, v → kda_gate → σ(β) → kda_recurrent
 // → gated_rms_norm over the same rows (what the CPU runs). Sequences in `pad_slot` are the padding
 // of a fixed-size step: their pools are neither read nor written and their rows of y are zero.
@@ -151,8 +151,8 @@ struct KdaDecodeArgs {
   Tensor y;            // [N, H·dv] gated-norm output (what o_proj reads)
 };
 
-// The pre-norm residual step of SPEC 6 (one sublayer's output added into the stream, then the
-// next sublayer's RMSNorm, SPEC 3.1): h ← h + x, then y ← RMSNorm(h) ⊙ w reading h as stored (in the
+// The pre-norm residual step of MODEL.md 6 (one sublayer's output added into the stream, then the
+// next sublayer's RMSNorm, MODEL.md 3.1): h ← h + x, then y ← RMSNorm(h) ⊙ w reading h as stored (in the
 // activation dtype, so rounded to it after the add). Equal to add(h, x) then rms_norm(h, w, eps, y).
 struct AddNormArgs {
   Tensor h;          // [N, D] the residual stream, read and written in place
@@ -162,7 +162,7 @@ struct AddNormArgs {
   Tensor y;          // [N, D] out: the normed stream (aliases neither h nor x)
 };
 
-// MLA attention over a step (SPEC 5). Queries are the new tokens; keys and values are every
+// MLA attention over a step (MODEL.md 5). Queries are the new tokens; keys and values are every
 // token of the sequence (cached and new), read from the paged latent cache.
 struct MlaArgs {
   Tensor q;       // [N, H, n+r]
@@ -251,7 +251,7 @@ class Backend {
   // activation dtype for weight matrices; F32 for the vectors used in fp32 math: router bias,
   // dt_bias, A_log, AttnRes queries).
   virtual Tensor upload(const Tensor& host, DType dtype) = 0;
-  // Routed expert weights in MXFP4 (SPEC 2.3): packed U8 [..., out, in/2] (low nibble = even
+  // Routed expert weights in MXFP4 (MODEL.md 2.3): packed U8 [..., out, in/2] (low nibble = even
   // column) and scale U8 E8M0 [..., out, in/32]. The result is the backend's expert format.
   virtual Tensor upload_mxfp4(const Tensor& packed, const Tensor& scale) = 0;
   // Step copy of a host tensor: float data converted to `dtype` (a float dtype), I32 kept as I32.
@@ -302,7 +302,7 @@ class Backend {
   virtual void sigmoid_mul(const Tensor& x, const Tensor& gate) = 0;
   // y ← σ(x) elementwise; y may alias x.
   virtual void sigmoid(const Tensor& x, const Tensor& y) = 0;
-  // gate_up [N, 2F] (gate first, up second) → out [N, F] (SPEC 3.2).
+  // gate_up [N, 2F] (gate first, up second) → out [N, F] (MODEL.md 3.2).
   virtual void glu(const Tensor& gate_up, const GluParams& p, const Tensor& out) = 0;
 
   // ---- gemm
@@ -317,7 +317,7 @@ class Backend {
     for (const Projection& p : projections) linear(p.x, p.w, p.y);
   }
 
-  // ---- norms (SPEC 3.1, 4.7)
+  // ---- norms (MODEL.md 3.1, 4.7)
   // y [N, C] ← RMSNorm(x [N, C]) ⊙ w [C]. y may alias x.
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) = 0;
   // y [N, d] ← RMSNorm(o [N, d]) ⊙ w [d] ⊙ σ(gate [N, d]), one rounding (FLA FusedRMSNormGated).
@@ -325,7 +325,7 @@ class Backend {
   // h += x, then y ← RMSNorm(h) ⊙ w in one pass over the rows (see AddNormArgs).
   virtual void add_rms_norm(const AddNormArgs& a) = 0;
 
-  // ---- KDA (SPEC 4)
+  // ---- KDA (MODEL.md 4)
   // Causal depthwise conv + SiLU of every sequence, continuing from and updating its state slot
   // (and writing the layout's snapshots).
   virtual void short_conv(const ConvArgs& a, const SeqLayout& layout) = 0;
@@ -333,30 +333,30 @@ class Backend {
   virtual void kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& a_log, const KdaGateParams& p,
                         const Tensor& g) = 0;
   // The delta rule of every sequence from its state slot, written back, with the layout's
-  // snapshots: kda_chunked by the chunk-64 algorithm (SPEC 4.6, chunks counted from each
-  // sequence's first new row), kda_recurrent by the token loop (SPEC 4.5). Equal up to rounding.
+  // snapshots: kda_chunked by the chunk-64 algorithm (MODEL.md 4.6, chunks counted from each
+  // sequence's first new row), kda_recurrent by the token loop (MODEL.md 4.5). Equal up to rounding.
   virtual void kda_chunked(const KdaArgs& a, const SeqLayout& layout) = 0;
   virtual void kda_recurrent(const KdaArgs& a, const SeqLayout& layout) = 0;
   // (A, B) of every sequence of the layout (its cu_seqlens; slots and snapshots are not used), by
-  // the chunks of SPEC 4.6 counted from each sequence's first new row, in fp32.
+  // the chunks of MODEL.md 4.6 counted from each sequence's first new row, in fp32.
   virtual void kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) = 0;
   // One decode step of a KDA layer over `decode` (one row per sequence, no snapshots): see KdaDecodeArgs.
   virtual void kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) = 0;
 
-  // ---- MLA (SPEC 5)
+  // ---- MLA (MODEL.md 5)
   // Writes rows [N, c+r] (kv_a's latent ‖ k_r of each new token) into `pages` at the positions the
   // layout gives (row i of sequence b at position cached[b] + i), the latent RMS-normalised with
-  // norm [c] on the way (SPEC 5: c = RMSNorm(kv_a(x)[:c]); rms_norm's arithmetic, rounded once).
+  // norm [c] on the way (MODEL.md 5: c = RMSNorm(kv_a(x)[:c]); rms_norm's arithmetic, rounded once).
   virtual void mla_cache_write(const Tensor& rows, const Tensor& norm, float eps, const Tensor& pages,
                                const SeqLayout& layout) = 0;
   // Causal attention of each sequence's new queries over its cached + new positions (query i of
   // sequence b sees positions 0 .. cached[b] + i). mla_prefill expands keys and values through
-  // kv_b (SPEC 5, prefill form); mla_decode attends in the latent space with W_UK absorbed into
-  // the query and W_UV applied after (SPEC 5, decode form). Equal up to rounding.
+  // kv_b (MODEL.md 5, prefill form); mla_decode attends in the latent space with W_UK absorbed into
+  // the query and W_UV applied after (MODEL.md 5, decode form). Equal up to rounding.
   virtual void mla_prefill(const MlaArgs& a, const SeqLayout& layout) = 0;
   virtual void mla_decode(const MlaArgs& a, const SeqLayout& layout) = 0;
 
-  // ---- MoE (SPEC 3.3, 3.4)
+  // ---- MoE (MODEL.md 3.3, 3.4)
   // Router: logits [N, E] (F32), bias [E] (F32) → idx [N, K] (I32), weights [N, K] (F32).
   virtual void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
                          const Tensor& weights) = 0;
@@ -366,7 +366,7 @@ class Backend {
   virtual void moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
                            const Tensor& w2, const GluParams& p, const Tensor& out, const SharedExperts& shared) = 0;
 
-  // ---- AttnRes (SPEC 7.1)
+  // ---- AttnRes (MODEL.md 7.1)
   // out [N, D] ← Σ_i softmax_i(ρ_i · (v_i · e)) · v_i over candidates v_i [N, D], with
   // ρ_i = rsqrt(mean(v_i²) + eps) and the effective query e [D] (F32).
   virtual void attn_res_read(std::span<const Tensor> candidates, const Tensor& e, float eps, const Tensor& out) = 0;

@@ -1,4 +1,4 @@
-// kda_decode's checks and its composition from the other ops (SPEC 4.8), which is the CPU's
+// kda_decode's checks and its composition from the other ops (MODEL.md 4.8), which is the CPU's
 // kda_decode and the reference of the fused CUDA kernel; the composition is also what the model
 // runs for the rows kda_decode does not take (kda_rows_by_ops).
 #include "backend/backend.h"

@@ -1,4 +1,4 @@
-// moe_experts' shared experts (SPEC 3.4): the checks, and their part composed from the other ops,
+// moe_experts' shared experts (MODEL.md 3.4): the checks, and their part composed from the other ops,
 // which is the CPU's form, what the CUDA paths that do not fuse it run, and the reference the rows
 // path's fused form is tested against.
 #include "backend/backend.h"

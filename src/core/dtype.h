@@ -39,7 +39,7 @@ float f16_to_f32(uint16_t h);
 float f8e4m3_to_f32(uint8_t v);
 // E8M0: 2^(v - 127); 255 is NaN.
 float e8m0_to_f32(uint8_t v);
-// FP4 E2M1 nibble: bit 3 is the sign, bits 0..2 index {0, 0.5, 1, 1.5, 2, 3, 4, 6} (SPEC 2.3).
+// FP4 E2M1 nibble: bit 3 is the sign, bits 0..2 index {0, 0.5, 1, 1.5, 2, 3, 4, 6} (MODEL.md 2.3).
 float e2m1_to_f32(uint8_t nibble);
 
 // Converts `n` elements of type `t` at `src` to float32 at `dst`. `t` must be a float type or an

@@ -4,7 +4,7 @@
 
 namespace klinear {
 
-enum class Activation { kSilu, kSitu };        // SwiGLU / SiTU-GLU (SPEC 3.2)
-enum class KdaGate { kSoftplus, kLowerBound };  // SPEC 4.3
+enum class Activation { kSilu, kSitu };        // SwiGLU / SiTU-GLU (MODEL.md 3.2)
+enum class KdaGate { kSoftplus, kLowerBound };  // MODEL.md 4.3
 
 }  // namespace klinear

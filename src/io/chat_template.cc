@@ -1,5 +1,5 @@
 // Chat formats rendered natively: Kimi K2 / Kimi Linear (mirrors the jinja chat_template of
-// tokenizer_config.json line by line) and K3 (XTML, docs CHAT-FORMATS.md).
+// tokenizer_config.json line by line) and K3 (XTML, docs/DESIGN.md "Chat formats").
 //
 // Decision: JSON that the formats embed (tool declarations, tool-call argument values) is written
 // by our own serializer that reproduces Python's json.dumps (separators, escapes, float repr,

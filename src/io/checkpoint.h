@@ -8,7 +8,7 @@
 //
 // Canonical names are the flat Kimi Linear ones ("model.layers.3.self_attn.q_proj.weight",
 // "lm_head.weight"): the K3 prefixes `language_model.` and `model.language_model.` are stripped
-// and `vision_tower.*` / `mm_projector.*` are skipped (SPEC 2.2).
+// and `vision_tower.*` / `mm_projector.*` are skipped (MODEL.md 2.2).
 #pragma once
 
 #include <map>
@@ -50,7 +50,7 @@ class Checkpoint {
   // Stacks `parts` (all of `shape`) into one [parts.size(), shape...] tensor.
   Result<Tensor> take_stacked(const std::vector<std::string>& parts, const Shape& shape,
                               StoredAs stored = StoredAs::kFloat);
-  // A per-head vector stored as [H], [1, 1, H, 1] or zero-padded [>H] (KDA A_log, SPEC 9 D7):
+  // A per-head vector stored as [H], [1, 1, H, 1] or zero-padded [>H] (KDA A_log, MODEL.md D7):
   // returns the first H entries as F32 [H]; a non-zero padding entry is an error.
   Result<Tensor> take_head_vector(const std::string& name, int64_t heads);
 
@@ -59,7 +59,7 @@ class Checkpoint {
 
   // Tensors holding values that are not finite (NaN or Inf in a float tensor, an E8M0 scale of
   // 0xFF, an E4M3 NaN), for `klinear info --verify`: every tensor is read once, in name order.
-  // U8 tensors named `*.weight_scale` are MXFP4 block scales (E8M0 bytes, SPEC 2.3).
+  // U8 tensors named `*.weight_scale` are MXFP4 block scales (E8M0 bytes, MODEL.md 2.3).
   struct NonFinite {
     std::string name;  // as stored in the file
     std::string file;

@@ -317,7 +317,7 @@ Result<ModelConfig> parse_model_config(const Json& doc, const std::string& where
   KL_RETURN_IF_ERROR(r.opt("mla_use_rope", &use_rope));
   if (!use_nope || use_rope)
     return Status::NotSupported(w + ": MLA with rotary embeddings (mla_use_nope=false or mla_use_rope=true) is not "
-                                "supported; the Kimi Linear family is NoPE (SPEC 5.1)");
+                                "supported; the Kimi Linear family is NoPE (docs/MODEL.md 5.1)");
 
   auto lac = text->find("linear_attn_config");
   if (lac != text->end() && !lac->is_null()) {
@@ -343,7 +343,7 @@ Result<ModelConfig> parse_model_config(const Json& doc, const std::string& where
   else if (act_name == "situ") c.activation = Activation::kSitu;
   else return Status::NotSupported(w + ": hidden_act '" + act_name + "' is not supported (expected silu or situ)");
   KL_RETURN_IF_ERROR(r.opt("activation_situ_beta", &c.situ_beta));
-  if (c.situ_beta == 0.0f) c.situ_beta = 1.0f;  // SPEC 3.2: a missing value or 0 means 1
+  if (c.situ_beta == 0.0f) c.situ_beta = 1.0f;  // MODEL.md 3.2: a missing value or 0 means 1
   KL_ASSIGN_OR_RETURN(auto lin_beta, json_opt_number(*text, "activation_situ_linear_beta", w));
   if (lin_beta) c.situ_linear_beta = static_cast<float>(*lin_beta);
 

@@ -1,7 +1,7 @@
 // ModelConfig: the parsed config.json of a Kimi Linear (flat) or K3 (text model nested under
 // `text_config`) checkpoint, validated so that the model code can trust every field.
 //
-// SPEC section 1. Layer lists in the file are 1-based; the accessors here take 0-based layers.
+// MODEL.md section 1. Layer lists in the file are 1-based; the accessors here take 0-based layers.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@ namespace klinear {
 enum class KdaOutputGate { kLowRank, kFullRank };
 enum class Mixer { kKda, kMla };
 enum class Ffn { kDense, kMoe };
-enum class ExpertFormat { kDense, kMxfp4 };     // how routed expert weights are stored (SPEC 2.3)
+enum class ExpertFormat { kDense, kMxfp4 };     // how routed expert weights are stored (MODEL.md 2.3)
 
 struct ModelConfig {
   std::string model_type;  // top-level model_type ("kimi_linear", "kimi_k3")
@@ -33,7 +33,7 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;
   int64_t max_position_embeddings = 0;  // 0 = unknown
 
-  // MLA (SPEC 5)
+  // MLA (MODEL.md 5)
   int64_t mla_heads = 0;
   int64_t q_lora_rank = 0;  // 0 = full q_proj
   int64_t kv_lora_rank = 0;
@@ -42,7 +42,7 @@ struct ModelConfig {
   int64_t v_head_dim = 0;
   bool mla_output_gate = false;
 
-  // KDA (SPEC 4)
+  // KDA (MODEL.md 4)
   int64_t kda_heads = 0;
   int64_t kda_head_dim = 0;
   int64_t conv_kernel = 4;
@@ -51,7 +51,7 @@ struct ModelConfig {
   float gate_lower_bound = 0.0f;  // used with kLowerBound
   KdaOutputGate kda_output_gate = KdaOutputGate::kLowRank;
 
-  // FFN (SPEC 3.2-3.4)
+  // FFN (MODEL.md 3.2-3.4)
   Activation activation = Activation::kSilu;
   float situ_beta = 1.0f;
   std::optional<float> situ_linear_beta;
@@ -71,7 +71,7 @@ struct ModelConfig {
   bool latent_moe_use_norm = false;
   ExpertFormat expert_format = ExpertFormat::kDense;
 
-  // AttnRes (SPEC 7)
+  // AttnRes (MODEL.md 7)
   int64_t attn_res_block_size = 0;  // 0 = plain residual stream
 
   Mixer mixer(int64_t layer) const;
@@ -82,7 +82,7 @@ struct ModelConfig {
   int64_t mla_qk_head_dim() const { return qk_nope_dim + qk_rope_dim; }
   // Width of each routed expert's input/output: the latent width for latent MoE, else hidden.
   int64_t expert_io_dim() const { return has_latent_moe() ? routed_expert_hidden_size : hidden_size; }
-  // Whether grouped expert selection changes anything (SPEC 3.3 step 4).
+  // Whether grouped expert selection changes anything (MODEL.md 3.3 step 4).
   bool grouped_selection() const {
     return use_grouped_topk && num_expert_group > 1 && topk_group < num_expert_group;
   }

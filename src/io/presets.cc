@@ -32,7 +32,7 @@ Json kimi_linear_text(int64_t vocab) {
                 {"full_attn_layers", {3, 5}}}}};
 }
 
-// SPEC 1.1: the published Kimi-Linear-48B-A3B-Instruct config.json (for --load-format dummy).
+// MODEL.md 1.1: the published Kimi-Linear-48B-A3B-Instruct config.json (for --load-format dummy).
 Json kimi_linear_48b() {
   std::vector<int> kda, mla{4, 8, 12, 16, 20, 24, 27};
   for (int l = 1; l <= 27; ++l)
@@ -89,7 +89,7 @@ class Writer {
     std::uniform_real_distribution<float> dist(lo, hi);
     add(name, shape, dtype, [&] { return dist(rng_); });
   }
-  // MXFP4 expert weight [out, in]: random nibbles with scales near 2^-8 (SPEC 2.3).
+  // MXFP4 expert weight [out, in]: random nibbles with scales near 2^-8 (MODEL.md 2.3).
   void mxfp4(const std::string& name, int64_t out, int64_t in) {
     Tensor packed = Tensor::empty(DType::kU8, {out, in / 2}), scale = Tensor::empty(DType::kU8, {out, in / 32});
     std::uniform_int_distribution<int> byte(0, 255), exp(119, 121);
@@ -138,7 +138,7 @@ Result<Json> preset_config(const std::string& preset) {
 Status write_random_checkpoint(const Json& config, const std::string& dir, uint64_t seed) {
   KL_ASSIGN_OR_RETURN(ModelConfig c, parse_model_config(config, "preset config"));
   const bool k3 = c.nested_text_config;
-  // Real K3 checkpoints keep convs, dt_bias, A_log, o_norm and the router bias in F32 (SPEC 2.2).
+  // Real K3 checkpoints keep convs, dt_bias, A_log, o_norm and the router bias in F32 (MODEL.md 2.2).
   const DType small = k3 ? DType::kF32 : DType::kBF16;
   Writer w(seed, k3 ? "language_model." : "");
   const int64_t D = c.hidden_size, V = c.vocab_size;

@@ -1,4 +1,4 @@
-// Cache: the state of every sequence in flight, in pools owned by one object (SPEC 8 "Decode
+// Cache: the state of every sequence in flight, in pools owned by one object (MODEL.md 8 "Decode
 // state"; docs/DESIGN.md "One step, many sequences").
 //
 // KDA layers keep per-slot pools: the recurrent state [slots, H, dk, dv] (F32, K-first) and the

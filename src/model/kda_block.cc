@@ -1,4 +1,4 @@
-// The KDA mixer (SPEC 4): fused q/k/v projection → short conv + SiLU → decay gate and β →
+// The KDA mixer (MODEL.md 4): fused q/k/v projection → short conv + SiLU → decay gate and β →
 // chunked (prefill) or recurrent (decode) delta rule → gated RMSNorm → o_proj. Every sequence of
 // the step continues from its slot of the layer's conv and recurrent state pools. Decode rows take
 // one fused op after the projections (kda_decode); prefill rows, and decode rows that snapshot
@@ -16,8 +16,8 @@ Tensor Model::kda(const KdaWeights& w, const Tensor& x, int64_t layer, const Bat
 
   // The projections of x (one call: a backend may run them as one launch), then the second halves
   // of the low-rank ones (another). Decay gate pre-activation f = f_b(f_a(x)), no activation
-  // between (SPEC 4.1, 4.3), and β logits, in F32. Output gate: full-rank g_proj, or low-rank
-  // g_b(g_a(x)) (SPEC 4.7).
+  // between (MODEL.md 4.1, 4.3), and β logits, in F32. Output gate: full-rank g_proj, or low-rank
+  // g_b(g_a(x)) (MODEL.md 4.7).
   const Tensor qkv = act({N, 3 * P}), fa = act({N, d}), beta = be.alloc(DType::kF32, {N, H}), og = act({N, P});
   const bool low_rank_gate = !w.g_proj.defined();
   const Tensor ga = low_rank_gate ? act({N, d}) : Tensor();

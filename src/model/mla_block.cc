@@ -1,4 +1,4 @@
-// The MLA mixer (SPEC 5): query (full or q-LoRA), the latent c = RMSNorm(kv_a(x)[:c]) and the
+// The MLA mixer (MODEL.md 5): query (full or q-LoRA), the latent c = RMSNorm(kv_a(x)[:c]) and the
 // shared key part k_r written to the sequence's pages of the latent cache, attention over every
 // position of each sequence (expanded for prefill, absorbed for decode), optional sigmoid output
 // gate, o_proj. NoPE: nothing rotates.
@@ -9,7 +9,7 @@
 namespace klinear {
 
 namespace {
-// q_a_layernorm and kv_a_layernorm use the module default eps, not rms_norm_eps (SPEC 3.1, D4).
+// q_a_layernorm and kv_a_layernorm use the module default eps, not rms_norm_eps (MODEL.md 3.1, D4).
 constexpr float kMlaNormEps = 1e-6f;
 }  // namespace
 

@@ -39,7 +39,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, Backend& back
 }
 
 Tensor Model::attn_res_read(std::vector<Tensor> candidates, const Tensor& query) {
-  if (candidates.size() == 1) return candidates[0];  // SPEC 7.1: one candidate is returned unchanged
+  if (candidates.size() == 1) return candidates[0];  // MODEL.md 7.1: one candidate is returned unchanged
   Tensor out = act(candidates[0].shape());
   backend_.attn_res_read(candidates, query, static_cast<float>(config_.rms_norm_eps), out);
   return out;
@@ -224,7 +224,7 @@ Result<Tensor> Model::logits(Batch& batch, Cache& cache, const Tensor& ids, cons
 
   Tensor x;  // the input to the final norm
   if (!c.has_attn_res()) {
-    // SPEC 6: pre-norm residual stream. Each sublayer's temporaries are dead once its output is
+    // MODEL.md 6: pre-norm residual stream. Each sublayer's temporaries are dead once its output is
     // added into h, so their step memory is given back (the mixers write their state into the
     // cache pools, never into step memory a later layer reads). An add that the next sublayer's
     // norm follows is one add_rms_norm writing that sublayer's input into xn, allocated before the
@@ -244,7 +244,7 @@ Result<Tensor> Model::logits(Batch& batch, Cache& cache, const Tensor& ids, cons
     }
     x = h;
   } else {
-    // SPEC 7.2: sealed blocks + the live partial sum p; each sublayer reads a softmax mix of them.
+    // MODEL.md 7.2: sealed blocks + the live partial sum p; each sublayer reads a softmax mix of them.
     const int64_t B = c.attn_res_block_size;
     std::vector<Tensor> blocks;
     Tensor p = h;

@@ -1,4 +1,4 @@
-// Model: the whole Kimi Linear / K3 forward as backend calls (SPEC 6-8). It knows the math and
+// Model: the whole Kimi Linear / K3 forward as backend calls (MODEL.md 6-8). It knows the math and
 // the layer table, never the device.
 //
 // forward() runs one step over many sequences (docs/DESIGN.md "One step, many sequences"): the

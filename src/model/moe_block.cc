@@ -1,4 +1,4 @@
-// Feed-forward blocks (SPEC 3.2-3.4): the gated MLP (dense layer 0) and the MoE block: router on the
+// Feed-forward blocks (MODEL.md 3.2-3.4): the gated MLP (dense layer 0) and the MoE block: router on the
 // full x, routed experts (in the latent width for K3, followed by the latent RMSNorm and up
 // projection), plus the shared experts on the original x (in moe_experts' call, or after the latent
 // up projection through add_shared_experts).

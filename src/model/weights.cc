@@ -54,7 +54,7 @@ class Loader {
   }
 
   // [w1; w3] of each expert stacked into [E, 2F, in] and w2 into [E, out, F]; MXFP4 experts are
-  // stored as weight_packed [rows, in/2] + weight_scale [rows, in/32] (SPEC 2.3). Dummy experts
+  // stored as weight_packed [rows, in/2] + weight_scale [rows, in/32] (MODEL.md 2.3). Dummy experts
   // are dense in the activation dtype whatever the format.
   Status experts(const std::string& prefix, int64_t num_experts, int64_t f, int64_t din, int64_t dout,
                  ExpertFormat format, Tensor* w13, Tensor* w2) {
@@ -83,7 +83,7 @@ class Loader {
     KL_RETURN_IF_ERROR(stack({"w1", "w3"}, f, din, w13));
     return stack({"w2"}, dout, f, w2);
   }
-  // The AttnRes effective query e = w_norm ⊙ w_proj (SPEC 7.1 step 2), computed once in F32.
+  // The AttnRes effective query e = w_norm ⊙ w_proj (MODEL.md 7.1 step 2), computed once in F32.
   Status attn_res_query(const std::string& prefix, int64_t d, Tensor* out) {
     if (source_ != Source::kCheckpoint) return dummy(prefix + "_proj.weight", {d}, DType::kF32, out);
     KL_ASSIGN_OR_RETURN(Tensor norm, ckpt_->take(prefix + "_norm.weight", {d}));

@@ -1,5 +1,5 @@
 // Typed per-layer weights on the backend, and the strict loader that fills them from a
-// Checkpoint. Fused at load time (RUNTIME.md "Weight loading rules"): KDA q/k/v projections into
+// Checkpoint. Fused at load time (docs/DESIGN.md "Strict loading by demand"): KDA q/k/v projections into
 // one [3P, D] weight and their convs into [3P, Kc]; gate/up of every MLP into [2F, D]; routed
 // experts into [E, 2F, Din] and [E, Dout, F] (MXFP4 experts through Backend::upload_mxfp4).
 #pragma once

@@ -30,7 +30,7 @@ namespace klinear {
 
 // The default token budget of a step (--max-num-tokens). On the H200 the 48B model's prefill runs at
 // 40.1k tok/s in 8,192-token steps against 29.0k in 2,048-token steps, one command (the MoE's
-// per-expert GEMMs get 4x the rows; docs/PERF.md, seventh round); vLLM's default on cards of this
+// per-expert GEMMs get 4x the rows; docs/perf-log.md, seventh round); vLLM's default on cards of this
 // size is 8,192 too. The price is the inter-token time of running sequences while a long prompt is
 // cut in: a full step of 8,192 prompt tokens is ~0.2 s there. The CPU keeps steps short, its steps
 // being far slower.

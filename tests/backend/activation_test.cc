@@ -1,6 +1,6 @@
 // Activations and the small elementwise ops against their formulas on random inputs, on every
-// backend row: SwiGLU and SiTU-GLU (SPEC 3.2, with and without the linear beta, over a table of
-// shapes), the sigmoid output gate of MLA (SPEC 5.1 step 8), sigmoid, the residual add and the
+// backend row: SwiGLU and SiTU-GLU (MODEL.md 3.2, with and without the linear beta, over a table of
+// shapes), the sigmoid output gate of MLA (MODEL.md 5.1 step 8), sigmoid, the residual add and the
 // embedding lookup.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Short conv (SPEC 4.2) over a step of several sequences, on every backend row: each sequence's
+// Short conv (MODEL.md 4.2) over a step of several sequences, on every backend row: each sequence's
 // causal depthwise conv + SiLU against its formula from its own state slot, the slot updated to
 // the last Kc−1 inputs, untouched slots left alone, and a sequence run in pieces through its
 // state equal to the whole sequence at once. The table covers widths that are and are not a

@@ -117,7 +117,7 @@ TEST_P(KdaOps, FixtureBothForms) {
   }
 }
 
-// SPEC 4.5 in double precision, sequence by sequence, updating `states` [slots, H, dk, dv] and
+// MODEL.md 4.5 in double precision, sequence by sequence, updating `states` [slots, H, dk, dv] and
 // writing the layout's snapshots into their slots.
 Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta, Tensor& states,
                  const SeqLayout& layout) {
@@ -311,7 +311,7 @@ TEST_P(KdaOps, SnapshotsAtChunkBoundariesAndEnds) {
   }
 }
 
-// The affine summary of a segment (kda_summary, docs/CONTEXT-PARALLEL.md) on random cases: per
+// The affine summary of a segment (kda_summary, MODEL.md 4.9) on random cases: per
 // sequence and head, A·S_start + B equals kda_chunked's end state from a random non-zero S_start
 // (and B its end state from zero), and the summaries of a sequence cut in two at a random row
 // compose, (A2·A1, A2·B1 + B2), into the summary of the whole. Strong decay (the gate op's) drives
@@ -453,7 +453,7 @@ TEST_P(KdaSummary, AppliesAsTheChunkedStateAndComposes) {
               worst_apply, worst_zero, worst_compose, t);
 }
 
-// The gate forms themselves (SPEC 4.3) on hand-checked values.
+// The gate forms themselves (MODEL.md 4.3) on hand-checked values.
 TEST_P(KdaOps, GateForms) {
   Tensor f = Tensor::from_f32({1, 2}, {0.5f, 30.0f});
   Tensor dt = Tensor::from_f32({2}, {0.25f, -1.0f});

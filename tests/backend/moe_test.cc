@@ -1,4 +1,4 @@
-// Routed experts (SPEC 3.4) on every backend row against a plain per-token loop: out[t] = Σ_k w[t,k] ·
+// Routed experts (MODEL.md 3.4) on every backend row against a plain per-token loop: out[t] = Σ_k w[t,k] ·
 // down_e(glu(gate_up_e(x[t]))) with e = idx[t,k], plus the shared experts' down(glu(gate_up[t])) where
 // the case has them (the rows path fuses them when they are bf16 with widths of 8; the others add them
 // through glu, linear and add). The table covers 1 to 300 tokens (CUDA: every path
@@ -128,7 +128,7 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
         for (int64_t r = 0; r < 2 * f; ++r) {
           double acc = 0;
           for (int64_t j = 0; j < din; ++j) acc += double(w13.f32()[(e * 2 * f + r) * din + j]) * x.f32()[t * din + j];
-          // Rounded as every linear's output is in the activation dtype (SPEC's conventions).
+          // Rounded as every linear's output is in the activation dtype (MODEL.md 0).
           h[r] = act() == DType::kBF16 ? bf16_to_f32(f32_to_bf16(float(acc))) : float(acc);
         }
         cpu::glu_rows(h.data(), 1, f, c.glu, a.data());

@@ -1,6 +1,6 @@
-// Norms against their formulas on random inputs, on every backend row: RMSNorm (SPEC 3.1, also in
-// place), the sigmoid-gated RMSNorm of the KDA output (SPEC 4.7), and the fused residual add +
-// RMSNorm (SPEC 6) against both the composition add → rms_norm and a double-precision loop.
+// Norms against their formulas on random inputs, on every backend row: RMSNorm (MODEL.md 3.1, also in
+// place), the sigmoid-gated RMSNorm of the KDA output (MODEL.md 4.7), and the fused residual add +
+// RMSNorm (MODEL.md 6) against both the composition add → rms_norm and a double-precision loop.
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -162,7 +162,7 @@ TEST(DTypeTest, ConvertToF32ByValue) {
   EXPECT_EQ(out[0], 1.0f); EXPECT_EQ(out[1], -2.0f);
 }
 
-// ---- MXFP4 (SPEC 2.3) through CpuBackend::upload_mxfp4
+// ---- MXFP4 (MODEL.md 2.3) through CpuBackend::upload_mxfp4
 
 Tensor u8_tensor(Shape shape, uint8_t fill = 0) {
   Tensor t = Tensor::empty(DType::kU8, std::move(shape));

@@ -119,7 +119,7 @@ TEST(ConfigTest, K3TinyMxfp4Fixture) {
   EXPECT_EQ(c.expert_format, ExpertFormat::kMxfp4);
 }
 
-// SPEC 1.1, the published Kimi-Linear-48B-A3B-Instruct config.json (fields that matter).
+// MODEL.md 1.1, the published Kimi-Linear-48B-A3B-Instruct config.json (fields that matter).
 Json kimi_linear_48b() {
   return Json::parse(R"({
     "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "dtype": "bfloat16",
@@ -139,7 +139,7 @@ Json kimi_linear_48b() {
     "initializer_range": 0.02, "use_cache": true})");
 }
 
-// SPEC 1.2, the published K3 config.json (text_config nested; kda_layers = all but the MLA layers).
+// MODEL.md 1.2, the published K3 config.json (text_config nested; kda_layers = all but the MLA layers).
 Json kimi_k3() {
   Json full = Json::array(), kda = Json::array();
   std::set<int> full_set;

@@ -2,8 +2,8 @@
 """Reference K3 (XTML) chat encoder for tests: the oracle the C++ renderer is compared with.
 
 Written for klinear from the rules of Moonshot's `encoding_k3.py` (repository main) as issue 11 and
-docs CHAT-FORMATS.md state them, NOT from klinear's code: a conversation becomes a list of segments
-(text, allow_special); every segment is encoded by `tiktoken` on its own (markers with specials
+docs/DESIGN.md "Chat formats" state them, NOT from klinear's code: a conversation becomes a list of
+segments (text, allow_special); every segment is encoded by `tiktoken` on its own (markers with specials
 allowed, every other piece as plain text), over the `tiktoken.model` and the special table of
 `tokenizer_config.json` in TOKENIZER_DIR, cut into pieces exactly as `tokenization_kimi.py` does.
 

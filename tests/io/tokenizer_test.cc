@@ -131,7 +131,7 @@ TEST(Tokenizer, VocabularyAndSpecialNames) {
   EXPECT_FALSE(tok->is_special(163583));
 }
 
-// Examples of the pre-tokenization rules in docs CHAT-FORMATS.md, token by token.
+// Examples of the pre-tokenization rules in docs/DESIGN.md "Chat formats", token by token.
 TEST(Tokenizer, PreTokenizationExamples) {
   const Tokenizer* tok = kimi();
   ASSERT_NE(tok, nullptr);

@@ -49,7 +49,7 @@ KL_BACKEND_SUITE(DummyWeights);
 TEST(DummyWeights, CountsThePublishedParameters) {
   auto cfg = parse_model_config(preset_config("kimi-linear-48b-a3b").value(), "preset").value();
   auto cpu = make_backend(BackendOptions{});
-  // SPEC 1.1: 49,122,681,728 parameters in the checkpoint, 26 MoE layers × 256 router biases.
+  // MODEL.md 1.1: 49,122,681,728 parameters in the checkpoint, 26 MoE layers × 256 router biases.
   EXPECT_EQ(count_parameters(cfg, **cpu), 49122681728ull - 26 * 256);
 }
 

@@ -1,5 +1,5 @@
 // CPU elementwise ops: embedding lookup, residual add, sigmoid gates and the GLU activations
-// (SPEC 3.2).
+// (MODEL.md 3.2).
 #include <cstring>
 
 #include "backend/cpu/backend.h"

@@ -1,4 +1,4 @@
-// CPU AttnRes read (SPEC 7.1): per token, a softmax over candidates of ρ_i·(v_i·e) mixes the raw
+// CPU AttnRes read (MODEL.md 7.1): per token, a softmax over candidates of ρ_i·(v_i·e) mixes the raw
 // candidates. Statistics and the mix in fp32.
 #include <algorithm>
 #include <limits>

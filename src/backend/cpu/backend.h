@@ -3,7 +3,7 @@
 // tested against it, and it is tested against the golden fixtures.
 //
 // Activations, weights and states are all F32 here: bf16 and F16 weights are widened on upload
-// and MXFP4 experts are dequantized (SPEC 2.3), which matches the float32 golden oracles.
+// and MXFP4 experts are dequantized (MODEL.md 2.3), which matches the float32 golden oracles.
 #pragma once
 
 #include <cmath>
@@ -91,7 +91,7 @@ class CpuBackend final : public Backend {
 // when b_transposed (B stored [n, k]) else B (stored [k, n]). The only BLAS caller.
 void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
           bool b_transposed, float* c, int64_t ldc, float beta = 0.0f, float alpha = 1.0f);
-// out [n, f] ← glu(gate_up [n, 2f]) (SPEC 3.2).
+// out [n, f] ← glu(gate_up [n, 2f]) (MODEL.md 3.2).
 void glu_rows(const float* gate_up, int64_t n, int64_t f, const GluParams& p, float* out);
 // In-place causal softmax of scores [t, tc] where query row i sees keys [0, past + i].
 void causal_softmax(float* scores, int64_t t, int64_t tc);

@@ -1,4 +1,4 @@
-// CPU short convolution (SPEC 4.2): causal depthwise conv over time + SiLU of each sequence,
+// CPU short convolution (MODEL.md 4.2): causal depthwise conv over time + SiLU of each sequence,
 // continuing from its state slot, which holds the last Kc−1 pre-conv inputs ([Kc−1, C], oldest first).
 #include <vector>
 

@@ -1,8 +1,8 @@
-// CPU KDA (SPEC 4.3-4.6): the decay gate, the token-by-token recurrence (the oracle), the
+// CPU KDA (MODEL.md 4.3-4.6): the decay gate, the token-by-token recurrence (the oracle), the
 // chunk-64 algorithm used for prefill and the affine summary of a segment built from its chunks.
 // State layout [H, dk, dv] (FLA's default, K-first): row j of a head's state is scaled by exp(g[j]).
 //
-// Both core forms normalise q and k per head inside (q, k / sqrt(Σx² + 1e-6), SPEC 4.4, D8) and
+// Both core forms normalise q and k per head inside (q, k / sqrt(Σx² + 1e-6), MODEL.md 4.4, D8) and
 // scale q by dk^-1/2, so callers pass the raw conv outputs.
 #include <vector>
 
@@ -73,7 +73,7 @@ void CpuBackend::kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& 
 
 namespace {
 
-// SPEC 4.5 over one sequence, per head: S ← diag(e^g)S; u = β(v − Sᵀk); S ← S + k uᵀ; o = Sᵀ q.
+// MODEL.md 4.5 over one sequence, per head: S ← diag(e^g)S; u = β(v − Sᵀk); S ← S + k uᵀ; o = Sᵀ q.
 void recurrent_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                    const Tensor& state, const Tensor& out, const Snapshots& snaps) {
   const KdaShapes s = check_kda(q, k, v, g, beta, state, out);
@@ -109,7 +109,7 @@ void recurrent_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   }
 }
 
-// One chunk of one head as SPEC 4.6 reads it: L ≤ 64 rows (a short last chunk equals zero padding).
+// One chunk of one head as MODEL.md 4.6 reads it: L ≤ 64 rows (a short last chunk equals zero padding).
 struct HeadChunk {
   const float* kn;    // [L, dk] normalised keys
   const float* qn;    // [L, dk] normalised, scaled queries; null when Aqk is not wanted
@@ -119,7 +119,7 @@ struct HeadChunk {
   int64_t L, heads, h, dk, dv;
 };
 
-// What the state pass of a chunk needs (SPEC 4.6 steps 1-5), fp32 scratch for 64 rows:
+// What the state pass of a chunk needs (MODEL.md 4.6 steps 1-5), fp32 scratch for 64 rows:
 //   G = cumsum(g); Lm[i,m] = β_i Σ_j k_i k_m e^{G_i−G_m} (m < i); (I + Lm)·[W | U] = β ⊙ [e^G⊙K | V];
 //   Aqk[i,m] = Σ_j q_i k_m e^{G_i−G_m} (m ≤ i); Kd = (K⊙e^{G_last−G})ᵀ [dk, 64]; γ = e^{G_last}.
 // The chunk then maps a state S to γ⊙S + Kd·(U − W·S).
@@ -184,7 +184,7 @@ void chunk_state_step(const ChunkFactors& f, int64_t L, int64_t dk, int64_t n, c
   gemm(dk, n, L, f.kd.data(), kChunk, vn, n, /*b_transposed=*/false, S, n, /*beta=*/1.0f);
 }
 
-// SPEC 4.6, per head and chunk (chunk_factors), then
+// MODEL.md 4.6, per head and chunk (chunk_factors), then
 //   Vn = U − W·S;  O = (Q⊙e^G)·S + Aqk·Vn;  S ← γ⊙S + Kd·Vn
 void chunked_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                  const Tensor& state, const Tensor& out, const Snapshots& snaps) {

@@ -1,4 +1,4 @@
-// CPU MLA attention (SPEC 5): the paged latent cache write, and the expanded prefill form and the
+// CPU MLA attention (MODEL.md 5): the paged latent cache write, and the expanded prefill form and the
 // absorbed decode form over it, one sequence at a time: the sequence's positions are gathered from
 // its pages into one [Tc, c+r] block first. Queries are the last T of Tc positions (causal: query i
 // sees keys 0 .. Tc−T+i). Softmax in fp32; per-head GEMMs through gemm() with strided operands.

@@ -1,4 +1,4 @@
-// CPU MoE (SPEC 3.3, 3.4): the sigmoid router with bias-corrected grouped top-k, and the routed
+// CPU MoE (MODEL.md 3.3, 3.4): the sigmoid router with bias-corrected grouped top-k, and the routed
 // experts computed expert by expert (gather the expert's tokens, two GEMMs, GLU), each token's
 // outputs weighted and summed in fp32 in slot order.
 #include <algorithm>

@@ -1,6 +1,6 @@
-// CPU norms. rms_norm is SPEC 3.1 in fp32 (where HF's bf16 rounding before the weight multiply is
-// the identity); gated_rms_norm is FLA's FusedRMSNormGated with a sigmoid gate (SPEC 4.7);
-// add_rms_norm is the residual add followed by rms_norm (SPEC 6), row by row, with the same sums.
+// CPU norms. rms_norm is MODEL.md 3.1 in fp32 (where HF's bf16 rounding before the weight multiply is
+// the identity); gated_rms_norm is FLA's FusedRMSNormGated with a sigmoid gate (MODEL.md 4.7);
+// add_rms_norm is the residual add followed by rms_norm (MODEL.md 6), row by row, with the same sums.
 #include "backend/cpu/backend.h"
 
 namespace klinear::cpu {

@@ -1,5 +1,5 @@
 // CUDA elementwise ops: embedding lookup, residual add, sigmoid gates and the GLU activations
-// (SPEC 3.2). Math in fp32; each output rounded once to its dtype.
+// (MODEL.md 3.2). Math in fp32; each output rounded once to its dtype.
 #include "backend/cuda/device.cuh"
 
 namespace klinear::cuda {
@@ -30,7 +30,7 @@ __global__ void sigmoid_kernel(In x, Out y, int64_t n) {
   KL_GRID_STRIDE(i, n) y.set(i, sigmoid_f(x[i]));
 }
 
-// out[r, j] = glu(gate_up[r, j], gate_up[r, F + j]) (SPEC 3.2). A thread owns a chunk of kRowChunk
+// out[r, j] = glu(gate_up[r, j], gate_up[r, F + j]) (MODEL.md 3.2). A thread owns a chunk of kRowChunk
 // outputs of a row (device.cuh: 16-byte accesses when F % 8 == 0 and the data is aligned) and walks
 // rows (x over the chunks, y over the rows, striding past 65535): no per-element division.
 // Cost (Kimi-Linear-48B prefill of 2,048 tokens, the per-expert MoE path: 16,384 rows, F = 1,024,

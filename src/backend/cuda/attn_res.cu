@@ -1,4 +1,4 @@
-// CUDA AttnRes read (SPEC 7.1): per row, a softmax over candidates of ρ_i·(v_i·e) mixes the raw
+// CUDA AttnRes read (MODEL.md 7.1): per row, a softmax over candidates of ρ_i·(v_i·e) mixes the raw
 // candidates. One block per row; statistics, logits and the mix in fp32.
 #include <vector>
 

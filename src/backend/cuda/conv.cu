@@ -1,4 +1,4 @@
-// CUDA short convolution (SPEC 4.2): causal depthwise conv over time + SiLU for every sequence of a
+// CUDA short convolution (MODEL.md 4.2): causal depthwise conv over time + SiLU for every sequence of a
 // step, continuing from its conv-state slot (the last Kc−1 pre-conv rows, oldest first) and
 // writing the slot back. Two launches: the outputs (reading the old state), then the new state.
 //

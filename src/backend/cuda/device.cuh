@@ -89,7 +89,7 @@ __device__ __forceinline__ float block_inv_rms(In x, int64_t base, int64_t c, fl
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// The GLU of one gate/up pair (SPEC 3.2): the glu op and the MoE experts' epilogue.
+// The GLU of one gate/up pair (MODEL.md 3.2): the glu op and the MoE experts' epilogue.
 __device__ __forceinline__ float glu_value(float g, float u, Activation kind, float beta, bool has_linear_beta,
                                            float linear_beta) {
   if (kind == Activation::kSilu) return g * sigmoid_f(g) * u;
@@ -112,10 +112,10 @@ __device__ __forceinline__ int seq_of_row(const int32_t* cu, int num_seqs, int64
 // (pdl_enter) or exited. It must call cudaGridDependencySynchronize before it reads or writes
 // anything an earlier kernel writes or reads; what it does before (loading weights no kernel writes)
 // overlaps that kernel's tail, and its blocks are resident when the wait returns. A batch-1 decode
-// step of the 48B runs ~370 launches, most of a few µs: the overlap took 4-5 % off it (docs/PERF.md,
+// step of the 48B runs ~370 launches, most of a few µs: the overlap took 4-5 % off it (docs/perf-log.md,
 // twelfth round).
 // KLINEAR_PDL=off launches them plainly (each then waits for the whole kernel before; pdl_enter
-// is a no-op): the overlap timed against none in one build (docs/PERF.md).
+// is a no-op): the overlap timed against none in one build (docs/perf-log.md, twelfth round).
 inline bool pdl_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("KLINEAR_PDL");

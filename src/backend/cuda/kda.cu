@@ -1,4 +1,4 @@
-// CUDA KDA (SPEC 4.3-4.6): the decay gate, the recurrent decode and the chunk-64 prefill, over the
+// CUDA KDA (MODEL.md 4.3-4.6): the decay gate, the recurrent decode and the chunk-64 prefill, over the
 // sequences of a step and their fp32 state slots [slots, H, dk, dv] (K-first).
 //
 // kda_chunked with bf16 activations runs the tensor-core prefill of kda_chunk_tc.cu. The fp32 forms
@@ -16,9 +16,9 @@
 //     O = Qd·S + Aqk·Vn, S ← e^{G_last}⊙S + Kdᵀ·Vn, and the layout's snapshots at chunk ends.
 // No per-chunk state goes to memory.
 //
-// kda_summary (the affine map of each sequence's rows, for splitting a sequence: docs/
-// CONTEXT-PARALLEL.md) runs the same chunk_prep without q, then a state pass over the augmented
-// state [A | B] (kda_summary_state_kernel), in fp32 whatever the activation dtype.
+// kda_summary (the affine map of each sequence's rows, for splitting a sequence: MODEL.md 4.9)
+// runs the same chunk_prep without q, then a state pass over the augmented state [A | B]
+// (kda_summary_state_kernel), in fp32 whatever the activation dtype.
 #include <cmath>
 #include <vector>
 
@@ -63,7 +63,7 @@ __device__ __forceinline__ void store_state(const KdaStep& s, float* st, int col
   }
 }
 
-// SPEC 4.5, token by token: S ← diag(e^g)S; u = β(v − Sᵀk); S ← S + k uᵀ; o = Sᵀ q.
+// MODEL.md 4.5, token by token: S ← diag(e^g)S; u = β(v − Sᵀk); S ← S + k uᵀ; o = Sᵀ q.
 // Launch bounds for 4 blocks per SM (128 registers, 8 bytes spilled outside the token loop): at 156
 // registers it ran 3 per SM, 18 % achieved occupancy, 2.09 TB/s in ncu at batch 256, where FLA's
 // kernel of the same tile runs 4 per SM at 2.45 TB/s.

@@ -1,4 +1,4 @@
-// The bf16 KDA chunked prefill on tensor cores (SPEC 4.6, chunk 64), two launches:
+// The bf16 KDA chunked prefill on tensor cores (MODEL.md 4.6, chunk 64), two launches:
 //
 // prep, a block of 512 threads per (chunk, head), two blocks per SM (≤ 64 registers, 108,288 bytes of
 // shared memory at d = 128), every chunk in parallel (dk = dv = 16, 32, 64 or 128, a template
@@ -46,7 +46,7 @@
 // issue took a third of the output warps' time, ncu, and the recurrence waited for it). Snapshots
 // are written by the recurrence warps from their registers at chunk ends.
 //
-// The sequence split (issue 9; docs/CONTEXT-PARALLEL.md's summary): a segment of chunks maps its
+// The sequence split (issue 9; MODEL.md 4.9): a segment of chunks maps its
 // incoming state affinely, S_out = A·S_in + B, A the product of its chunks' diag(e^{G_last}) − Kdᵀ·W.
 // The state launch walks A as a state of dk value columns from the identity with U = 0, and B from
 // zero; both are the recurrence above, fp32 accumulators with bf16 operands like the state's own.

@@ -1,4 +1,4 @@
-// CUDA kda_decode (SPEC 4.8): the decode rows of a KDA layer in three launches, each a programmatic
+// CUDA kda_decode (MODEL.md 4.8): the decode rows of a KDA layer in three launches, each a programmatic
 // dependent of the one before (it starts while that one finishes and waits before reading its
 // output):
 //   prelude, a block per (2 heads, sequence), per head two warps of four 16-lane groups (q, k | v,
@@ -17,7 +17,7 @@
 // d = 128, whose floor is 0.26 ms (the state pool copy measures 0.261 ms, 98 % of 4.2 TB/s); the
 // rest is ~3 % of it. The state launch has the shape of FLA's fused_recurrent_kda (a 128 × 32 tile
 // per 4-warp block), which reaches 62 % of the copy at B = 256 where a block per head doing all of
-// the work reached 55-57 % (docs/PERF.md: four designs of that kind measured); what was the
+// the work reached 55-57 % (docs/perf-log.md: four designs of that kind measured); what was the
 // per-head chain of dependent loads and block reductions runs once per head in the prelude instead
 // of once per tile, off the state launch's path. The intermediates are rounded where the
 // composition of ops stores them (conv output and o in the activation dtype), so both agree up to

@@ -153,7 +153,7 @@ void launch_gather(const void* src, int64_t src_rows, const int32_t* rows, void*
                                                      out_rows, units);
 }
 
-// SPEC 2.3: W[r, c] = e2m1(nibble(r, c)) · 2^(scale[r, c/32] − 127); the low nibble is the even column.
+// MODEL.md 2.3: W[r, c] = e2m1(nibble(r, c)) · 2^(scale[r, c/32] − 127); the low nibble is the even column.
 __global__ void mxfp4_kernel(const uint8_t* packed, const uint8_t* scale, int64_t rows, int64_t in, Out w) {
   const int64_t n = rows * in;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {

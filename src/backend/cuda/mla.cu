@@ -1,4 +1,4 @@
-// CUDA MLA (SPEC 5): the paged latent-cache write, the expanded prefill and the absorbed decode.
+// CUDA MLA (MODEL.md 5): the paged latent-cache write, the expanded prefill and the absorbed decode.
 //
 // The cache write normalises the latent on its way into the pages (a block per row): at batch 1 it
 // replaces four launches (a column copy out, rms_norm, a copy back, the write) by one, 21 fewer of
@@ -736,7 +736,7 @@ __global__ void __launch_bounds__(expanded::kThreads, 2) expanded_kernel(Expande
 // The fewest sequences in a decode step for which AttentionKernels::kBest runs FlashInfer's MLA
 // kernel. H200, ops_bench mla (graph replays, 4k context, ms, FlashInfer / mla.cu's absorbed):
 // batch 1 0.0251 / 0.0200, 2 0.0254 / 0.0230, 4 0.0255 / 0.0355, 16 0.0401 / 0.0639,
-// 64 0.0941 / 0.1763, 256 0.3078 / 0.6414 (docs/PERF.md, tenth round).
+// 64 0.0941 / 0.1763, 256 0.3078 / 0.6414 (docs/perf-log.md, tenth round).
 constexpr int64_t kFlashInferDecodeMinSeqs = 4;
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The bf16 absorbed MLA decode attention (SPEC 5.2) on FlashInfer 0.7.2's Hopper MLA kernel
+// The bf16 absorbed MLA decode attention (MODEL.md 5.2) on FlashInfer 0.7.2's Hopper MLA kernel
 // (flashinfer/attention/mla_hopper.cuh: a persistent cooperative grid, one CTA an SM; warpgroup 0
 // loads Q and 64-key tiles of the latent cache into a two-stage pipeline and the two others run
 // wgmma for S = Q'·Kᵀ (Q' = [q_lat ‖ q_r], 64 query rows × 64 keys × 576) and O += P·V (64 × 512 ×
@@ -7,7 +7,7 @@
 //
 // Math, per sequence b, head h, new row i (position p = cached[b] + i):
 //   o_lat[i, h] = Σ_{τ ≤ p} softmax_τ(scale · q'_h[i]·k'[τ]) · c[τ],
-//   k'[τ] = [c[τ] ‖ k_r[τ]] the page row (576), c[τ] its latent (512), scale = 1/√192 (SPEC 5). The
+//   k'[τ] = [c[τ] ‖ k_r[τ]] the page row (576), c[τ] its latent (512), scale = 1/√192 (MODEL.md 5). The
 //   kernel takes the scale in natural units (sm_scale; mla.cuh multiplies it by log2(e)).
 //
 // Shapes (Kimi-Linear-48B decode): N = B rows, H = 32: the planner packs the rows' heads as query
@@ -21,8 +21,8 @@
 // 0.58 ms at 4.2 TB/s; FLOPs 2·64·32·32,768·(576 + 512) = 0.15 TFLOP (0.2 ms at 770; the kernel
 // computes 64 query rows for our 32, so twice that). mla.cu's absorbed_kernel (mma.sync, Q re-read
 // from shared memory for every key tile) measured 1.049 ms there and 1.30 ms a layer at 256 × 8k in
-// the 48B decode step (docs/PERF.md, eighth and ninth rounds).
-// Measured (H200, ops_bench mla, graph replays, docs/PERF.md tenth round): 0.648 ms at 64 × 32k
+// the 48B decode step (docs/perf-log.md, eighth and ninth rounds).
+// Measured (H200, ops_bench mla, graph replays, docs/perf-log.md tenth round): 0.648 ms at 64 × 32k
 // (89 % of the floor), 0.578 at 256 × 8k (~100 %), 0.0941 at 64 × 4k; at 1-2 sequences 0.025 ms,
 // slower than mla.cu's 0.020-0.023, which keeps those steps.
 #include <flashinfer/attention/mask.cuh>

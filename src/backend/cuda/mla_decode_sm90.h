@@ -21,7 +21,7 @@ struct MlaDecodeSm90Args {
   const void* pages;   // [pages, page_size, 576] bf16: latent (512) ‖ rope key (64) of each position
   void* out;           // [N, H, 512] bf16: o_lat
   int64_t heads;       // H
-  float scale;         // softmax scale in natural units (SPEC 5: 1/√192)
+  float scale;         // softmax scale in natural units (MODEL.md 5: 1/√192)
 };
 
 // The latent shape the kernel is compiled for: 512 + 64.

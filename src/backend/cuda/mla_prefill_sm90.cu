@@ -1,4 +1,4 @@
-// The bf16 MLA prefill attention (SPEC 5.1 steps 5-7) on FlashInfer 0.7.2's Hopper ragged-KV prefill
+// The bf16 MLA prefill attention (MODEL.md 5.1 steps 5-7) on FlashInfer 0.7.2's Hopper ragged-KV prefill
 // kernel (flashinfer/attention/hopper/prefill_sm90.cuh: FA3's warp-specialised design, one producer
 // warp issuing TMA loads of Q, K and V tiles into a two-stage pipeline, two consumer warpgroups
 // running wgmma for S = Q·Kᵀ and O += P·V with the online softmax in registers).
@@ -6,7 +6,7 @@
 // Math, per sequence b, head h, new row i (position p = cached[b] + i):
 //   out[i, h] = Σ_{τ ≤ p} softmax_τ(scale · Q_h[i]·K_h[τ]) · V_h[τ],
 //   Q_h = q_n[h] ‖ q_r[h] (192), K_h = k_n[h] ‖ k_r (192, k_r shared by the heads), V_h = val[h] (128),
-//   scale = 1/√192 (SPEC 5.1 step 6). FlashInfer takes the scale in natural units (sm_scale) and
+//   scale = 1/√192 (MODEL.md 5.1 step 6). FlashInfer takes the scale in natural units (sm_scale) and
 //   multiplies it by log2(e) itself (hopper/variants.cuh, StandardAttention), running exp2 on the
 //   scaled scores; its causal mask is bottom-right aligned (kv_idx < qo_idx + 1 + kv_len − qo_len,
 //   hopper/mainloop_mma.cuh), which is ours: the queries are the last new[b] of cached[b] + new[b] keys.
@@ -32,7 +32,7 @@
 // ≈ 6.9e11: 0.89 ms at the H200's 770 TFLOP/s (bf16 dense, as docs/PERF.md counts it). Bytes are
 // small beside that (Q, K, V, O ≈ 0.2 GB, 0.05 ms at 4.2 TB/s; the key assembly reads 67 MB and
 // writes 100 MB, ~0.04 ms). The whole op (gather, kv_b GEMM of 69 GFLOP, keys, attention) measured
-// 7.33 ms (94 TFLOP/s) on mla.cu's mma.sync kernel (docs/PERF.md, second round).
+// 7.33 ms (94 TFLOP/s) on mla.cu's mma.sync kernel (docs/perf-log.md, second round).
 // Compiled: 168 registers (the launch bound of 384 threads; the consumer warpgroups raise theirs to
 // 240 at run time), 32 bytes of spills, ~208 KB of shared memory (Q 48 KB, K and V two stages each).
 // Measured (H200, 2026-12-02, ops_bench mla, causal, H = 32, with SafeEpilogue): the whole op at

@@ -19,7 +19,7 @@ struct MlaPrefillSm90Args {
   void* out;            // [N, H, 128] bf16
   int64_t heads;        // H
   int64_t key_rows;     // R = Σ_b cached[b] + new[b]
-  float scale;          // softmax scale in natural units (SPEC 5: 1/√192)
+  float scale;          // softmax scale in natural units (MODEL.md 5: 1/√192)
 };
 
 // The head shape FlashInfer's kernel is compiled for here: q/k 128 + 64, v 128.

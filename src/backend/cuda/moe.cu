@@ -1,4 +1,4 @@
-// CUDA MoE (SPEC 3.3, 3.4).
+// CUDA MoE (MODEL.md 3.3, 3.4).
 //
 // Router: one kernel, a warp per token (sigmoid, bias for the choice only, grouped top-k,
 // renormalise, scale; ties go to the lower index as on the CPU).
@@ -16,7 +16,7 @@
 //              dtype (as every linear's output, and the GEMM paths' h), GLU → act[slot] (activation
 //              dtype), so a slot's act is the same on every path up to the order of the fp32 sums.
 //     down:    rows = R output features; epilogue y[slot] = expert output rounded to the activation
-//              dtype (SPEC 3.4); then per (token, tile) a counter: the block whose slot completes a
+//              dtype (MODEL.md 3.4); then per (token, tile) a counter: the block whose slot completes a
 //              token's K outputs sums them in k order in fp32 and writes out. Deterministic (no float
 //              atomics; the integer counters only pick which block adds).
 //   R = kTileRows = 32 at every N: a block reads each token's input row once for all its R rows, and
@@ -522,8 +522,8 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ExpertsArgs p) {
       const int j = i / kHalf, r = i % kHalf;
       const int64_t f = int64_t{tile} * kHalf + r;
       if (f >= p.f) continue;
-      // The gate and up projections' outputs are rounded to the activation dtype first (SPEC's
-      // conventions: every linear's output is), as the GEMM paths' h is.
+      // The gate and up projections' outputs are rounded to the activation dtype first (MODEL.md 0:
+      // every linear's output is), as the GEMM paths' h is.
       const float gate = from_t<T>(to_t<T>(tile_value<T, kRows>(red, r, j)));
       const float up = from_t<T>(to_t<T>(tile_value<T, kRows>(red, r + kHalf, j)));
       act[int64_t{slot[j]} * p.f + f] = to_t<T>(glu_value(gate, up, p.kind, p.beta, p.has_linear_beta, p.linear_beta));
@@ -695,7 +695,7 @@ void experts_per_expert_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx
   const Tensor token_t = dev(token), pos_t = dev(pos);
   const Tensor xp = be.alloc(x.dtype(), {n * k, din});
   be.gather_rows(x, token_t, xp);
-  // Expert outputs in the activation dtype (SPEC 3.4), as the grouped path.
+  // Expert outputs in the activation dtype (MODEL.md 3.4), as the grouped path.
   const Tensor h = be.alloc(x.dtype(), {n * k, f2}), act = be.alloc(x.dtype(), {n * k, f});
   const Tensor y = be.alloc(x.dtype(), {n * k, dout});
   const size_t es = dtype_size(x.dtype());
@@ -935,7 +935,7 @@ void experts_swapped_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx, c
   plan.tokens = tokens.data_as<int32_t>();
   plan.k = static_cast<int>(k);
   launch_plan(be, idx, num_experts, slots, plan, what);
-  // Expert outputs in the activation dtype (SPEC 3.4), as on the other paths.
+  // Expert outputs in the activation dtype (MODEL.md 3.4), as on the other paths.
   const Tensor xp = be.alloc(x.dtype(), {nk, din}), h = be.alloc(x.dtype(), {nk, f2});
   const Tensor act = be.alloc(x.dtype(), {nk, f}), y = be.alloc(x.dtype(), {nk, dout});
   be.gather_rows(x, tokens, xp);

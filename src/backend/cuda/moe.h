@@ -1,4 +1,4 @@
-// The four ways the CUDA backend runs the routed experts (SPEC 3.4). moe_experts picks one by the
+// The four ways the CUDA backend runs the routed experts (MODEL.md 3.4). moe_experts picks one by the
 // token count and the operands (moe_path_for); the benchmark times each to place the thresholds.
 #pragma once
 

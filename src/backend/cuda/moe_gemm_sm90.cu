@@ -1,4 +1,4 @@
-// The routed experts' GEMMs of a decode step (SPEC 3.4): per expert e, out[rows of e] = in[rows of
+// The routed experts' GEMMs of a decode step (MODEL.md 3.4): per expert e, out[rows of e] = in[rows of
 // e] · w[e]ᵀ, computed as D = w[e] · in[rows of e]ᵀ ("swap AB") on CUTLASS's Hopper grouped kernel
 // (cutlass_grouped.cuh), so the expert's output features fill the 128-row M tile of the wgmma and
 // its few tokens the narrow N tile. D is stored column-major, which is out[rows, n] row-major.
