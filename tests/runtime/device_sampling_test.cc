@@ -2,8 +2,8 @@
 // device"), on the CPU backend: requests that use only temperature, top-k, top-p and a seed,
 // several choices each, run together in one engine beside a request with penalties (host
 // sampler) and a greedy one, give each choice the tokens generate() gives alone for its seed; the
-// same run again gives the same tokens; and the device path is really taken (the runner reports
-// drawn ids, not logits, for those rows).
+// same run again gives the same tokens, other seeds other tokens; and the device path is really
+// taken (the runner reports drawn ids, not logits, for those rows).
 #include <gtest/gtest.h>
 
 #include "backend/backend.h"
@@ -52,7 +52,7 @@ TEST(DeviceSampling, EngineChoicesEqualGenerateAloneAndRepeat) {
   for (const Case& c : cases)
     EXPECT_EQ(device_samplable(c.p, -1), c.p.presence_penalty == 0.0f) << c.name;
 
-  auto run_engine = [&] {
+  auto run_engine = [&](uint64_t seed_offset) {
     auto runner = ModelRunner::create(*model, CacheOptions{16, 16, 32 << 20}).value();
     Engine engine(*runner, nullptr, EngineOptions{{64, 16}, 100, {}});
     std::vector<std::vector<std::vector<int32_t>>> got(cases.size());
@@ -60,6 +60,7 @@ TEST(DeviceSampling, EngineChoicesEqualGenerateAloneAndRepeat) {
       RequestSpec s;
       s.prompt = prompts[i];
       s.sampling = cases[i].p;
+      s.sampling.seed += seed_offset;
       s.n = cases[i].n;
       s.stop.max_tokens = kTokens;
       s.stop.ignore_eos = true;
@@ -71,8 +72,20 @@ TEST(DeviceSampling, EngineChoicesEqualGenerateAloneAndRepeat) {
     engine.run_until_idle();
     return got;
   };
-  const auto first = run_engine();
-  EXPECT_EQ(run_engine(), first) << "the same seeds gave other tokens";
+  const auto first = run_engine(0);
+  EXPECT_EQ(run_engine(0), first) << "the same seeds gave other tokens";
+  // Other seeds give other tokens: the sampled choices (every case but greedy) together draw 8 x 9
+  // tokens from the tiny model's spread distributions; equal by chance is out of reach.
+  const auto other = run_engine(1);
+  std::vector<std::vector<int32_t>> sampled_first, sampled_other;
+  for (size_t i = 0; i < cases.size(); ++i)
+    if (cases[i].p.temperature > 0.0f) {
+      sampled_first.insert(sampled_first.end(), first[i].begin(), first[i].end());
+      sampled_other.insert(sampled_other.end(), other[i].begin(), other[i].end());
+    } else {
+      EXPECT_EQ(other[i], first[i]) << cases[i].name << ": greedy depends on no seed";
+    }
+  EXPECT_NE(sampled_other, sampled_first) << "seeds + 1 gave the same tokens: the seed is not used";
   for (size_t i = 0; i < cases.size(); ++i)
     for (int j = 0; j < cases[i].n; ++j) {
       GenerateOptions o;

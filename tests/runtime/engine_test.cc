@@ -1,4 +1,4 @@
-// Engine and scheduler over a fake runner whose "model" is a hash of everything a sequence has
+// The engine over a fake runner whose "model" is a hash of everything a sequence has
 // been fed (so any state mix-up, lost chunk or stale slot changes the tokens): batched and
 // chunked runs under tight budgets equal one-by-one runs, steps mix decodes with prefill chunks
 // and stay within the token budget and the pools, preemption recomputes exactly, cancellation and
@@ -363,83 +363,6 @@ TEST(Engine, RefusesRequestsThatCannotRun) {
   engine.run_until_idle();
   EXPECT_TRUE(engine.submit(spec({1}, 4), [](const EngineEvent&) {}).ok());
   engine.run_until_idle();
-}
-
-TEST(Scheduler, DecodesFirstThenChunksUnderTheBudget) {
-  Scheduler s(SchedulerOptions{10, 8});
-  Sequence a, b, c;
-  a.id = 1, b.id = 2, c.id = 3;
-  a.tokens.assign(5, 1);
-  b.tokens.assign(30, 1);
-  c.tokens.assign(3, 1);
-  s.add(&a);
-  const CacheUsage roomy{4, 4, 100, 100, 4};
-  StepPlan p = s.schedule(roomy);
-  ASSERT_EQ(p.seqs.size(), 1u);
-  EXPECT_TRUE(p.seqs[0].admit);
-  EXPECT_EQ(p.seqs[0].tokens, 5);
-  a.computed = 5;
-  a.slot = 1;
-  a.tokens.push_back(7);  // sampled: a decodes next
-  s.add(&b);
-  s.add(&c);
-  p = s.schedule(roomy);
-  ASSERT_EQ(p.seqs.size(), 2u);  // a's decode, then b's first chunk takes the rest; c waits
-  EXPECT_EQ(p.seqs[0].seq, &a);
-  EXPECT_EQ(p.seqs[0].tokens, 1);
-  EXPECT_EQ(p.seqs[1].seq, &b);
-  EXPECT_EQ(p.seqs[1].tokens, 9);
-  EXPECT_EQ(s.num_waiting(), 1u);
-  // b's next chunk needs 2 more pages and 1 is free; the only other running sequence (a) already
-  // has its decode in this step, so b preempts itself back to the front of the queue.
-  a.computed = 6;
-  a.tokens.push_back(8);
-  b.computed = 9;
-  b.slot = 2;
-  p = s.schedule(CacheUsage{4, 2, 6, 1, 4});
-  ASSERT_EQ(p.preempted.size(), 1u);
-  EXPECT_EQ(p.preempted[0], &b);
-  EXPECT_EQ(b.computed, 0);
-  ASSERT_EQ(p.seqs.size(), 1u);
-  EXPECT_EQ(p.seqs[0].seq, &a);
-  EXPECT_EQ(s.num_waiting(), 2u);
-  EXPECT_EQ(s.num_preemptions(), 1);
-}
-
-// With a snapshot grid, a prefill chunk ends where the step could not snapshot: at a grid point or
-// the prompt's end that is not a multiple of 64 tokens from the chunk's start; points at such a
-// multiple (or at the chunk's end) do not shorten it.
-TEST(Scheduler, ChunksEndAtSnapshotPointsTheyCannotSnapshot) {
-  struct Case {
-    int64_t budget, prompt, total, computed, want;
-  };
-  const std::vector<Case> cases{
-      {100, 150, 150, 0, 100},   // grid 64 at offset 64: allowed
-      {100, 150, 150, 100, 28},  // grid 128 at offset 28: cut there
-      {100, 150, 150, 128, 22},  // the prompt's end is the chunk's end
-      {100, 150, 160, 128, 22},  // a recomputed sequence: the prompt's end at offset 22 cuts
-      {7, 150, 150, 126, 2},     // grid 128 inside a small chunk
-      {7, 150, 150, 128, 7},
-      {200, 300, 300, 10, 54},   // grid 64 at offset 54
-      {200, 300, 300, 64, 200},  // 128, 192, 256 all at multiples of 64
-      {200, 40, 300, 0, 40},     // nothing beyond the prompt is on the grid
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE("budget " + std::to_string(c.budget) + " computed " + std::to_string(c.computed));
-    Scheduler s(SchedulerOptions{c.budget, 8, 64});
-    Sequence q;
-    q.id = 1;
-    q.tokens.assign(static_cast<size_t>(c.total), 1);
-    q.prompt = c.prompt;
-    s.add(&q);
-    const StepPlan p = s.schedule(CacheUsage{4, 4, 0, 0, 1});
-    ASSERT_EQ(p.seqs.size(), 1u);
-    q.computed = c.computed;  // admitted from zero; now ask for the chunk from `computed`
-    q.slot = 1;
-    const StepPlan next = s.schedule(CacheUsage{4, 3, 0, 0, 1});
-    ASSERT_EQ(next.seqs.size(), 1u);
-    EXPECT_EQ(next.seqs[0].tokens, c.want);
-  }
 }
 
 }  // namespace

@@ -61,6 +61,20 @@ TEST(Sampler, SeedReproduces) {
   EXPECT_GE(seen.size(), 3u);  // the runs really sampled
 }
 
+// Another seed gives another stream: 200 draws over 4 ids, each at least ~7 % likely, agree with
+// the first seed's by chance with probability below 0.75^200 (a seed ignored would give the same).
+TEST(Sampler, AnotherSeedGivesOtherIds) {
+  const std::vector<float> logits{0.0f, 1.0f, 2.0f, 0.5f};
+  const uint64_t seed = testing::fresh_seed();
+  Sampler a(SamplingParams{1.5f, 0, 1.0f, seed}), b(SamplingParams{1.5f, 0, 1.0f, seed + 1});
+  std::vector<int32_t> xs, ys;
+  for (int i = 0; i < 200; ++i) {
+    xs.push_back(a.sample(logits));
+    ys.push_back(b.sample(logits));
+  }
+  EXPECT_NE(xs, ys) << "seeds " << seed << " and " << seed + 1 << " drew the same 200 ids";
+}
+
 // Pearson's statistic of `count` (n draws) against the distribution `p`.
 double chi_square(const std::vector<int>& count, const std::vector<double>& p, int n) {
   double chi2 = 0;

@@ -1,7 +1,7 @@
-// AttnRes two-phase form (SPEC 7.3), a host reference for the tests: the sealed blocks of an
+// AttnRes two-phase form (MODEL.md 7.3), a host reference for the tests: the sealed blocks of an
 // AttnRes block are summarised once per read site (phase 1: max logit M, normaliser Z and weighted
 // sum N over the blocks), then each read merges that summary with the live partial sum p by an
-// online-softmax step (phase 2). It equals the direct read of SPEC 7.1 (Backend::attn_res_read)
+// online-softmax step (phase 2). It equals the direct read of MODEL.md 7.1 (Backend::attn_res_read)
 // over blocks + [p]; a fused GPU path may follow this form.
 #pragma once
 
@@ -24,7 +24,7 @@ struct AttnResStats {
 
 
 namespace attn_res_detail {
-// ℓ = ρ·(v·e) with ρ = rsqrt(mean v² + eps) (SPEC 7.1 step 3).
+// ℓ = ρ·(v·e) with ρ = rsqrt(mean v² + eps) (MODEL.md 7.1 step 3).
 inline float logit(const float* v, const float* e, int64_t d, float eps) {
   double ss = 0, dot = 0;
   for (int64_t j = 0; j < d; ++j) {

@@ -1,4 +1,4 @@
-// CpuBackend::moe_route (SPEC 3.3): biased selection, unbiased renormalised weights, grouped top-k.
+// CpuBackend::moe_route (MODEL.md 3.3): biased selection, unbiased renormalised weights, grouped top-k.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -51,7 +51,7 @@ std::set<int> keys(const std::map<int, float>& m) {
   return s;
 }
 
-// The SPEC 3.3 weights of the chosen experts: σ(logit), renormalised with +1e-20 when asked, times scale.
+// The MODEL.md 3.3 weights of the chosen experts: σ(logit), renormalised with +1e-20 when asked, times scale.
 std::map<int, double> expected_weights(const std::vector<float>& logits, const std::set<int>& chosen, bool renorm,
                                        double scale) {
   double sum = 0;
@@ -172,7 +172,7 @@ TEST_P(RouterTest, GroupedTopOneAndSeveralTokens) {
   EXPECT_NEAR(r.tokens[1].at(8), sigmoid(2.0) * kScale, 1e-6);
 }
 
-// A plain SPEC 3.3 reference for random cases (ties have probability ~0 with continuous logits).
+// A plain MODEL.md 3.3 reference for random cases (ties have probability ~0 with continuous logits).
 std::set<int> reference_selection(const std::vector<float>& logits, const std::vector<float>& bias, int k, int groups,
                                   int keep) {
   const int e = static_cast<int>(logits.size()), per = e / groups;

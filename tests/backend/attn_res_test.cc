@@ -1,4 +1,4 @@
-// AttnRes: the backend's direct read (SPEC 7.1) equals the two-phase online-softmax form (SPEC 7.3,
+// AttnRes: the backend's direct read (MODEL.md 7.1) equals the two-phase online-softmax form (MODEL.md 7.3,
 // a host reference) on random blocks, partial sums and queries, with and without a partial
 // candidate, on every backend row.
 #include <gtest/gtest.h>
