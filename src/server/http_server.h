@@ -1,5 +1,5 @@
-// HttpServer: the OpenAI-compatible HTTP front of an Engine (with bench_client.cc, the only user of
-// cpp-httplib).
+// HttpServer: the OpenAI-compatible HTTP front of an Engine (with tools/klinear/bench_client.cc, the
+// only user of cpp-httplib).
 //
 // HTTP threads only parse, enqueue and stream: each request is validated (openai.h), submitted
 // to the engine with a sink that feeds a per-request channel, and its handler (or its SSE content

@@ -1,4 +1,4 @@
-#include "server/bench_client.h"
+#include "bench_client.h"
 
 #include <httplib.h>
 
