@@ -19,6 +19,8 @@ Result<DType> parse_compute_dtype(const std::string& name) {
   return Status::InvalidArgument("dtype '" + name + "' is not one of: float32, bfloat16");
 }
 
+DType default_compute_dtype(Device device) { return device == Device::kCuda ? DType::kBF16 : DType::kF32; }
+
 Result<CudaGraphs> parse_cuda_graphs(const std::string& name) {
   if (name == "on") return CudaGraphs::kOn;
   if (name == "off") return CudaGraphs::kOff;

@@ -32,10 +32,17 @@ Cache::Cache(const ModelConfig& config, Backend& backend) : config_(config), bac
   id_ = next_id++;
 }
 
+Status check_page_size(int64_t page_size) {
+  if (page_size < 1 || page_size > kMaxPageSize)
+    return Status::InvalidArgument("page size (--page-size) " + std::to_string(page_size) + " is outside [1, " +
+                                   std::to_string(kMaxPageSize) + "]");
+  return {};
+}
+
 Result<std::unique_ptr<Cache>> Cache::create(const ModelConfig& c, Backend& be, const CacheOptions& o) {
-  if (o.max_sequences < 1 || o.page_size < 1)
-    return Status::InvalidArgument("cache: max_sequences (" + std::to_string(o.max_sequences) + ") and page_size (" +
-                                   std::to_string(o.page_size) + ") must be at least 1");
+  if (o.max_sequences < 1)
+    return Status::InvalidArgument("cache: max_sequences (" + std::to_string(o.max_sequences) + ") must be at least 1");
+  KL_RETURN_IF_ERROR(check_page_size(o.page_size));
   std::unique_ptr<Cache> cache(new Cache(c, be));
   CacheSizes& s = cache->sizes_;
   const uint64_t act = dtype_size(be.activation_dtype());

@@ -34,6 +34,11 @@ struct CacheOptions {
   uint64_t memory_bytes = 0;
 };
 
+// Positions per MLA page at most (a page of the 48B model's 576-wide latent is then 4.7 MB a layer
+// in bf16); every command that takes --page-size checks it with check_page_size before loading.
+inline constexpr int64_t kMaxPageSize = 4096;
+Status check_page_size(int64_t page_size);
+
 // What the pools hold, for start-up reports and admission decisions.
 struct CacheSizes {
   uint64_t bytes_per_slot = 0;   // KDA + conv state of one sequence, all layers

@@ -198,6 +198,11 @@ TEST(HostileCli, NumericFlagsAreRangeChecked) {
       {"generate --model " + kModel + " --prompt-ids 1,2147483648", "--prompt-ids: item 1"},
       {"logits --model " + kModel + " --ids 3,x --out /dev/null", "--ids: item 1"},
       {"detokenize --tokenizer " + testing::kimi_tokenizer_dir() + " --ids 99999999999999999999", "--ids: item 0"},
+      {gen + "--page-size 0", "--page-size"},
+      {gen + "--page-size 100000", "--page-size"},
+      // serve checks it before loading (it took any positive size and served)
+      {"serve --model " + kModel + " --port 0 --page-size 0", "--page-size"},
+      {"serve --model " + kModel + " --port 0 --page-size 99999", "--page-size"},
   };
   for (const auto& [args, flag] : cases) {
     const CliRun r = run_limited(args);

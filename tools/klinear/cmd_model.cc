@@ -72,12 +72,13 @@ Result<OneSequence> open_sequence(const LoadedModel& m) {
 Result<LoadedModel> load(const ModelArgs& a) {
   BackendOptions o;
   KL_ASSIGN_OR_RETURN(o.device, parse_device(a.device));
-  KL_ASSIGN_OR_RETURN(o.dtype, parse_compute_dtype(a.dtype.empty() ? (o.device == Device::kCuda ? "bfloat16" : "float32")
-                                                                   : a.dtype));
+  o.dtype = default_compute_dtype(o.device);
+  if (!a.dtype.empty()) {
+    KL_ASSIGN_OR_RETURN(o.dtype, parse_compute_dtype(a.dtype));
+  }
   KL_ASSIGN_OR_RETURN(o.graphs, parse_cuda_graphs(a.cuda_graphs));
   KL_ASSIGN_OR_RETURN(o.attention, parse_attention_kernels(a.attention_kernels));
-  if (a.page_size < 1 || a.page_size > 4096)
-    return Status::InvalidArgument("--page-size " + std::to_string(a.page_size) + " is outside [1, 4096]");
+  KL_RETURN_IF_ERROR(check_page_size(a.page_size));
   LoadedModel m;
   KL_ASSIGN_OR_RETURN(m.backend, make_backend(o));
   KL_ASSIGN_OR_RETURN(LoadFormat format, parse_load_format(a.load_format));
@@ -188,7 +189,7 @@ int run_info(const InfoArgs& a) {
   int64_t params = 0, bytes = 0;
   std::printf("\ndtype     tensors        params          bytes\n");
   for (const auto& [dtype, s] : ckpt->stats()) {
-    std::printf("%-8s %8lld %13lld %14lld\n", dtype.c_str(), (long long)s.tensors, (long long)s.params, (long long)s.bytes);
+    std::printf("%-8s %8lld %13lld %14lld\n", dtype_name(dtype), (long long)s.tensors, (long long)s.params, (long long)s.bytes);
     params += s.params;
     bytes += s.bytes;
   }
