@@ -1,7 +1,7 @@
 #include "core/tensor.h"
 
 #include <cstring>
-#include <new>
+#include <string>
 
 namespace klinear {
 
@@ -16,7 +16,10 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
   const size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-  if (p == nullptr) throw std::bad_alloc();
+  // Host tensors are sized by checked inputs (a prompt within the context, a step within its
+  // budget); running out of host memory for one is not an error a caller can act on.
+  KL_CHECK(p != nullptr, "host allocation of " + std::to_string(rounded) + " bytes for a tensor " + shape_to_string(shape) +
+                             " failed");
   return wrap(dtype, std::move(shape), p, std::shared_ptr<void>(p, std::free), Device::kCpu);
 }
 

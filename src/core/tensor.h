@@ -31,7 +31,7 @@ class Tensor {
  public:
   Tensor() = default;
 
-  // Uninitialised host tensor (64-byte aligned).
+  // Uninitialised host tensor (64-byte aligned); aborts naming the size if the host is out of memory.
   static Tensor empty(DType dtype, Shape shape);
   // Zero-filled host tensor.
   static Tensor zeros(DType dtype, Shape shape);

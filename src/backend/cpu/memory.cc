@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <fstream>
 #include <string>
 
@@ -40,7 +39,7 @@ uint64_t CpuBackend::available_bytes() const {
 CpuBackend::CpuBackend()
     : arena_(Device::kCpu, [](size_t bytes) -> std::shared_ptr<void> {
         void* p = std::aligned_alloc(256, bytes);
-        if (p == nullptr) throw std::bad_alloc();
+        KL_CHECK(p != nullptr, "host allocation of " + std::to_string(bytes) + " bytes for the CPU arena failed");
         return std::shared_ptr<void>(p, std::free);
       }) {
   // OpenBLAS maps its work buffers on first use and, when a mapping fails (an address-space
