@@ -225,10 +225,10 @@ std::vector<Checkpoint::NonFinite> Checkpoint::scan_non_finite() const {
   return out;
 }
 
-std::map<std::string, Checkpoint::DtypeStats> Checkpoint::stats() const {
-  std::map<std::string, DtypeStats> out;
+std::map<DType, Checkpoint::DtypeStats> Checkpoint::stats() const {
+  std::map<DType, DtypeStats> out;
   for (const auto& [name, ref] : tensors_) {
-    DtypeStats& s = out[dtype_name(ref.entry->dtype)];
+    DtypeStats& s = out[ref.entry->dtype];
     s.tensors += 1;
     s.params += shape_numel(ref.entry->shape);
     s.bytes += static_cast<int64_t>(ref.entry->end - ref.entry->begin);

@@ -70,7 +70,7 @@ class Checkpoint {
 
   // Statistics for `klinear info`: parameter count and bytes by dtype over the whole checkpoint.
   struct DtypeStats { int64_t tensors = 0, params = 0, bytes = 0; };
-  std::map<std::string, DtypeStats> stats() const;
+  std::map<DType, DtypeStats> stats() const;
 
  private:
   struct Ref {

@@ -23,7 +23,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, Backend& back
   uint64_t elements = 0;
   if (format == LoadFormat::kSafetensors) {
     KL_ASSIGN_OR_RETURN(ckpt, Checkpoint::open(dir));
-    for (const auto& [dtype, s] : ckpt->stats()) elements += static_cast<uint64_t>(dtype == "U8" ? 2 * s.bytes : s.params);
+    for (const auto& [dtype, s] : ckpt->stats()) elements += static_cast<uint64_t>(dtype == DType::kU8 ? 2 * s.bytes : s.params);
   } else {
     elements = count_parameters(config, backend);
   }

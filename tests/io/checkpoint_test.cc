@@ -203,10 +203,10 @@ TEST_F(CheckpointTest, ShardedIndex) {
   ASSERT_TRUE(c->take("lm_head.weight", {1, 2}).ok());
   EXPECT_TRUE(c->finish().ok());
   const auto stats = c->stats();
-  ASSERT_EQ(stats.count("F32"), 1u);
-  EXPECT_EQ(stats.at("F32").tensors, 4);
-  EXPECT_EQ(stats.at("F32").params, 2 + 3 + 4 + 2);
-  EXPECT_EQ(stats.at("F32").bytes, 4 * 11);
+  ASSERT_EQ(stats.count(DType::kF32), 1u);
+  EXPECT_EQ(stats.at(DType::kF32).tensors, 4);
+  EXPECT_EQ(stats.at(DType::kF32).params, 2 + 3 + 4 + 2);
+  EXPECT_EQ(stats.at(DType::kF32).bytes, 4 * 11);
 }
 
 TEST_F(CheckpointTest, IndexPointingToMissingShard) {
