@@ -1,8 +1,9 @@
 // StepRunner: what the serving engine needs from a model and its caches, and nothing more: open
 // and close sequences (a state slot each, plus cache pages as they grow) and run one step over
-// many sequences, and (optionally) reuse a cached prefix. The scheduler and engine are written against this interface so that unit tests
-// drive them with a fake and the model side can change (per-sequence today, the batched forward
-// over pooled caches of issue 6 next) without touching them.
+// many sequences, and (optionally) reuse a cached prefix. The scheduler and engine are written
+// against this interface so that unit tests drive them with a fake (tests/runtime/engine_test.cc)
+// and the model side (runtime/model_runner.h: one batched forward over pooled caches) can change
+// without touching them.
 #pragma once
 
 #include <cstdint>
