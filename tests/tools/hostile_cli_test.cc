@@ -203,6 +203,14 @@ TEST(HostileCli, NumericFlagsAreRangeChecked) {
       // serve checks it before loading (it took any positive size and served)
       {"serve --model " + kModel + " --port 0 --page-size 0", "--page-size"},
       {"serve --model " + kModel + " --port 0 --page-size 99999", "--page-size"},
+      // serve's own flags: each was taken before (a port over 65535 bound another port, a negative
+      // queue answered 503 to everything, a huge one aborted, an empty key turned authentication off)
+      {"serve --model " + kModel + " --port 70000", "--port"},
+      {"serve --model " + kModel + " --port 99999", "--port"},
+      {"serve --model " + kModel + " --port 0 --max-queue -1", "--max-queue"},
+      {"serve --model " + kModel + " --port 0 --max-queue 1000000000", "--max-queue"},
+      {"serve --model " + kModel + " --port 0 --max-queue 1e9", "--max-queue"},
+      {"serve --model " + kModel + " --port 0 --api-key ''", "--api-key"},
   };
   for (const auto& [args, flag] : cases) {
     const CliRun r = run_limited(args);

@@ -66,6 +66,9 @@ Result<uint64_t> parse_bytes(const std::string& text, const std::string& flag) {
 // a quarter leaves ~2.4 M. A hot prefix keeps its snapshots (each hit refreshes them).
 int64_t default_snapshot_slots(int64_t max_num_seqs) { return (max_num_seqs + 3) / 4; }
 
+// Largest --max-queue (the HTTP thread pool is the queue plus the running sequences).
+constexpr int64_t kMaxQueue = 16384;
+
 struct EngineArgs {
   std::string model_dir, device = "cpu", dtype, tokenizer, load_format = "safetensors";
   std::optional<int64_t> max_num_tokens;           // not given: default_max_num_tokens(device)
@@ -384,9 +387,22 @@ void add_serve_commands(CLI::App& app, int& exit_code) {
                                                 "completions, streaming, tokenize, metrics)");
     add_engine_args(sub, a->engine, "--max-num-seqs");
     sub->add_option("--host", a->server.host, "address to bind")->capture_default_str();
-    sub->add_option("--port", a->server.port, "port to bind (0: any free port)")->capture_default_str();
-    sub->add_option("--api-key", a->server.api_key, "require 'Authorization: Bearer KEY' on /v1/* and tokenize routes");
-    sub->add_option("--max-queue", a->max_queue, "requests waiting for admission before new ones get 503")->capture_default_str();
+    sub->add_option("--port", a->server.port, "port to bind (0: any free port)")
+        ->check(int_in({0, 65535}))
+        ->capture_default_str();
+    // An empty key would turn authentication off without a word: refused.
+    sub->add_option("--api-key", a->server.api_key, "require 'Authorization: Bearer KEY' on /v1/* and tokenize routes")
+        ->check(CLI::Validator(
+            [](std::string& key) {
+              return key.empty() ? std::string("is empty, which would turn authentication off (leave the flag out for none)")
+                                 : std::string();
+            },
+            "non-empty"));
+    // Each waiting request holds an HTTP thread (the pool is sized as the queue plus the running
+    // sequences), so the queue is bounded where a thread pool still starts.
+    sub->add_option("--max-queue", a->max_queue, "requests waiting for admission before new ones get 503")
+        ->check(int_in({1, kMaxQueue}))
+        ->capture_default_str();
     sub->add_option("--served-model-name", a->server.model_name, "model id in the API (default: the model directory's name)");
     sub->add_option("--max-body-bytes", a->server.max_body_bytes, "largest request body (413 above)")->capture_default_str();
     sub->callback([a, &exit_code] { exit_code = run_serve(*a); });
