@@ -3,7 +3,9 @@
 // greedy lines equal `klinear generate` of the same prompt (the engine adds no numerical drift).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <set>
 
@@ -77,6 +79,36 @@ TEST(CliRun, ThousandLinesInOrderWithMalformedOnesSkipped) {
 
 // The cache budget by memory fraction (on the CPU only when asked for): sized, reported, served;
 // with --cache-memory too it is refused, naming both flags.
+// run never destroys what the user gave: the input as the output (by its name or a link) is refused
+// and left as it was, a run failing before the model loads leaves an existing output untouched,
+// and results that cannot be written (/dev/full) fail the run instead of exiting 0.
+TEST(CliRun, OutputNeverDestroysTheInput) {
+  const testing::ScratchDir dir;
+  const std::string model = testing::fixture_path("kimi-linear-tiny/model");
+  const std::string input = dir.file("in.jsonl"), kept = R"({"prompt_ids": [1, 2]})" "\n" R"({"prompt_ids": [3]})" "\n";
+  auto read = [](const std::string& path) {
+    std::ifstream f(path);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  std::ofstream(input) << kept;
+  std::filesystem::create_symlink(input, dir.file("link.jsonl"));
+  for (const std::string& output : {input, dir.file("link.jsonl")}) {
+    const testing::CliRun r = testing::run_cli("run --model " + model + " --input " + input + " --output " + output);
+    EXPECT_EQ(r.exit_code, 2) << output << ": " << r.all();
+    EXPECT_NE(r.err.find("is the input file"), std::string::npos) << r.err;
+    EXPECT_EQ(read(input), kept) << output;
+  }
+  std::ofstream(dir.file("out.jsonl")) << "earlier results\n";
+  const testing::CliRun missing = testing::run_cli("run --model " + dir.file("none") + " --input " + input + " --output " +
+                                                   dir.file("out.jsonl"));
+  EXPECT_EQ(missing.exit_code, 2) << missing.all();
+  EXPECT_EQ(read(dir.file("out.jsonl")), "earlier results\n");
+  const testing::CliRun full = testing::run_cli("run --model " + model + " --input " + input +
+                                                " --output /dev/full --max-tokens 2");
+  EXPECT_EQ(full.exit_code, 1) << full.all();
+  EXPECT_NE(full.err.find("/dev/full: writing the results failed"), std::string::npos) << full.err;
+}
+
 TEST(CliRun, CacheBudgetByMemoryFraction) {
   const testing::ScratchDir dir;
   const std::string model = testing::fixture_path("kimi-linear-tiny/model");

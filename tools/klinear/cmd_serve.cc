@@ -8,6 +8,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -252,10 +253,16 @@ int run_run(const RunArgs& a) {
     lines.push_back(text->substr(pos, nl - pos));
     pos = nl + 1;
   }
-  std::ofstream out(a.output, std::ios::trunc);
-  if (!out) return fail("run", Status::IOError(a.output + ": cannot open for writing"));
+  // The output is truncated when opened: never the input itself (under any name), and only once the
+  // model has loaded, so a run that fails before it leaves an existing output as it was.
+  std::error_code ec;
+  if (std::filesystem::equivalent(a.input, a.output, ec))
+    return fail("run", Status::InvalidArgument("--output " + a.output + " is the input file " + a.input +
+                                               ": writing results would destroy it"));
   auto s = make_serving(a.engine, static_cast<int64_t>(lines.size()) + 1, "run");
   if (!s.ok()) return fail("run", s.status());
+  std::ofstream out(a.output, std::ios::trunc);
+  if (!out) return fail("run", Status::IOError(a.output + ": cannot open for writing"));
   const Tokenizer* tok = s->tokenizer.get();
 
   // CLI sampling flags are the defaults; each line's fields override them.
@@ -355,6 +362,9 @@ int run_run(const RunArgs& a) {
   }
   flush_ready();
   if (bar) std::fputs("\n", stderr);
+  if (!out.good())  // a full disk (or /dev/full): the results did not reach the file
+    return fail("run", Status::ResourceExhausted(a.output + ": writing the results failed (" +
+                                                 std::to_string(finished) + " lines counted as written)"));
   const double secs = elapsed();
   std::sort(ttft.begin(), ttft.end());
   auto pct = [&](double p) { return ttft.empty() ? 0.0 : 1e3 * ttft[std::min(ttft.size() - 1, size_t(p * ttft.size()))]; };
