@@ -1,6 +1,8 @@
 #include "io/json.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 namespace klinear {
 
@@ -38,10 +40,16 @@ Status wrong_type(const std::string& where, const std::string& key, const char* 
 }
 }  // namespace
 
+// An integer JSON value that fits int64_t (an unsigned one above INT64_MAX would wrap to a negative).
+bool is_int64(const Json& v) {
+  return v.is_number_integer() &&
+         (!v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+}
+
 Result<std::optional<int64_t>> json_opt_int(const Json& obj, const std::string& key, const std::string& where) {
   const Json* v = find_field(obj, key);
   if (!v) return std::optional<int64_t>{};
-  if (v->is_number_integer()) return std::optional<int64_t>{v->get<int64_t>()};
+  if (is_int64(*v)) return std::optional<int64_t>{v->get<int64_t>()};
   if (v->is_number_float()) {
     const double d = v->get<double>();
     if (std::isfinite(d) && d >= -0x1p63 && d < 0x1p63 && d == std::trunc(d))
@@ -85,7 +93,7 @@ Result<std::optional<std::vector<int64_t>>> json_opt_int_list(const Json& obj, c
   if (!v->is_array()) return wrong_type(where, key, "a list of integers", *v);
   std::vector<int64_t> out;
   for (const Json& e : *v) {
-    if (!e.is_number_integer()) return wrong_type(where, key, "a list of integers", *v);
+    if (!is_int64(e)) return wrong_type(where, key, "a list of integers", *v);
     out.push_back(e.get<int64_t>());
   }
   return std::optional<std::vector<int64_t>>{std::move(out)};

@@ -1,6 +1,7 @@
 #include "server/openai.h"
 
 #include <chrono>
+#include <cstdint>
 
 namespace klinear {
 
@@ -257,7 +258,12 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
   KL_RETURN_IF_ERROR(number_in(f, "repetition_penalty", 1e-3, 100, r.spec.sampling.repetition_penalty));
   KL_RETURN_IF_ERROR(parse_stop(f, r.spec.stop));
   KL_FIELD(std::optional<std::vector<int64_t>> stop_ids, json_opt_int_list, "stop_token_ids");
-  for (int64_t id : stop_ids.value_or(std::vector<int64_t>{})) r.spec.stop.stop_ids.push_back(static_cast<int32_t>(id));
+  for (int64_t id : stop_ids.value_or(std::vector<int64_t>{})) {
+    if (id < 0 || id > INT32_MAX)  // a token id; it was cast to 32 bits and wrapped
+      return f.out_of_range("stop_token_ids", "a list of token ids in [0, " + std::to_string(INT32_MAX) + "]",
+                            f.body["stop_token_ids"]);
+    r.spec.stop.stop_ids.push_back(static_cast<int32_t>(id));
+  }
   KL_FIELD(std::optional<bool> ignore_eos, json_opt_bool, "ignore_eos");
   r.spec.stop.ignore_eos = ignore_eos.value_or(false);
   KL_FIELD(std::optional<bool> stream, json_opt_bool, "stream");

@@ -3,6 +3,8 @@
 // usage, finish reasons, tool calls and log-probabilities in OpenAI's shapes.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 #include "server/openai.h"
 #include "server/tool_calls.h"
 #include "test_util.h"
@@ -47,6 +49,12 @@ TEST(OpenAIRequest, BadFieldsAreNamed) {
       {"completion negative id", ApiKind::kCompletion, Json{{"prompt", {1, -2}}}, "prompt"},
       {"completion echo", ApiKind::kCompletion, Json{{"prompt", "x"}, {"echo", true}}, "echo"},
       {"completion logprobs 21", ApiKind::kCompletion, Json{{"prompt", "x"}, {"logprobs", 21}}, "logprobs"},
+      // Integers that wrapped: a seed above int64 became negative, stop ids were cut to 32 bits.
+      {"seed 2^64 - 1", ApiKind::kChat, chat_body({{"seed", UINT64_MAX}}), "seed"},
+      {"negative seed (vLLM's range)", ApiKind::kChat, chat_body({{"seed", -5}}), ""},
+      {"stop_token_ids negative", ApiKind::kChat, chat_body({{"stop_token_ids", {5, -1}}}), "stop_token_ids"},
+      {"stop_token_ids 2^32", ApiKind::kChat, chat_body({{"stop_token_ids", {int64_t{1} << 32}}}), "stop_token_ids"},
+      {"stop_token_ids 2^64 - 1", ApiKind::kChat, chat_body({{"stop_token_ids", {UINT64_MAX}}}), "stop_token_ids"},
   };
   for (const Case& c : cases) {
     std::string param;
