@@ -6,18 +6,17 @@
 
 namespace klinear {
 
-namespace {
-// A step whose logits hold NaN or Inf is an error, never a silent token 0.
-Status check_finite(const Tensor& logits, int64_t position) {
+Status check_finite_logits(const Tensor& logits, int64_t first_position) {
   const float* p = logits.f32();
+  const int64_t vocab = logits.dim(logits.rank() - 1);
   for (int64_t i = 0; i < logits.numel(); ++i)
     if (!std::isfinite(p[i]))
-      return Status::Corruption("the logits at position " + std::to_string(position) + " are not finite (" +
-                              std::to_string(p[i]) + " for token " + std::to_string(i) +
-                              "): the weights or the computation went non-finite (try `klinear info --verify`)");
+      return Status::Corruption("the logits at position " + std::to_string(first_position + i / vocab) +
+                                " are not finite (" + std::to_string(p[i]) + " for token " + std::to_string(i % vocab) +
+                                "): the weights or the computation went non-finite (try `klinear info --verify`, "
+                                "or --check-finite to name the first layer)");
   return Status();
 }
-}  // namespace
 
 bool is_stop_token(const ModelConfig& config, const GenerateOptions& options, int32_t id) {
   return !options.ignore_eos &&
@@ -60,7 +59,7 @@ Result<GenerateResult> generate(Model& model, Cache& cache, SeqId seq, std::span
       return id;
     }
     const Tensor logits = model.backend().to_host(out.logits);
-    KL_RETURN_IF_ERROR(check_finite(logits, position));
+    KL_RETURN_IF_ERROR(check_finite_logits(logits, position));
     return sampler.sample(std::span<const float>(logits.f32(), static_cast<size_t>(logits.numel())));
   };
   using Clock = std::chrono::steady_clock;

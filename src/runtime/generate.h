@@ -37,6 +37,11 @@ struct GenerateResult {
 // ignore_eos.
 bool is_stop_token(const ModelConfig& config, const GenerateOptions& options, int32_t id);
 
+// Logits [V] or [T, V] (host F32) whose rows are positions first_position, first_position + 1, ...:
+// Corruption naming the first non-finite value's position and token. A step whose logits hold NaN
+// or Inf is an error, never a silent token 0 or a file of NaN.
+Status check_finite_logits(const Tensor& logits, int64_t first_position);
+
 // Called after each generated token (a stop token too); returning false stops generation early.
 using TokenCallback = std::function<bool(int32_t id)>;
 

@@ -113,6 +113,14 @@ TEST(Limits, NonFiniteWeightsAreAnErrorNamingTheLayer) {
     EXPECT_NE(checked.exit_code, 0) << checked.all();
     EXPECT_NE(checked.err.find("layer " + std::to_string(layer) + " ("), std::string::npos) << checked.err;
     EXPECT_NE(checked.err.find("FFN output is not finite"), std::string::npos) << checked.err;
+    // logits wrote the NaN rows and exited 0; now it fails as generate does, writing nothing.
+    const CliRun logits = run_cli("logits --model " + dir.str() + " --ids 1,2,3 --out " + dir.file("l.npy"));
+    EXPECT_NE(logits.exit_code, 0) << logits.all();
+    EXPECT_NE(logits.err.find("not finite"), std::string::npos) << logits.err;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("l.npy")));
+    const CliRun logits_checked =
+        run_cli("logits --model " + dir.str() + " --ids 1,2,3 --check-finite --out " + dir.file("l.npy"));
+    EXPECT_NE(logits_checked.err.find("layer " + std::to_string(layer) + " ("), std::string::npos) << logits_checked.err;
   }
 }
 

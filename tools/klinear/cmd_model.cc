@@ -111,6 +111,8 @@ int run_logits(const LogitsArgs& a) {
   auto logits = m->model->forward_one(*seq->cache, seq->seq, *ids, LogitsMode::kAll);
   if (logits.ok() && !then.empty()) logits = m->model->forward_one(*seq->cache, seq->seq, then, LogitsMode::kAll);
   if (!logits.ok()) return fail("logits", logits.status());
+  const int64_t first = seq->cache->tokens(seq->seq) - logits->dim(0);
+  if (Status finite = check_finite_logits(*logits, first); !finite.ok()) return fail("logits", finite);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   Status s = write_npy(a.out, *logits);
   if (!s.ok()) return fail("logits", s);
