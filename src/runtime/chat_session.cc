@@ -8,6 +8,12 @@ ChatFormat chat_format_for(const ModelConfig& config) {
 
 Result<std::unique_ptr<ChatSession>> ChatSession::create(Model& model, const CacheOptions& cache, Tokenizer tokenizer,
                                                          ChatFormat format, std::string system_prompt) {
+  // Every rendered turn holds special ids from the top of the tokenizer's range: a tokenizer larger
+  // than the model's vocabulary (another model's) would fail each turn, so it is refused here.
+  if (tokenizer.vocab_size() > model.config().vocab_size)
+    return Status::InvalidArgument("the tokenizer has " + std::to_string(tokenizer.vocab_size()) +
+                                   " tokens, more than the model's vocabulary of " +
+                                   std::to_string(model.config().vocab_size) + " (another model's tokenizer?)");
   std::unique_ptr<ChatSession> s(new ChatSession(model, std::move(tokenizer), format));
   KL_ASSIGN_OR_RETURN(s->cache_, Cache::create(model.config(), model.backend(), cache));
   s->stop_id_ = s->tokenizer_.special_id(chat_stop_marker(format)).value_or(-1);

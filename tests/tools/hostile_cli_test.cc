@@ -231,6 +231,16 @@ TEST(HostileCli, ChatValidatesFlagsAtStart) {
   }
 }
 
+// chat with another model's tokenizer (the Kimi tokenizer's 163,840 ids over a 512-id model) is
+// refused at start, naming both sizes; it exited 0 after every turn had failed.
+TEST(HostileCli, ChatRefusesATokenizerLargerThanTheVocabulary) {
+  const CliRun r = run_limited("chat --model " + kModel + " --tokenizer " + testing::kimi_tokenizer_dir() +
+                               " --max-tokens 2 < <(printf 'Hi\\nMore\\n')");
+  EXPECT_EQ(r.exit_code, 2) << r.all();
+  EXPECT_TRUE(contains(r.err, "163840 tokens, more than the model's vocabulary of 512")) << r.err;
+  EXPECT_FALSE(contains(r.err, "type a message")) << r.err;
+}
+
 // ---- presets ----------------------------------------------------------------------------------------
 
 TEST(HostileCli, InitWithoutTokenizerKeepsIdsInsideTheVocabulary) {
