@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
   }
   BackendOptions options;
   options.device = value_or_die(parse_device(device));
-  options.dtype = dtype.empty() ? default_compute_dtype(options.device) : value_or_die(parse_compute_dtype(dtype));
+  options.dtype = value_or_die(parse_compute_dtype(dtype, options.device));
   options.attention = value_or_die(parse_attention_kernels(attention));
   const LoadFormat format = value_or_die(parse_load_format(load_format));
   if (chunk == 0) chunk = default_max_num_tokens(options.device);

@@ -415,11 +415,9 @@ struct BackendOptions {
 
 // The only place a device is chosen. kCpu always works; kCuda needs a CUDA build and a GPU.
 Result<Device> parse_device(const std::string& name);
-// "float32" / "bfloat16" (as --dtype spells them).
-Result<DType> parse_compute_dtype(const std::string& name);
-// The activation dtype a command runs in when --dtype is not given: bfloat16 on CUDA, float32 (the
-// exact reference) on the CPU.
-DType default_compute_dtype(Device device);
+// "float32" / "bfloat16" (as --dtype spells them); "" (--dtype not given) is the device's default:
+// bfloat16 on CUDA, float32 (the exact reference) on the CPU.
+Result<DType> parse_compute_dtype(const std::string& name, Device device);
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options);
 
 }  // namespace klinear

@@ -13,13 +13,12 @@ Result<Device> parse_device(const std::string& name) {
   return Status::InvalidArgument("device '" + name + "' is not one of: cpu, cuda");
 }
 
-Result<DType> parse_compute_dtype(const std::string& name) {
+Result<DType> parse_compute_dtype(const std::string& name, Device device) {
+  if (name.empty()) return device == Device::kCuda ? DType::kBF16 : DType::kF32;
   if (name == "float32") return DType::kF32;
   if (name == "bfloat16") return DType::kBF16;
   return Status::InvalidArgument("dtype '" + name + "' is not one of: float32, bfloat16");
 }
-
-DType default_compute_dtype(Device device) { return device == Device::kCuda ? DType::kBF16 : DType::kF32; }
 
 Result<CudaGraphs> parse_cuda_graphs(const std::string& name) {
   if (name == "on") return CudaGraphs::kOn;

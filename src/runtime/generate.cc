@@ -6,15 +6,22 @@
 
 namespace klinear {
 
+namespace {
+// The error for non-finite logits at `position`; `detail` says which value when the host saw it.
+Status non_finite_logits(int64_t position, const std::string& detail) {
+  return Status::Corruption("the logits at position " + std::to_string(position) + " are not finite" + detail +
+                            ": the weights or the computation went non-finite (try `klinear info --verify`, or "
+                            "--check-finite to name the first layer)");
+}
+}  // namespace
+
 Status check_finite_logits(const Tensor& logits, int64_t first_position) {
   const float* p = logits.f32();
   const int64_t vocab = logits.dim(logits.rank() - 1);
   for (int64_t i = 0; i < logits.numel(); ++i)
     if (!std::isfinite(p[i]))
-      return Status::Corruption("the logits at position " + std::to_string(first_position + i / vocab) +
-                                " are not finite (" + std::to_string(p[i]) + " for token " + std::to_string(i % vocab) +
-                                "): the weights or the computation went non-finite (try `klinear info --verify`, "
-                                "or --check-finite to name the first layer)");
+      return non_finite_logits(first_position + i / vocab,
+                               " (" + std::to_string(p[i]) + " for token " + std::to_string(i % vocab) + ")");
   return Status();
 }
 
@@ -53,9 +60,7 @@ Result<GenerateResult> generate(Model& model, Cache& cache, SeqId seq, std::span
     const int64_t position = cache.tokens(seq) - 1;
     if (on_device) {
       const int32_t id = model.backend().to_host(out.ids).data_as<const int32_t>()[0];
-      if (id < 0)
-        return Status::Corruption("the logits at position " + std::to_string(position) +
-                                  " are not finite: the weights or the computation went non-finite (try `klinear info --verify`)");
+      if (id < 0) return non_finite_logits(position, "");
       return id;
     }
     const Tensor logits = model.backend().to_host(out.logits);

@@ -72,10 +72,7 @@ Result<OneSequence> open_sequence(const LoadedModel& m) {
 Result<LoadedModel> load(const ModelArgs& a) {
   BackendOptions o;
   KL_ASSIGN_OR_RETURN(o.device, parse_device(a.device));
-  o.dtype = default_compute_dtype(o.device);
-  if (!a.dtype.empty()) {
-    KL_ASSIGN_OR_RETURN(o.dtype, parse_compute_dtype(a.dtype));
-  }
+  KL_ASSIGN_OR_RETURN(o.dtype, parse_compute_dtype(a.dtype, o.device));
   KL_ASSIGN_OR_RETURN(o.graphs, parse_cuda_graphs(a.cuda_graphs));
   KL_ASSIGN_OR_RETURN(o.attention, parse_attention_kernels(a.attention_kernels));
   KL_RETURN_IF_ERROR(check_page_size(a.page_size));

@@ -140,10 +140,7 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   const int64_t max_num_tokens = a.max_num_tokens.value_or(default_max_num_tokens(bo.device));
   if (max_num_tokens < 1) return Status::InvalidArgument("--max-num-tokens must be >= 1");
   KL_RETURN_IF_ERROR(check_page_size(a.page_size));
-  bo.dtype = default_compute_dtype(bo.device);
-  if (!a.dtype.empty()) {
-    KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(a.dtype));
-  }
+  KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(a.dtype, bo.device));
   KL_ASSIGN_OR_RETURN(bo.graphs, parse_cuda_graphs(a.cuda_graphs));
   KL_ASSIGN_OR_RETURN(bo.attention, parse_attention_kernels(a.attention_kernels));
   if (!a.cache_memory.empty() && a.gpu_memory_utilization)
