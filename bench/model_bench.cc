@@ -27,6 +27,7 @@
 #include "backend/backend.h"
 #include "model/model.h"
 #include "runtime/scheduler.h"
+#include "runtime/step_executor.h"
 
 #if KLINEAR_WITH_CUDA
 #include <nvtx3/nvToolsExt.h>
@@ -42,6 +43,9 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 [[noreturn]] void die(const Status& s) {
   std::fprintf(stderr, "model_bench: %s\n", s.to_string().c_str());
   std::exit(1);
+}
+void ok_or_die(const Status& s) {
+  if (!s.ok()) die(s);
 }
 template <typename T>
 T value_or_die(Result<T> r) {
@@ -101,12 +105,14 @@ double time_decode(Model& m, Backend& be, const CacheSizes& unit, const std::vec
     seqs.push_back(value_or_die(cache->open()));
     if (context > 0) {
       const SeqStep step{seqs.back(), reserved, LogitsMode::kLast};
+      ok_or_die(cache->reserve(std::span<const SeqStep>(&step, 1)));
       cache->advance(value_or_die(cache->plan(std::span<const SeqStep>(&step, 1))));
     } else {
       prefill_in_chunks(m, *cache, seqs.back(), ids, chunk);
     }
   }
   std::vector<int32_t> next(static_cast<size_t>(batch));
+  StepExecutor executor(m, *cache);  // the engine's decode path: padded buckets, graphs on CUDA
   const Range range("decode b" + std::to_string(batch));
   const auto t0 = Clock::now();
   for (int i = 0; i < decode; ++i) {
@@ -115,8 +121,9 @@ double time_decode(Model& m, Backend& be, const CacheSizes& unit, const std::vec
       next[b] = static_cast<int32_t>(rng() % m.config().vocab_size);
       steps.push_back(SeqStep{seqs[b], std::span<const int32_t>(&next[b], 1), LogitsMode::kLast});
     }
+    ok_or_die(cache->reserve(steps));
     Batch plan = value_or_die(cache->plan(steps));
-    finish(be, value_or_die(m.forward(plan, *cache)));
+    finish(be, value_or_die(executor.run(plan)).logits);
   }
   return seconds_since(t0);
 }

@@ -1,7 +1,6 @@
 #include "model/cache.h"
 
 #include <algorithm>
-#include <atomic>
 #include <string>
 
 namespace klinear {
@@ -27,10 +26,7 @@ SeqLayout SeqLayout::part(int64_t b0, int64_t b1) const {
   return p;
 }
 
-Cache::Cache(const ModelConfig& config, Backend& backend) : config_(config), backend_(backend) {
-  static std::atomic<uint64_t> next_id{1};
-  id_ = next_id++;
-}
+Cache::Cache(const ModelConfig& config, Backend& backend) : config_(config), backend_(backend) {}
 
 Status check_page_size(int64_t page_size) {
   if (page_size < 1 || page_size > kMaxPageSize)
@@ -88,13 +84,22 @@ Result<std::unique_ptr<Cache>> Cache::create(const ModelConfig& c, Backend& be, 
   return cache;
 }
 
+namespace {
+constexpr SeqId handle(uint32_t index, uint32_t generation) { return static_cast<SeqId>(generation) << 32 | index; }
+constexpr uint32_t index_of(SeqId seq) { return static_cast<uint32_t>(seq & 0xffffffff); }
+}  // namespace
+
+bool Cache::is_open(SeqId seq) const {
+  return seq >= 0 && index_of(seq) < seqs_.size() && seqs_[index_of(seq)].open &&
+         handle(index_of(seq), seqs_[index_of(seq)].generation) == seq;
+}
+
 Cache::Sequence& Cache::get(SeqId seq) {
-  KL_CHECK(seq >= 0 && seq < static_cast<SeqId>(seqs_.size()) && seqs_[seq].open, "sequence " + std::to_string(seq) + " is not open");
-  return seqs_[seq];
+  KL_CHECK(is_open(seq), "sequence " + std::to_string(seq) + " is not open");
+  return seqs_[index_of(seq)];
 }
 const Cache::Sequence& Cache::get(SeqId seq) const { return const_cast<Cache*>(this)->get(seq); }
 
-bool Cache::is_open(SeqId seq) const { return seq >= 0 && seq < static_cast<SeqId>(seqs_.size()) && seqs_[seq].open; }
 int64_t Cache::tokens(SeqId seq) const { return get(seq).tokens; }
 int64_t Cache::slot(SeqId seq) const { return get(seq).slot; }
 const std::vector<int32_t>& Cache::pages(SeqId seq) const { return get(seq).pages; }
@@ -102,7 +107,13 @@ const std::vector<int32_t>& Cache::pages(SeqId seq) const { return get(seq).page
 Result<SeqId> Cache::open() {
   if (free_slots_.empty())
     return Status::ResourceExhausted("cache: all " + std::to_string(sizes_.slots) + " sequence slots are in use");
-  Sequence s;
+  if (free_records_.empty()) {
+    free_records_.push_back(static_cast<uint32_t>(seqs_.size()));
+    seqs_.emplace_back();
+  }
+  const uint32_t index = free_records_.back();
+  free_records_.pop_back();
+  Sequence& s = seqs_[index];
   s.open = true;
   s.slot = free_slots_.back();
   free_slots_.pop_back();
@@ -111,16 +122,15 @@ Result<SeqId> Cache::open() {
     backend_.fill(kda_states_[l].rows(s.slot, s.slot + 1), 0.0f);
     backend_.fill(conv_states_[l].rows(s.slot, s.slot + 1), 0.0f);
   }
-  // Ids are never reused, so a stale id can never reach another sequence's state.
-  seqs_.push_back(std::move(s));
-  return static_cast<SeqId>(seqs_.size() - 1);
+  return handle(index, s.generation);
 }
 
 void Cache::close(SeqId seq) {
   Sequence& s = get(seq);
   free_slots_.push_back(s.slot);
   for (auto p = s.pages.rbegin(); p != s.pages.rend(); ++p) release_page(*p);
-  s = Sequence{};
+  s = Sequence{false, s.generation + 1};  // the old handle no longer matches
+  free_records_.push_back(index_of(seq));
 }
 
 Result<int64_t> Cache::take_slot() {
@@ -190,10 +200,49 @@ void Cache::copy_slot(int64_t from, int64_t to) {
   }
 }
 
-Result<Batch> Cache::plan(std::span<const SeqStep> steps) {
+int64_t Cache::pages_short(SeqId seq, int64_t positions) const {
+  if (sizes_.bytes_per_page == 0) return 0;
+  return std::max<int64_t>(0, (positions + sizes_.page_size - 1) / sizes_.page_size -
+                                  static_cast<int64_t>(get(seq).pages.size()));
+}
+
+Status Cache::reserve(SeqId seq, int64_t positions) {
+  Sequence& s = get(seq);
+  if (config_.max_position_embeddings > 0 && positions > config_.max_position_embeddings)
+    return Status::InvalidArgument("sequence of " + std::to_string(positions) + " tokens exceeds the model's context of " +
+                                   std::to_string(config_.max_position_embeddings) + " tokens");
+  const int64_t short_by = pages_short(seq, positions);
+  if (short_by > free_pages())
+    return Status::ResourceExhausted("cache: sequence " + std::to_string(seq) + " needs " + std::to_string(short_by) +
+                                     " more MLA pages of " + std::to_string(sizes_.page_size) + " positions, " +
+                                     std::to_string(free_pages()) + " of " + std::to_string(sizes_.pages) + " are free");
+  for (int64_t i = 0; i < short_by; ++i) {
+    s.pages.push_back(free_pages_.back());
+    page_refs_[free_pages_.back()] = 1;
+    free_pages_.pop_back();
+  }
+  return Status();
+}
+
+Status Cache::reserve(std::span<const SeqStep> steps) {
+  int64_t short_by = 0;
+  for (const SeqStep& st : steps) {
+    if (!is_open(st.seq)) return Status::InvalidArgument("sequence " + std::to_string(st.seq) + " is not open");
+    short_by += pages_short(st.seq, get(st.seq).tokens + static_cast<int64_t>(st.ids.size()));
+  }
+  if (short_by > free_pages())
+    return Status::ResourceExhausted("cache: the step needs " + std::to_string(short_by) + " more MLA pages of " +
+                                     std::to_string(sizes_.page_size) + " positions, " + std::to_string(free_pages()) +
+                                     " of " + std::to_string(sizes_.pages) + " are free");
+  for (const SeqStep& st : steps)
+    KL_RETURN_IF_ERROR(reserve(st.seq, get(st.seq).tokens + static_cast<int64_t>(st.ids.size())));
+  return Status();
+}
+
+Result<Batch> Cache::plan(std::span<const SeqStep> steps) const {
   if (steps.empty()) return Status::InvalidArgument("step: no sequences");
   const int64_t ps = sizes_.page_size;
-  int64_t pages_needed = 0, max_pages = 0;
+  int64_t max_pages = 0;
   std::vector<SeqId> seen;
   std::vector<int64_t> snap_slots;
   for (const SeqStep& st : steps) {
@@ -214,7 +263,9 @@ Result<Batch> Cache::plan(std::span<const SeqStep> steps) {
                                      std::to_string(config_.max_position_embeddings) + " tokens");
     if (sizes_.bytes_per_page > 0) {
       const int64_t want = (end + ps - 1) / ps;
-      pages_needed += std::max<int64_t>(0, want - static_cast<int64_t>(s.pages.size()));
+      if (static_cast<int64_t>(s.pages.size()) < want)
+        return Status::InvalidArgument(who + " holds " + std::to_string(s.pages.size()) + " pages, its step needs " +
+                                       std::to_string(want) + " (reserve them first)");
       max_pages = std::max(max_pages, want);
     }
     const int64_t n = static_cast<int64_t>(st.ids.size());
@@ -229,10 +280,6 @@ Result<Batch> Cache::plan(std::span<const SeqStep> steps) {
       snap_slots.push_back(snap.slot);
     }
   }
-  if (pages_needed > free_pages())
-    return Status::ResourceExhausted("cache: the step needs " + std::to_string(pages_needed) + " more MLA pages of " +
-                                     std::to_string(ps) + " positions, " + std::to_string(free_pages()) + " of " +
-                                     std::to_string(sizes_.pages) + " are free");
   // Decoding sequences first (in the given order), then the others.
   auto decodes = [&](const SeqStep& st) { return st.ids.size() == 1 && get(st.seq).tokens > 0; };
   std::vector<size_t> order;
@@ -251,18 +298,10 @@ Result<Batch> Cache::plan(std::span<const SeqStep> steps) {
   std::vector<int32_t> first_row(steps.size());
   for (size_t i : order) {
     const SeqStep& st = steps[i];
-    Sequence& s = get(st.seq);
-    const int64_t n = static_cast<int64_t>(st.ids.size());
-    if (sizes_.bytes_per_page > 0) {
-      // A page is written only by its one holder: shared pages are full (see adopt).
-      KL_CHECK(s.tokens % ps == 0 || page_refs_[s.pages.back()] == 1,
-               "sequence " + std::to_string(st.seq) + " would write a shared page");
-      while (static_cast<int64_t>(s.pages.size()) * ps < s.tokens + n) {
-        s.pages.push_back(free_pages_.back());
-        page_refs_[free_pages_.back()] = 1;
-        free_pages_.pop_back();
-      }
-    }
+    const Sequence& s = get(st.seq);
+    // A page is written only by its one holder: shared pages are full (see adopt).
+    KL_CHECK(sizes_.bytes_per_page == 0 || s.tokens % ps == 0 || page_refs_[s.pages[s.tokens / ps]] == 1,
+             "sequence " + std::to_string(st.seq) + " would write a shared page");
     first_row[i] = static_cast<int32_t>(b.ids.size());
     b.seqs.push_back(st.seq);
     b.ids.insert(b.ids.end(), st.ids.begin(), st.ids.end());

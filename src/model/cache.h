@@ -7,9 +7,11 @@
 // by index across the MLA layers, with one page table per sequence. AttnRes keeps nothing.
 //
 // Both pools are sized once, from a memory budget, when the cache is created; a sequence takes a
-// slot when it opens and pages as it grows, and gives both back when it closes. A step is planned
-// here (plan() reserves the pages its new tokens need and builds the batch) and run by
-// Model::forward, which advances the sequences only when it succeeds.
+// slot when it opens and pages as it grows (reserve), and gives both back when it closes. Who
+// decides which sequence may grow is not the cache's business: the serving scheduler reserves
+// while it schedules (runtime/cache_manager.h), a single-sequence caller reserves its step. A
+// step is then laid out here (plan(), which allocates nothing and so cannot run out of room) and
+// run by Model::forward, which advances the sequences only when it succeeds.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +24,9 @@
 
 namespace klinear {
 
+// A sequence's handle: its record's index in the low 32 bits, the record's generation (how often
+// the index was handed out before) above, so an index is reused without a stale handle ever
+// reaching the new sequence's state.
 using SeqId = int64_t;
 
 enum class LogitsMode { kLast, kAll };  // logits of a sequence's last new token, or of every one
@@ -85,7 +90,7 @@ class Cache {
   // what one slot needs when not even max_sequences slots fit.
   static Result<std::unique_ptr<Cache>> create(const ModelConfig& config, Backend& backend, const CacheOptions& options);
 
-  // A new sequence with zero state; ResourceExhausted when every slot is taken.
+  // A new sequence with zero state and no pages; ResourceExhausted when every slot is taken.
   Result<SeqId> open();
   // Returns the sequence's slot and pages. The id must be open.
   void close(SeqId seq);
@@ -136,20 +141,27 @@ class Cache {
   // the page table gets `cols` columns (at least the batch's, at most max_pages_per_seq()).
   // advance() leaves the added ones out.
   void pad(Batch& batch, int64_t seqs, int64_t cols) const;
-  // Unique to this cache among all caches of the process (what captured steps are keyed by).
-  uint64_t id() const { return id_; }
+
+  // Makes `seq` hold the pages of its first `positions` positions (taking free pages; never
+  // giving any back). ResourceExhausted, changing nothing, when too few are free; InvalidArgument
+  // past the model's context.
+  Status reserve(SeqId seq, int64_t positions);
+  // The pages a reserve(seq, positions) would take.
+  int64_t pages_short(SeqId seq, int64_t positions) const;
+  // Reserves what `steps` need (each sequence's tokens plus its new ids): all or none.
+  Status reserve(std::span<const SeqStep> steps);
 
   // Validates a step (open sequences, each at most once, at least one id each, ids inside the
-  // vocabulary, positions inside the context, snapshots at allowed positions into taken slots),
-  // reserves the pages its new tokens need (all or none: ResourceExhausted when they do not fit)
-  // and builds the batch.
-  Result<Batch> plan(std::span<const SeqStep> steps);
+  // vocabulary, positions inside the context, pages reserved for every new position, snapshots
+  // at allowed positions into taken slots) and lays out the batch. Takes nothing from the pools.
+  Result<Batch> plan(std::span<const SeqStep> steps) const;
   // Marks the batch's tokens as processed (Model::forward, after a successful step).
   void advance(const Batch& batch);
 
  private:
   struct Sequence {
     bool open = false;
+    uint32_t generation = 0;  // handles given out for this record before
     int64_t slot = -1;
     int64_t tokens = 0;
     std::vector<int32_t> pages;
@@ -160,10 +172,10 @@ class Cache {
 
   ModelConfig config_;
   Backend& backend_;
-  uint64_t id_ = 0;
   CacheSizes sizes_;
   std::vector<Tensor> kda_states_, conv_states_, mla_pages_;  // by layer
-  std::vector<Sequence> seqs_;                                // by SeqId
+  std::vector<Sequence> seqs_;                                // by SeqId's index
+  std::vector<uint32_t> free_records_;                        // indices of closed records
   std::vector<int64_t> free_slots_;
   std::vector<bool> detached_;         // by slot: taken with take_slot
   std::vector<int32_t> free_pages_;

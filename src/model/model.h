@@ -8,15 +8,10 @@
 // in one op call. Token-wise work (embedding, norms, GEMMs, MoE, AttnRes) runs on all N rows at
 // once; only the mixers and the logits selection look at the sequences.
 //
-// A decode-only step (every sequence decodes one token; no snapshots, finite checks off, at most
-// 256 sequences) runs at a fixed shape: padded to the next batch bucket (1, 2, 4, ..., 256; see
-// Cache::pad), its inputs written into fixed device buffers, the forward, the logits and the
-// sampling as one Backend::run_graph body per bucket, which CUDA captures and replays as a graph
-// (docs/DESIGN.md "The decode step as a CUDA graph"). Padding happens with graphs off too, so a
-// step gives the same bits with and without them.
+// How a step runs beyond the math (fixed shapes, graphs, drawing tokens) is the runtime's
+// (runtime/step_executor.h): Model computes the logits of a batch and knows nothing of graphs.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,12 +27,6 @@ namespace klinear {
 // alone (--load-format dummy).
 enum class LoadFormat { kSafetensors, kDummy };
 Result<LoadFormat> parse_load_format(const std::string& name);
-
-// The outputs of one step on the backend's device, valid until its next step.
-struct StepOutput {
-  Tensor logits;  // [R, V] F32: the batch's logit_rows
-  Tensor ids;     // [R] I32: the tokens drawn (Backend::sample); undefined when no draws were given
-};
 
 class Model {
  public:
@@ -55,30 +44,19 @@ class Model {
   // undefined: close them). Off by default: it synchronises every layer.
   void set_check_finite(bool on) { check_finite_ = on; }
 
+  bool check_finite() const { return check_finite_; }
+
   // Runs `batch` (from cache.plan) and advances its sequences. Returns the logits of the batch's
   // logit_rows, [R, V] F32 on the backend's device, valid until the backend's next step.
   Result<Tensor> forward(Batch& batch, Cache& cache);
-  // The same, drawing one token per logits row with `draws` ([R], or empty for none).
-  Result<StepOutput> step(Batch& batch, Cache& cache, std::span<const SampleRow> draws = {});
-  // One sequence's step: plan + forward, logits as a host F32 tensor ([1, V] or [T, V]).
+  // One sequence's step: reserve + plan + forward, logits as a host F32 tensor ([1, V] or [T, V]).
   Result<Tensor> forward_one(Cache& cache, SeqId seq, std::span<const int32_t> ids, LogitsMode mode);
+  // The layers, the final norm and the lm_head over a batch whose layouts are on the device
+  // (Backend::upload_layout, or fixed buffers a graph reads): the logits of `logit_rows` ([R] I32
+  // on the device) for the token `ids` ([N] I32 on the device). Advances nothing.
+  Result<Tensor> logits(const Batch& batch, Cache& cache, const Tensor& ids, const Tensor& logit_rows);
 
  private:
-  // Batch buckets of fixed-shape decode steps.
-  static constexpr int64_t kMaxBucket = 256;
-  // The fixed device inputs of decode steps (sized for the largest bucket `cache_id`'s slots
-  // allow, and its page table), and the outputs each bucket's body produced.
-  struct DecodeBuffers {
-    uint64_t cache_id = 0;
-    int64_t cols = 0;       // page table columns
-    Tensor i32, f32;        // ids, cu_seqlens, cached, slots, logit_rows, top_k, seed, counter, page_table | temperature, top_p
-    std::map<int64_t, StepOutput> out;  // by bucket
-  };
-  bool fixed_shape(const Batch& batch) const;
-  Result<StepOutput> decode_step(Batch& batch, Cache& cache, std::span<const SampleRow> draws);
-  // The layers, the final norm and the lm_head over a batch whose layouts are on the device.
-  Result<Tensor> logits(Batch& batch, Cache& cache, const Tensor& ids, const Tensor& logit_rows);
-
   Tensor kda(const KdaWeights& w, const Tensor& x, int64_t layer, const Batch& batch, Cache& cache);
   Tensor mla(const MlaWeights& w, const Tensor& x, int64_t layer, const Batch& batch, Cache& cache);
   Tensor mlp(const MlpWeights& w, const Tensor& x);
@@ -90,7 +68,6 @@ class Model {
   ModelWeights weights_;
   Backend& backend_;
   bool check_finite_ = false;
-  DecodeBuffers decode_;
 };
 
 }  // namespace klinear

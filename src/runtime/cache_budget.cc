@@ -44,6 +44,8 @@ Status profile_step(Model& model, int64_t max_num_tokens, int64_t max_num_seqs, 
     left -= n;
     ids.emplace_back(static_cast<size_t>(n), 0);
     KL_ASSIGN_OR_RETURN(RunnerSeq seq, runner->open());
+    if (!runner->reserve(seq, n))
+      return Status::ResourceExhausted("profiling a step: " + std::to_string(n) + " positions do not fit the probe's cache");
     steps.push_back(RunnerStep{seq, {}, true, n, std::nullopt});
   }
   for (size_t i = 0; i < steps.size(); ++i) steps[i].ids = ids[i];

@@ -16,6 +16,7 @@ Result<std::unique_ptr<ChatSession>> ChatSession::create(Model& model, const Cac
                                    std::to_string(model.config().vocab_size) + " (another model's tokenizer?)");
   std::unique_ptr<ChatSession> s(new ChatSession(model, std::move(tokenizer), format));
   KL_ASSIGN_OR_RETURN(s->cache_, Cache::create(model.config(), model.backend(), cache));
+  s->executor_ = std::make_unique<StepExecutor>(model, *s->cache_);
   s->stop_id_ = s->tokenizer_.special_id(chat_stop_marker(format)).value_or(-1);
   s->system_prompt_ = std::move(system_prompt);
   KL_RETURN_IF_ERROR(s->reset());
@@ -65,7 +66,7 @@ Result<ChatSession::Reply> ChatSession::turn(const std::string& user_text, const
     if (on_text && !piece.empty()) on_text(piece);
     return true;
   };
-  KL_ASSIGN_OR_RETURN(GenerateResult r, generate(model_, *cache_, seq_, ids, o, on_token));
+  KL_ASSIGN_OR_RETURN(GenerateResult r, generate(*executor_, seq_, ids, o, on_token));
   std::string tail = decoder.finish();
   reply += tail;
   if (on_text && !tail.empty()) on_text(tail);

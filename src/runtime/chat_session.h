@@ -48,6 +48,7 @@ class ChatSession {
   ChatFormat format_;
   int32_t stop_id_;
   std::unique_ptr<Cache> cache_;
+  std::unique_ptr<StepExecutor> executor_;  // over cache_
   SeqId seq_ = 0;
   std::string system_prompt_;
   std::vector<ChatMessage> history_;

@@ -249,11 +249,7 @@ void Engine::open(Sequence& seq, int64_t cached) {
 bool Engine::step() {
   const Clock::time_point start = Clock::now();
   take_inbox();
-  const StepPlan plan = scheduler_.schedule(runner_.usage(), this);
-  for (Sequence* v : plan.preempted) {
-    runner_.close(*v->slot);
-    v->slot.reset();
-  }
+  const StepPlan plan = scheduler_.schedule(runner_, this);
   std::vector<RunnerStep> steps;
   steps.reserve(plan.seqs.size());
   bool decodes = false, prefills = false;
@@ -276,15 +272,8 @@ bool Engine::step() {
   }
   double forward_s = 0;
   if (!steps.empty()) {
-    Result<SampledStep> logits = SampledStep{};
     const Clock::time_point forward_start = Clock::now();
-    if (runner_.samples_on_device()) {
-      logits = runner_.run_sampled(steps);
-    } else if (Result<Tensor> l = runner_.run(steps); l.ok()) {
-      logits->logits = *l;
-    } else {
-      logits = l.status();
-    }
+    const Result<SampledStep> logits = runner_.run(steps);
     forward_s = seconds(forward_start, Clock::now());
     if (!logits.ok()) {
       std::vector<uint64_t> failed;

@@ -30,8 +30,10 @@ bool is_stop_token(const ModelConfig& config, const GenerateOptions& options, in
          (config.is_eos(id) || std::find(options.stop_ids.begin(), options.stop_ids.end(), id) != options.stop_ids.end());
 }
 
-Result<GenerateResult> generate(Model& model, Cache& cache, SeqId seq, std::span<const int32_t> prompt,
+Result<GenerateResult> generate(StepExecutor& executor, SeqId seq, std::span<const int32_t> prompt,
                                 const GenerateOptions& options, const TokenCallback& on_token) {
+  Model& model = executor.model();
+  Cache& cache = executor.cache();
   KL_RETURN_IF_ERROR(validate_sampling(options.sampling));
   if (options.max_tokens < 0) return Status::InvalidArgument("max_tokens must be >= 0");
   if (options.prefill_chunk < 1) return Status::InvalidArgument("prefill_chunk must be >= 1");
@@ -52,10 +54,11 @@ Result<GenerateResult> generate(Model& model, Cache& cache, SeqId seq, std::span
   // Runs `ids` on the sequence; with `sample`, returns the next token (else -1).
   auto run = [&](std::span<const int32_t> ids, bool sample) -> Result<int32_t> {
     const SeqStep step{seq, ids, LogitsMode::kLast};
+    KL_RETURN_IF_ERROR(cache.reserve(std::span<const SeqStep>(&step, 1)));
     KL_ASSIGN_OR_RETURN(Batch batch, cache.plan(std::span<const SeqStep>(&step, 1)));
     const SampleRow draw = sample_row(options.sampling, static_cast<int64_t>(r.ids.size()));
-    KL_ASSIGN_OR_RETURN(StepOutput out, model.step(batch, cache, sample && on_device ? std::span<const SampleRow>(&draw, 1)
-                                                                                      : std::span<const SampleRow>()));
+    KL_ASSIGN_OR_RETURN(StepOutput out, executor.run(batch, sample && on_device ? std::span<const SampleRow>(&draw, 1)
+                                                                                 : std::span<const SampleRow>()));
     if (!sample) return -1;
     const int64_t position = cache.tokens(seq) - 1;
     if (on_device) {
@@ -100,7 +103,8 @@ Result<GenerateResult> generate(Model& model, std::span<const int32_t> prompt, c
                                 const TokenCallback& on_token) {
   KL_ASSIGN_OR_RETURN(std::unique_ptr<Cache> cache, Cache::create(model.config(), model.backend(), CacheOptions{}));
   KL_ASSIGN_OR_RETURN(SeqId seq, cache->open());
-  return generate(model, *cache, seq, prompt, options, on_token);
+  StepExecutor executor(model, *cache);
+  return generate(executor, seq, prompt, options, on_token);
 }
 
 }  // namespace klinear

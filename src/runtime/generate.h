@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/step_executor.h"
 #include "runtime/sampler.h"
 
 namespace klinear {
@@ -45,10 +46,11 @@ Status check_finite_logits(const Tensor& logits, int64_t first_position);
 // Called after each generated token (a stop token too); returning false stops generation early.
 using TokenCallback = std::function<bool(int32_t id)>;
 
-// Runs `prompt` on sequence `seq` of `cache` (continuing whatever it holds) and generates up to
-// max_tokens. A prompt that does not fit in the context is an error before anything runs; the
-// last generated token is sampled but not run (the caller feeds it on if it continues).
-Result<GenerateResult> generate(Model& model, Cache& cache, SeqId seq, std::span<const int32_t> prompt,
+// Runs `prompt` on sequence `seq` of the executor's cache (continuing whatever it holds) and
+// generates up to max_tokens. A prompt that does not fit in the context is an error before
+// anything runs; the last generated token is sampled but not run (the caller feeds it on if it
+// continues).
+Result<GenerateResult> generate(StepExecutor& executor, SeqId seq, std::span<const int32_t> prompt,
                                 const GenerateOptions& options, const TokenCallback& on_token);
 // The same from a fresh sequence in a cache of its own.
 Result<GenerateResult> generate(Model& model, std::span<const int32_t> prompt, const GenerateOptions& options,

@@ -1,59 +1,49 @@
-// ModelRunner: the StepRunner over the batched forward. A step is one Cache::plan (pages reserved,
-// decodes first) and one Model::forward over every scheduled sequence; the logits rows the
-// engine asked for come back to the host. Capacity is the Cache's: its KDA state slots and its
-// MLA latent pages (none for a model without MLA layers). With prefix caching on, prompt pages
-// and KDA snapshots stay cached after their sequences (runtime/prefix_cache.h) and count as free:
-// they are evicted, least recently used first, when a sequence or a step needs the room.
+// ModelRunner: the StepRunner over the batched forward. Its sequences, slots and pages are the
+// CacheManager's (runtime/cache_manager.h), reserved while the scheduler schedules; a step is one
+// Cache::plan (the layout, decodes first) and one StepExecutor::run over every scheduled sequence.
+// The logits rows the engine asked for come back to the host, the drawn ids in one copy.
 #pragma once
 
 #include <memory>
-#include <unordered_map>
-#include <vector>
 
-#include "model/cache.h"
 #include "model/model.h"
-#include "runtime/prefix_cache.h"
+#include "runtime/cache_manager.h"
+#include "runtime/step_executor.h"
 #include "runtime/step_runner.h"
 
 namespace klinear {
 
-enum class PrefixCaching { kOff, kOn };
-
-struct PrefixCacheOptions {
-  PrefixCaching mode = PrefixCaching::kOn;
-  int64_t snapshot_interval = 256;  // tokens between KDA snapshots, a multiple of 64
-};
-
 class ModelRunner final : public StepRunner {
  public:
-  // Creates the cache on the model's backend; errors are the Cache's (a budget too small for
-  // max_sequences slots and one page) or a bad snapshot interval. `model` must outlive the runner.
+  // Creates the cache on the model's backend; errors are the CacheManager's. `model` must outlive
+  // the runner.
   static Result<std::unique_ptr<ModelRunner>> create(Model& model, const CacheOptions& options,
                                                      const PrefixCacheOptions& prefix = {});
 
   int64_t vocab_size() const override { return model_.config().vocab_size; }
   int64_t max_model_len() const override;
-  CacheUsage usage() const override;
-  Result<RunnerSeq> open() override;
-  PrefixHit lookup(std::span<const int32_t> tokens) const override;
-  Result<RunnerSeq> open_prefix(std::span<const int32_t> tokens, int64_t cached) override;
-  void close(RunnerSeq seq) override;
-  Result<Tensor> run(std::span<const RunnerStep> steps) override;
+  CacheUsage usage() const override { return manager_->usage(); }
+  Result<RunnerSeq> open() override { return manager_->open(); }
+  PrefixHit lookup(std::span<const int32_t> tokens) const override { return manager_->lookup(tokens); }
+  Result<RunnerSeq> open_prefix(std::span<const int32_t> tokens, int64_t cached) override {
+    return manager_->open_prefix(tokens, cached);
+  }
+  void close(RunnerSeq seq) override { manager_->close(seq); }
+  bool reserve(RunnerSeq seq, int64_t tokens) override { return manager_->reserve(seq, tokens); }
   bool samples_on_device() const override { return true; }
-  Result<SampledStep> run_sampled(std::span<const RunnerStep> steps) override;
+  Result<SampledStep> run(std::span<const RunnerStep> steps) override;
 
-  const CacheSizes& sizes() const { return cache_->sizes(); }
-  Cache& cache() { return *cache_; }  // tests: poison and inspect the pools
-  // Evicts everything the prefix cache holds (no-op when off).
-  void clear_prefix_cache();
+  const CacheSizes& sizes() const { return manager_->cache().sizes(); }
+  Cache& cache() { return manager_->cache(); }  // tests: poison and inspect the pools
+  void clear_prefix_cache() { manager_->clear_prefix_cache(); }
 
  private:
-  ModelRunner(Model& model, std::unique_ptr<Cache> cache) : model_(model), cache_(std::move(cache)) {}
+  ModelRunner(Model& model, std::unique_ptr<CacheManager> manager)
+      : model_(model), manager_(std::move(manager)), executor_(model, manager_->cache()) {}
 
   Model& model_;
-  std::unique_ptr<Cache> cache_;
-  std::unique_ptr<PrefixCache> prefix_;                               // null when off
-  std::unordered_map<RunnerSeq, std::vector<int32_t>> history_;       // every token of each open sequence (prefix on)
+  std::unique_ptr<CacheManager> manager_;
+  StepExecutor executor_;
 };
 
 }  // namespace klinear

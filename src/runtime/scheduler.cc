@@ -25,18 +25,13 @@ int64_t Scheduler::chunk(const Sequence* s, int64_t from, int64_t budget) const 
   return cut - from;
 }
 
-StepPlan Scheduler::schedule(const CacheUsage& usage, Admitter* admitter) {
+StepPlan Scheduler::schedule(StepRunner& runner, Admitter* admitter) {
   StepPlan plan;
   int64_t budget = options_.max_num_tokens;
-  int64_t pages_free = usage.pages_free, slots_free = usage.slots_free;
-  const int64_t ps = usage.page_size;
   std::unordered_set<const Sequence*> scheduled, preempted;
-  auto extra_pages = [&](const Sequence* s, int64_t n) {
-    return usage.paged() ? pages_for(s->computed + n, ps) - pages_for(s->computed, ps) : 0;
-  };
   auto preempt = [&](Sequence* v) {
-    pages_free += usage.paged() ? pages_for(v->computed, ps) : 0;
-    ++slots_free;
+    runner.close(*v->slot);
+    v->slot.reset();
     v->computed = 0;
     running_.erase(std::find(running_.begin(), running_.end(), v));
     waiting_.push_front(v);  // victims go youngest first, so the oldest ends up at the front
@@ -58,19 +53,21 @@ StepPlan Scheduler::schedule(const CacheUsage& usage, Admitter* admitter) {
       if (preempted.count(s) || (s->remaining() == 1) != decode_pass) continue;
       KL_CHECK(s->remaining() >= 1, "running sequence " + std::to_string(s->id) + " has no token to run");
       const int64_t n = chunk(s, s->computed, budget);
-      while (extra_pages(s, n) > pages_free) {
+      while (!runner.reserve(*s->slot, s->computed + n)) {
         Sequence* v = victim_for(s);
         preempt(v ? v : s);
         if (!v) break;
       }
       if (preempted.count(s)) continue;
-      pages_free -= extra_pages(s, n);
       budget -= n;
       scheduled.insert(s);
       plan.seqs.push_back({s, n, false});
     }
   }
   // Admission, oldest first, never in a step that had to preempt (it would only thrash).
+  const CacheUsage usage = runner.usage();
+  int64_t pages_free = usage.pages_free, slots_free = usage.slots_free;
+  const int64_t ps = usage.page_size;
   while (plan.preempted.empty() && !waiting_.empty() && budget > 0 && slots_free > 0 &&
          static_cast<int64_t>(running_.size()) < options_.max_num_seqs) {
     Sequence* s = waiting_.front();
@@ -89,9 +86,23 @@ StepPlan Scheduler::schedule(const CacheUsage& usage, Admitter* admitter) {
       hit = PrefixHit{};
       if (!cost(hit, n, pages, slots)) break;
     }
+    if (admitter) {
+      admitter->open(*s, hit.tokens);
+    } else {
+      Result<RunnerSeq> seq = runner.open();
+      KL_CHECK(seq.ok(), "the runner cannot open a sequence it counted a slot for: " + seq.status().to_string());
+      s->slot = *seq;
+    }
+    // The count above is the runner's own; its reserve is what holds the pages. Should they
+    // differ, the sequence waits at the queue's head rather than fail.
+    if (!runner.reserve(*s->slot, s->computed + n)) {
+      runner.close(*s->slot);
+      s->slot.reset();
+      s->computed = 0;
+      break;
+    }
     waiting_.pop_front();
     running_.push_back(s);
-    if (admitter) admitter->open(*s, hit.tokens);
     --slots_free;
     pages_free -= pages;
     budget -= n;

@@ -5,8 +5,10 @@
 // long prompt is prefilled in pieces. Decodes go first (they are latency), then running prefills,
 // then waiting sequences are admitted in arrival order while a slot, the pages of their first
 // chunk and the budget allow (the head of the queue is never skipped, so a large request cannot
-// starve). When a running sequence needs a page and none is free, the most recently admitted
-// running sequence is preempted: it gives back its slot and pages and returns to the front of the
+// starve). The step's pages are decided here and nowhere else: each scheduled sequence's chunk is
+// reserved in the runner (StepRunner::reserve, the CacheManager) as it is scheduled. When a
+// running sequence's pages cannot be reserved, the most recently admitted running sequence is
+// preempted: it is closed at once (its slot and pages given back) and returns to the front of the
 // queue, to be recomputed from its tokens later (prompt and generated so far).
 //
 // Admission goes through an Admitter (the engine): the scheduler asks it for the sequence's cached
@@ -16,7 +18,6 @@
 // chunk that would cross a snapshot grid point or the prompt's end at a position the step cannot
 // snapshot (not a multiple of 64 tokens from the chunk's start) ends there instead.
 //
-// Otherwise the scheduler only decides; the engine closes preempted runner sequences.
 #pragma once
 
 #include <cstdint>
@@ -59,7 +60,7 @@ struct ScheduledSeq {
 };
 
 struct StepPlan {
-  std::vector<Sequence*> preempted;  // close their runner sequences first (computed reset to 0)
+  std::vector<Sequence*> preempted;  // closed in the runner, computed reset to 0, back in the queue
   std::vector<ScheduledSeq> seqs;    // decodes first, then prefill chunks
   bool empty() const { return seqs.empty(); }
 };
@@ -80,11 +81,11 @@ class Scheduler {
 
   void add(Sequence* seq);     // to the back of the waiting queue
   void remove(Sequence* seq);  // finished or cancelled: out of whichever queue holds it
-  // Plans the next step against `usage` (the runner's capacity now). Marks preempted sequences
-  // (computed = 0, slot cleared after the engine closes them) and moves them to the waiting front.
-  // Admitted sequences are opened through `admitter` (without one, the caller opens them, from
-  // zero state).
-  StepPlan schedule(const CacheUsage& usage, Admitter* admitter = nullptr);
+  // Plans the next step over `runner`'s capacity, reserving every scheduled chunk's pages in it.
+  // Preempted sequences are closed in the runner (computed = 0, slot cleared) and moved to the
+  // waiting front. Admitted sequences are opened through `admitter` (without one, through the
+  // runner, from zero state).
+  StepPlan schedule(StepRunner& runner, Admitter* admitter = nullptr);
 
   size_t num_running() const { return running_.size(); }
   size_t num_waiting() const { return waiting_.size(); }

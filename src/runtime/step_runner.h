@@ -1,6 +1,6 @@
 // StepRunner: what the serving engine needs from a model and its caches, and nothing more: open
-// and close sequences (a state slot each, plus cache pages as they grow) and run one step over
-// many sequences, and (optionally) reuse a cached prefix. The scheduler and engine are written
+// and close sequences (a state slot each, plus cache pages reserved as they grow) and run one step
+// over many sequences, and (optionally) reuse a cached prefix. The scheduler and engine are written
 // against this interface so that unit tests drive them with a fake (tests/runtime/engine_test.cc)
 // and the model side (runtime/model_runner.h: one batched forward over pooled caches) can change
 // without touching them.
@@ -39,12 +39,12 @@ struct RunnerStep {
   std::span<const int32_t> ids;  // [T] new tokens, T >= 1
   bool want_logits = false;      // return the logits of the last new token
   int64_t prompt = 0;            // the sequence's first `prompt` tokens are prompt (prefix caching publishes only those)
-  // With want_logits, for run_sampled: draw the next token on the device (Backend::sample)
-  // instead of returning the logits row.
+  // With want_logits, on a runner that samples on the device: draw the next token there
+  // (Backend::sample) instead of returning the logits row.
   std::optional<SampleRow> draw;
 };
 
-// What run_sampled returns.
+// What run returns.
 struct SampledStep {
   Tensor logits;             // [R, V] host F32: one row per step with want_logits and no draw, in step order
   std::vector<int32_t> ids;  // one id per step with want_logits and a draw, in step order (−1: non-finite logits)
@@ -83,18 +83,18 @@ class StepRunner {
   }
   // Frees its slot and pages. The handle is invalid afterwards.
   virtual void close(RunnerSeq seq) = 0;
-  // Runs `steps` (each sequence at most once) and advances their states. Returns host F32 logits
-  // [R, V], one row per step with want_logits, in step order ([0, V] when none asked). On error
-  // the states of the sequences in the step are undefined: the caller closes them.
-  virtual Result<Tensor> run(std::span<const RunnerStep> steps) = 0;
-  // Whether run_sampled draws on the device (then the engine sets RunnerStep::draw where a
-  // request allows it, and only the other rows' logits travel to the host).
+  // Makes `seq` hold the cache pages of its first `tokens` positions (evicting cached prefixes as
+  // needed). False, taking nothing, when they do not fit: the scheduler then preempts. Every
+  // position a step writes must have been reserved.
+  virtual bool reserve(RunnerSeq seq, int64_t tokens) = 0;
+  // Whether run draws on the device (then the engine sets RunnerStep::draw where a request allows
+  // it, and only the other rows' logits travel to the host).
   virtual bool samples_on_device() const { return false; }
-  // run() that also honours RunnerStep::draw.
-  virtual Result<SampledStep> run_sampled(std::span<const RunnerStep> steps) {
-    (void)steps;
-    return Status::NotSupported("this runner does not sample on the device");
-  }
+  // Runs `steps` (each sequence at most once, its positions reserved) and advances their states.
+  // Returns host F32 logits [R, V], one row per step with want_logits and no draw, in step order,
+  // and the ids drawn for the others. On error the states of the sequences in the step are
+  // undefined: the caller closes them.
+  virtual Result<SampledStep> run(std::span<const RunnerStep> steps) = 0;
 };
 
 }  // namespace klinear

@@ -126,6 +126,7 @@ TEST_P(BatchedEqualsAlone, MixedStepsAndReuse) {
       const auto& step = schedule()[k];
       std::vector<SeqStep> steps;
       for (const Piece& p : step) steps.push_back(SeqStep{ids[p.seq], piece_ids(p), LogitsMode::kAll});
+      ASSERT_TRUE(c.reserve(steps).ok());
       auto batch = c.plan(steps);
       ASSERT_TRUE(batch.ok()) << batch.status().to_string();
       if (replayer) {  // the rows in the batch's order: sequence by sequence of its layout

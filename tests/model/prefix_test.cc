@@ -48,6 +48,7 @@ TEST_P(PrefixState, SnapshotsAndSharedPagesContinueExactly) {
   for (int64_t after : {64, 128, 150}) snaps.push_back(Snapshot{after, c.take_slot().value()});
   {
     const SeqStep step{a, all.first(150), LogitsMode::kLast, snaps};
+    ASSERT_TRUE(c.reserve(std::span<const SeqStep>(&step, 1)).ok());
     auto batch = c.plan(std::span<const SeqStep>(&step, 1));
     ASSERT_TRUE(batch.ok()) << batch.status().to_string();
     ASSERT_TRUE(m.forward(*batch, c).ok());
@@ -76,6 +77,7 @@ TEST_P(PrefixState, SnapshotsAndSharedPagesContinueExactly) {
   const Snapshot bad_pos{50, snaps[0].slot}, bad_slot{10, c.slot(d)};
   for (const Snapshot* bad : {&bad_pos, &bad_slot}) {
     const SeqStep step{d, all.first(10), LogitsMode::kLast, std::span<const Snapshot>(bad, 1)};
+    ASSERT_TRUE(c.reserve(std::span<const SeqStep>(&step, 1)).ok());  // so only the snapshot is wrong
     EXPECT_FALSE(c.plan(std::span<const SeqStep>(&step, 1)).ok());
   }
   c.close(d);

@@ -6,83 +6,20 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <set>
 
+#include "fake_runner.h"
 #include "runtime/engine.h"
 #include "test_util.h"
 
 namespace klinear {
 namespace {
 
-constexpr int64_t kVocab = 64;
-constexpr int32_t kPoison = 63;  // the fake runner fails a step that feeds this id
-
-uint64_t mix(uint64_t h, int32_t id) { return (h ^ (static_cast<uint64_t>(id) + 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull; }
-
-// Logits of a state: pseudo-random per (state, id), in [-4, 4); the poison id is never generated.
-void fake_logits(uint64_t h, float* row) {
-  for (int64_t j = 0; j < kVocab; ++j) row[j] = static_cast<float>((mix(h, static_cast<int32_t>(j)) >> 40) % 8192) / 1024.0f - 4.0f;
-  row[kPoison] = -1e30f;
-}
-
-struct StepRecord {
-  int64_t tokens = 0, decodes = 0, prefills = 0;
-};
-
-class FakeRunner final : public StepRunner {
- public:
-  FakeRunner(int64_t slots, int64_t pages, int64_t page_size) : slots_(slots), pages_(pages), page_size_(page_size) {}
-  int64_t vocab_size() const override { return kVocab; }
-  int64_t max_model_len() const override { return 4096; }
-  CacheUsage usage() const override {
-    CacheUsage u{slots_, slots_ - static_cast<int64_t>(seqs_.size()), pages_, pages_, page_size_};
-    if (u.paged())
-      for (const auto& [id, s] : seqs_) u.pages_free -= pages_for(s.tokens, page_size_);
-    return u;
-  }
-  Result<RunnerSeq> open() override {
-    if (static_cast<int64_t>(seqs_.size()) >= slots_) return Status::ResourceExhausted("no slot");
-    seqs_[next_] = State{};  // zero state, whatever was there before
-    return next_++;
-  }
-  void close(RunnerSeq seq) override { KL_CHECK(seqs_.erase(seq) == 1, "close of an unknown sequence"); }
-  Result<Tensor> run(std::span<const RunnerStep> steps) override {
-    StepRecord rec;
-    std::set<RunnerSeq> seen;
-    int64_t rows = 0;
-    for (const RunnerStep& s : steps) {
-      EXPECT_TRUE(seqs_.count(s.seq)) << "step on a closed sequence";
-      EXPECT_TRUE(seen.insert(s.seq).second) << "sequence twice in one step";
-      EXPECT_GE(s.ids.size(), 1u);
-      rows += s.want_logits;
-      rec.tokens += static_cast<int64_t>(s.ids.size());
-      (seqs_[s.seq].tokens > 0 && s.ids.size() == 1 ? rec.decodes : rec.prefills) += 1;
-      for (int32_t id : s.ids)
-        if (id == kPoison) return Status::InvalidArgument("poisoned token");
-    }
-    Tensor out = Tensor::empty(DType::kF32, {rows, kVocab});
-    int64_t row = 0;
-    for (const RunnerStep& s : steps) {
-      State& st = seqs_[s.seq];
-      for (int32_t id : s.ids) st.hash = mix(st.hash, id);
-      st.tokens += static_cast<int64_t>(s.ids.size());
-      if (s.want_logits) fake_logits(st.hash, out.f32() + row++ * kVocab);
-    }
-    EXPECT_GE(usage().pages_free, 0) << "the scheduler overfilled the pages";
-    record.push_back(rec);
-    return out;
-  }
-  std::vector<StepRecord> record;
-
- private:
-  struct State {
-    uint64_t hash = 0;
-    int64_t tokens = 0;
-  };
-  int64_t slots_, pages_, page_size_;
-  std::map<RunnerSeq, State> seqs_;
-  RunnerSeq next_ = 1;
-};
+using testing::FakeRunner;
+using testing::StepRecord;
+using testing::kPoison;
+using testing::kVocab;
+using testing::fake_logits;
+using testing::mix;
 
 struct Collected {
   std::map<int, std::vector<int32_t>> ids;  // by choice

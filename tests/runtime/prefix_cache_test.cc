@@ -37,6 +37,7 @@ TEST(PrefixCache, EvictsLeastRecentlyUsedFirst) {
     const std::vector<Snapshot> snaps = prefix.plan_snapshots(seq, p, 0, kPrompt, kPrompt);
     ASSERT_EQ(snaps.size(), 1u);
     const SeqStep step{seq, p, LogitsMode::kLast, snaps};
+    ASSERT_TRUE(cache->reserve({&step, 1}).ok());
     const Batch batch = cache->plan({&step, 1}).value();
     cache->advance(batch);
     prefix.publish(seq, p, kPrompt);

@@ -1,16 +1,20 @@
-// Scheduler as a unit, over capacities given by hand (no runner): decodes go first, prefill chunks
-// fill the token budget, admission waits behind the queue head, a sequence short of pages preempts
-// (itself when no other running sequence is left to give way), and with a snapshot grid a chunk
-// ends where the step could not snapshot.
+// Scheduler as a unit, over a fake runner's slots and pages (tests/runtime/fake_runner.h): decodes
+// go first, prefill chunks fill the token budget and have their pages reserved as they are
+// scheduled, admission waits behind the queue head, a sequence short of pages preempts (itself
+// when no other running sequence is left to give way) and its pages are back at once, and with a
+// snapshot grid a chunk ends where the step could not snapshot.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
+#include "fake_runner.h"
 #include "runtime/scheduler.h"
 
 namespace klinear {
 namespace {
+
+using testing::FakeRunner;
 
 TEST(Scheduler, DecodesFirstThenChunksUnderTheBudget) {
   Scheduler s(SchedulerOptions{10, 8});
@@ -20,33 +24,38 @@ TEST(Scheduler, DecodesFirstThenChunksUnderTheBudget) {
   b.tokens.assign(30, 1);
   c.tokens.assign(3, 1);
   s.add(&a);
-  const CacheUsage roomy{4, 4, 100, 100, 4};
-  StepPlan p = s.schedule(roomy);
+  FakeRunner runner(4, 6, 4);  // 4 slots, 6 pages of 4 positions
+  StepPlan p = s.schedule(runner);
   ASSERT_EQ(p.seqs.size(), 1u);
   EXPECT_TRUE(p.seqs[0].admit);
   EXPECT_EQ(p.seqs[0].tokens, 5);
+  ASSERT_TRUE(a.slot.has_value()) << "admitted without an admitter: opened in the runner";
+  EXPECT_EQ(runner.usage().pages_free, 4) << "a's 5 positions hold 2 pages";
   a.computed = 5;
-  a.slot = 1;
   a.tokens.push_back(7);  // sampled: a decodes next
   s.add(&b);
   s.add(&c);
-  p = s.schedule(roomy);
+  p = s.schedule(runner);
   ASSERT_EQ(p.seqs.size(), 2u);  // a's decode, then b's first chunk takes the rest; c waits
   EXPECT_EQ(p.seqs[0].seq, &a);
   EXPECT_EQ(p.seqs[0].tokens, 1);
   EXPECT_EQ(p.seqs[1].seq, &b);
   EXPECT_EQ(p.seqs[1].tokens, 9);
   EXPECT_EQ(s.num_waiting(), 1u);
+  EXPECT_EQ(runner.usage().pages_free, 1) << "b's chunk of 9 reserved 3 pages";
   // b's next chunk needs 2 more pages and 1 is free; the only other running sequence (a) already
-  // has its decode in this step, so b preempts itself back to the front of the queue.
+  // has its decode in this step, so b preempts itself back to the front of the queue, closed in
+  // the runner at once.
   a.computed = 6;
   a.tokens.push_back(8);
   b.computed = 9;
-  b.slot = 2;
-  p = s.schedule(CacheUsage{4, 2, 6, 1, 4});
+  p = s.schedule(runner);
   ASSERT_EQ(p.preempted.size(), 1u);
   EXPECT_EQ(p.preempted[0], &b);
   EXPECT_EQ(b.computed, 0);
+  EXPECT_FALSE(b.slot.has_value());
+  EXPECT_EQ(runner.usage().pages_free, 4) << "b's pages are back";
+  EXPECT_EQ(runner.usage().slots_free, 3);
   ASSERT_EQ(p.seqs.size(), 1u);
   EXPECT_EQ(p.seqs[0].seq, &a);
   EXPECT_EQ(s.num_waiting(), 2u);
@@ -79,11 +88,11 @@ TEST(Scheduler, ChunksEndAtSnapshotPointsTheyCannotSnapshot) {
     q.tokens.assign(static_cast<size_t>(c.total), 1);
     q.prompt = c.prompt;
     s.add(&q);
-    const StepPlan p = s.schedule(CacheUsage{4, 4, 0, 0, 1});
+    FakeRunner runner(4, 0, 1);  // no pages
+    const StepPlan p = s.schedule(runner);
     ASSERT_EQ(p.seqs.size(), 1u);
     q.computed = c.computed;  // admitted from zero; now ask for the chunk from `computed`
-    q.slot = 1;
-    const StepPlan next = s.schedule(CacheUsage{4, 3, 0, 0, 1});
+    const StepPlan next = s.schedule(runner);
     ASSERT_EQ(next.seqs.size(), 1u);
     EXPECT_EQ(next.seqs[0].tokens, c.want);
   }

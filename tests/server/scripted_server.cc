@@ -43,18 +43,16 @@ class ScriptedRunner final : public StepRunner {
   }
   int64_t vocab_size() const override { return vocab_; }
   int64_t max_model_len() const override { return 65536; }
-  CacheUsage usage() const override {
-    CacheUsage u{64, 64 - static_cast<int64_t>(seqs_.size()), 4096, 4096, 16};
-    for (const auto& [id, s] : seqs_) u.pages_free -= pages_for(static_cast<int64_t>(s.size()), 16);
-    return u;
-  }
+  // 64 slots and no pages (a cache of KDA state alone): pages never limit a sequence.
+  CacheUsage usage() const override { return CacheUsage{64, 64 - static_cast<int64_t>(seqs_.size()), 0, 0, 1}; }
+  bool reserve(RunnerSeq, int64_t) override { return true; }
   Result<RunnerSeq> open() override {
     if (seqs_.size() >= 64) return Status::ResourceExhausted("no slot");
     seqs_[next_] = {};
     return next_++;
   }
   void close(RunnerSeq seq) override { seqs_.erase(seq); }
-  Result<Tensor> run(std::span<const RunnerStep> steps) override {
+  Result<SampledStep> run(std::span<const RunnerStep> steps) override {
     int64_t rows = 0;
     for (const RunnerStep& s : steps) rows += s.want_logits;
     Tensor out = Tensor::zeros(DType::kF32, {rows, vocab_});
@@ -66,7 +64,7 @@ class ScriptedRunner final : public StepRunner {
       // token in 3,000 over a 160k vocabulary strayed, and a K3 round trip failed now and then).
       if (s.want_logits) out.f32()[row++ * vocab_ + next_token(fed, static_cast<size_t>(s.prompt))] = 80.0f;
     }
-    return out;
+    return SampledStep{out, {}};
   }
 
  private:

@@ -310,7 +310,8 @@ int run_generate(const GenerateArgs& a) {
   };
   auto s = open_sequence(*m);
   if (!s.ok()) return fail("generate", s.status());
-  auto result = generate(*m->model, *s->cache, s->seq, *ids, options, on_token);
+  StepExecutor executor(*m->model, *s->cache);
+  auto result = generate(executor, s->seq, *ids, options, on_token);
   if (!result.ok()) return fail("generate", result.status());
   if (stream_text) {
     std::printf("%s\n", stream->finish().c_str());

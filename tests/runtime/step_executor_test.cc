@@ -1,23 +1,20 @@
-// The decode step as a CUDA graph (docs/DESIGN.md): the same model on a backend with graphs on
+// StepExecutor, the decode step as a CUDA graph (docs/DESIGN.md): the same model on a backend with graphs on
 // and on one with graphs off, fed the same tokens, give bit for bit the same logits and drawn ids
 // over many decode steps whose batch sizes move between buckets (exact ones and padded ones), so
 // each bucket's graph is captured once and replayed while every context grows across page
 // boundaries (8-position pages), and the first sequence's grows past the 16 page-table columns a
 // decode step starts with (so the table widens and every bucket is captured again). On the
 // fixtures' models and a random config; the CPU rows run the same padded steps eagerly (both
-// sides), the CUDA rows compare replay with eager. And
-// Backend::run_graph itself: a replay reads what write() put in the fixed buffers since, a body
-// that reads the host fails its capture with a Status naming the op, and a body that lets go of
-// the block its eager run grew the arena by still captures.
+// sides), the CUDA rows compare replay with eager.
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <limits>
 
 #include "backend_cases.h"
 #include "io/presets.h"
 #include "model/model.h"
-#include "model_cases.h"
+#include "model/model_cases.h"
+#include "runtime/step_executor.h"
 #include "test_util.h"
 
 namespace klinear {
@@ -34,6 +31,7 @@ struct Side {
   std::unique_ptr<Backend> be;
   std::unique_ptr<Model> model;
   std::unique_ptr<Cache> cache;
+  std::unique_ptr<StepExecutor> executor;
   std::vector<SeqId> seqs;
 };
 
@@ -60,6 +58,7 @@ TEST_P(GraphReplay, EqualsEagerAcrossBucketsAndPages) {
     auto cache = Cache::create(side->model->config(), *side->be, CacheOptions{kSeqs, 8, 32 << 20});
     ASSERT_TRUE(cache.ok()) << cache.status().to_string();
     side->cache = std::move(cache).value();
+    side->executor = std::make_unique<StepExecutor>(*side->model, *side->cache);
   }
   const ModelConfig& cfg = on.model->config();
   std::mt19937_64 rng(seed);
@@ -80,9 +79,10 @@ TEST_P(GraphReplay, EqualsEagerAcrossBucketsAndPages) {
         s->seqs.push_back(s->cache->open().value());
         steps.push_back(SeqStep{s->seqs[i], prompts[i]});
       }
+      ASSERT_TRUE(s->cache->reserve(steps).ok());
       auto batch = s->cache->plan(steps);
       ASSERT_TRUE(batch.ok()) << batch.status().to_string();
-      ASSERT_TRUE(s->model->step(*batch, *s->cache).ok());
+      ASSERT_TRUE(s->executor->run(*batch).ok());
     }
     for (int i = 0; i < kSeqs; ++i) next[i] = static_cast<int32_t>(rng() % cfg.vocab_size);
   }
@@ -97,9 +97,10 @@ TEST_P(GraphReplay, EqualsEagerAcrossBucketsAndPages) {
     for (Side* s : {&on, &off}) {
       std::vector<SeqStep> steps;
       for (int i = 0; i < kActive[k]; ++i) steps.push_back(SeqStep{s->seqs[i], std::span<const int32_t>(&next[i], 1)});
+      ASSERT_TRUE(s->cache->reserve(steps).ok());
       auto batch = s->cache->plan(steps);
       ASSERT_TRUE(batch.ok()) << batch.status().to_string();
-      auto out = s->model->step(*batch, *s->cache, draws);
+      auto out = s->executor->run(*batch, draws);
       ASSERT_TRUE(out.ok()) << out.status().to_string();
       logits[side_index] = s->be->to_host(out->logits);
       ids[side_index] = s->be->to_host(out->ids);
@@ -116,72 +117,13 @@ TEST_P(GraphReplay, EqualsEagerAcrossBucketsAndPages) {
   }
   // The padding took nothing: every slot and page is back once the sequences close.
   for (Side* s : {&on, &off}) {
+    s->executor.reset();
     for (SeqId id : s->seqs) s->cache->close(id);
     EXPECT_EQ(s->cache->free_slots(), s->cache->sizes().slots);
     EXPECT_EQ(s->cache->free_pages(), s->cache->sizes().pages);
   }
 }
 
-class RunGraph : public testing::BackendTest {};
-
-TEST_P(RunGraph, ReplaysReadTheFixedBuffersAndHostReadsFailCapture) {
-  const int64_t n = 1000;
-  const Tensor in = be().alloc_persistent(DType::kF32, {n}), out = be().alloc_persistent(DType::kF32, {n});
-  for (int call = 0; call < 4; ++call) {  // eager, capture, replay, replay
-    be().begin_step();
-    std::vector<float> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(call * n + i);
-    be().write(Tensor::wrap(DType::kF32, {n}, v.data(), nullptr, Device::kCpu), in);
-    be().fill(out, std::numeric_limits<float>::quiet_NaN());
-    ASSERT_TRUE(be().run_graph(7, [&] {
-                  const Tensor tmp = be().alloc(DType::kF32, {n});
-                  be().copy(in, tmp);
-                  be().add(tmp, tmp);
-                  be().copy(tmp, out);
-                }).ok());
-    const Tensor h = host(out);
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h.f32()[i], 2.0f * v[i]) << "call " << call << " element " << i;
-  }
-  // A body reading the host: the CPU runs it; CUDA runs it eagerly once, then its capture fails.
-  bool failed = false;
-  for (int call = 0; call < 2 && !failed; ++call) {
-    be().begin_step();
-    const Status s = be().run_graph(8, [&] { (void)host(in); });
-    failed = !s.ok();
-    if (failed) {
-      EXPECT_EQ(call, 1) << "the first call runs eagerly";
-      EXPECT_NE(s.message().find("to_host"), std::string::npos) << s.to_string();
-    }
-  }
-  EXPECT_EQ(failed, GetParam().device == Device::kCuda);
-  be().clear_graphs();
-}
-
-// Model::decode_step keeps each bucket's outputs from one call to the next. When a body's eager run
-// grows the step arena, the next begin_step() merges the arena's blocks, so during the capture that
-// follows, replacing the kept outputs lets go of the last hold on the block they lie in; that block
-// must outlive the capture (a cudaFree inside it invalidates the capture: the 48B model's batch-256
-// decode step after a short prefill failed this way).
-TEST_P(RunGraph, CapturesWhenTheBodyLetsGoOfABlockTheEagerRunGrew) {
-  const int64_t n = int64_t{192} << 20 >> 2;  // 192 MiB of f32: more than the arena holds before
-  const Tensor in = be().alloc_persistent(DType::kF32, {4});
-  Tensor kept;
-  for (int call = 0; call < 3; ++call) {  // eager (the arena grows), capture, replay
-    be().begin_step();
-    be().fill(in, static_cast<float>(call + 1));
-    const Status s = be().run_graph(9, [&] {
-      const Tensor big = be().alloc(DType::kF32, {n});
-      kept = big.rows(n - 4, n);
-      be().copy(in, kept);
-    });
-    ASSERT_TRUE(s.ok()) << "call " << call << ": " << s.to_string();
-    const Tensor h = host(kept);
-    for (int i = 0; i < 4; ++i) ASSERT_EQ(h.f32()[i], static_cast<float>(call + 1)) << "call " << call;
-  }
-  be().clear_graphs();
-}
-
-KL_BACKEND_SUITE(RunGraph);
 
 INSTANTIATE_TEST_SUITE_P(
     Models, GraphReplay,
