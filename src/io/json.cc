@@ -6,7 +6,38 @@
 
 namespace klinear {
 
+namespace {
+// The deepest nesting of arrays and objects in `text`, counting brackets outside strings.
+Status check_depth(std::string_view text, const std::string& what) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        return Status::InvalidArgument(what + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return Status();
+}
+}  // namespace
+
+std::string json_excerpt(const Json& v) {
+  constexpr size_t kMax = 80;
+  std::string s = v.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (s.size() > kMax) s = s.substr(0, kMax) + "... (" + std::to_string(s.size()) + " bytes)";
+  return s;
+}
+
 Result<Json> parse_json(std::string_view text, const std::string& what) {
+  KL_RETURN_IF_ERROR(check_depth(text, what));
   try {
     return Json::parse(text.begin(), text.end());
   } catch (const Json::exception& e) {
@@ -15,6 +46,7 @@ Result<Json> parse_json(std::string_view text, const std::string& what) {
 }
 
 Result<OrderedJson> parse_ordered_json(std::string_view text, const std::string& what) {
+  KL_RETURN_IF_ERROR(check_depth(text, what));
   try {
     return OrderedJson::parse(text.begin(), text.end());
   } catch (const OrderedJson::exception& e) {
@@ -36,7 +68,7 @@ const Json* find_field(const Json& obj, const std::string& key) {
 }
 Status wrong_type(const std::string& where, const std::string& key, const char* expected, const Json& v) {
   return Status::InvalidArgument(where + ": field '" + key + "' must be " + expected + ", got " +
-                                 v.type_name() + " " + v.dump());
+                                 v.type_name() + " " + json_excerpt(v));
 }
 }  // namespace
 

@@ -19,11 +19,19 @@ using Json = nlohmann::json;
 // Keeps object keys in document order (chat templates must re-serialize tools byte for byte).
 using OrderedJson = nlohmann::ordered_json;
 
+// Arrays and objects nested deeper than this are refused before parsing (InvalidArgument naming
+// the limit): a parsed value is walked recursively (dump, comparison, the chat formats), and a
+// request of 100k nested brackets would otherwise overflow the stack.
+inline constexpr int kMaxJsonDepth = 512;
+
 // Parses `text`; `what` names the document in error messages ("config.json").
 Result<Json> parse_json(std::string_view text, const std::string& what);
 Result<OrderedJson> parse_ordered_json(std::string_view text, const std::string& what);
 // Reads (a regular file of at most kMaxJsonFileBytes, see io/file.h) and parses a whole file.
 Result<Json> read_json_file(const std::string& path);
+// A value for an error message: its JSON text, cut after 80 bytes (an error never echoes a whole
+// request).
+std::string json_excerpt(const Json& v);
 
 // Typed field access. `where` names the document or object for the message. A field that is
 // absent or null yields `fallback` (the optional getters) or NotFound (the required ones); a

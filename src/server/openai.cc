@@ -48,7 +48,7 @@ struct Fields {
     return s;
   }
   Status out_of_range(const std::string& key, const std::string& expected, const Json& v) {
-    return fail(key, Status::InvalidArgument("field '" + key + "' must be " + expected + ", got " + v.dump()));
+    return fail(key, Status::InvalidArgument("field '" + key + "' must be " + expected + ", got " + json_excerpt(v)));
   }
 };
 
@@ -125,8 +125,8 @@ Result<const Json*> template_option(Fields& f, const std::string& key) {
     if (k.contains(key) && !k[key].is_null()) kwarg = &k[key];
   }
   if (top && kwarg && *top != *kwarg)
-    return f.fail(key, Status::InvalidArgument("field '" + key + "' is " + top->dump() + " but chat_template_kwargs." + key +
-                                               " is " + kwarg->dump() + "; give one or make them equal"));
+    return f.fail(key, Status::InvalidArgument("field '" + key + "' is " + json_excerpt(*top) + " but chat_template_kwargs." + key +
+                                               " is " + json_excerpt(*kwarg) + "; give one or make them equal"));
   return top ? top : kwarg;
 }
 
@@ -184,7 +184,7 @@ Status parse_tools(Fields& f, ChatFormat format, ApiRequest& r) {
     if (choice == ToolChoice::kRequired && tools.empty())
       return f.fail("tool_choice", Status::InvalidArgument("field 'tool_choice' asks for a tool call, but the request has no tools"));
     if (choice == ToolChoice::kRequired && format == ChatFormat::kKimiK2)
-      return not_in_k2(f, "tool_choice", "forcing a tool call (" + c.dump() + ")");
+      return not_in_k2(f, "tool_choice", "forcing a tool call (" + json_excerpt(c) + ")");
   }
   if (!r.forced_tool.empty()) {  // K3 has no per-function choice: declare only that function, and require a call
     Json kept = Json::array();
