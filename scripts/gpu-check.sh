@@ -21,6 +21,8 @@
 # 6. runs compute-sanitizer memcheck over the GPU tests (capped: see memcheck below);
 # and writes each step's log plus summary.md (step, status, seconds; the benchmark tables) to OUTDIR.
 # The CPU suite is CI's (scripts/test.sh); KLINEAR_GPU_CHECK_CPU=1 runs it here too.
+# KLINEAR_GPU_CHECK_BASELINE=TAR adds the step baseline_48b: the 48B rows of this tree and of an
+# older one (the tar) in turns, before and after side by side.
 # KLINEAR_GPU_CHECK_SKIP names steps to leave out (space-separated: e.g. "fla_bench memcheck").
 # Every step runs even when an earlier one fails; the exit status is non-zero if any failed.
 # On the H200 (2026-12-01): build 80-117 s, GPU tests 49-92 s (the bf16 consistency rows redraw
@@ -220,6 +222,29 @@ e2e_48b() {  # the Kimi-Linear-48B-A3B config with dummy weights made on the GPU
     --batch 256 --context 4096 "$dir"
 }
 step e2e_48b e2e_48b
+
+# Before and after side by side (KLINEAR_GPU_CHECK_BASELINE=a tar of an older tree, e.g.
+# `git archive REV src bench tools fuzz tests/*.h CMakeLists.txt ...`, carried under third_party/):
+# that tree's model_bench is built beside this one's, and both run the e2e_48b rows in turns
+# (new, old, new, old) in this one command, so the two sets of figures share the machine's state.
+baseline_48b() {
+  local base=/tmp/klinear-baseline dir=/tmp/klinear-48b
+  rm -rf "$base" && mkdir -p "$base" && tar -xf "$KLINEAR_GPU_CHECK_BASELINE" -C "$base" || return 1
+  ln -sfn "$PWD/third_party" "$base/third_party"
+  cmake -S "$base" -B "$base/build" -DCMAKE_BUILD_TYPE=Release -DKLINEAR_CUDA=ON -DKLINEAR_DEPS_ROOT="$deps" \
+    -DCMAKE_PREFIX_PATH="$deps/usr" -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" >/dev/null || return 1
+  cmake --build "$base/build" -j "$(nproc)" --target model_bench >/dev/null || return 1
+  build-gpu/klinear init --preset kimi-linear-48b-a3b --config-only --out "$dir" >/dev/null || return 1
+  local round bench
+  for round in 1 2; do
+    for bench in build-gpu/model_bench "$base/build/model_bench"; do
+      echo "### round $round: $bench"
+      "$bench" --device cuda --load-format dummy --prefill 8192 --decode 16 --runs 2 --batch 1 --batch 64 \
+        --batch 256 --context 4096 "$dir" || return 1
+    done
+  done
+}
+[ -n "${KLINEAR_GPU_CHECK_BASELINE:-}" ] && step baseline_48b baseline_48b
 
 profile_48b() {  # where a 48B step's GPU time goes: ncu's duration of each kernel of one prefill step
   # (2,048 tokens) and of one decode step at batch 64 (4k context), summed by kernel
