@@ -95,6 +95,12 @@ void Engine::cancel(uint64_t request_id) {
   wake_.notify_all();
 }
 
+void Engine::cancel_all() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancel_all_ = true;
+  wake_.notify_all();
+}
+
 void Engine::request_stop() {
   std::lock_guard<std::mutex> lock(mu_);
   stopping_ = true;
@@ -108,16 +114,18 @@ EngineMetrics Engine::metrics() const {
 
 bool Engine::has_work() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return !requests_.empty() || !inbox_.empty() || !cancels_.empty();
+  return !requests_.empty() || !inbox_.empty() || !cancels_.empty() || cancel_all_;
 }
 
 void Engine::take_inbox() {
   std::vector<std::unique_ptr<Request>> fresh;
   std::vector<uint64_t> cancels;
+  bool cancel_all = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     fresh.swap(inbox_);
     cancels.swap(cancels_);
+    std::swap(cancel_all, cancel_all_);
   }
   for (auto& r : fresh) {
     for (int i = 0; i < r->spec.n; ++i) {
@@ -139,6 +147,8 @@ void Engine::take_inbox() {
     const uint64_t id = r->id;
     requests_[id] = std::move(r);
   }
+  if (cancel_all)
+    for (const auto& [id, r] : requests_) cancels.push_back(id);
   for (uint64_t id : cancels) {
     auto it = requests_.find(id);
     if (it != requests_.end()) end_request(*it->second, RequestEnd::kCancelled, Status());
@@ -330,7 +340,7 @@ void Engine::serve() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !requests_.empty() || !inbox_.empty() || !cancels_.empty(); });
+      wake_.wait(lock, [&] { return stopping_ || !requests_.empty() || !inbox_.empty() || !cancels_.empty() || cancel_all_; });
       if (stopping_ && requests_.empty() && inbox_.empty()) return;
     }
     step();

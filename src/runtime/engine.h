@@ -1,7 +1,7 @@
 // Engine: continuous batching over a StepRunner. One step = schedule (scheduler.h), run (one
 // runner call over every scheduled sequence), post-process (sample, detokenize, stop, emit).
 //
-// Threads: submit(), cancel(), request_stop() and metrics() may be called from any thread; they
+// Threads: submit(), cancel(), cancel_all(), request_stop() and metrics() may be called from any thread; they
 // only touch an inbox under a mutex. Everything else (steps, the runner, sequences) belongs to the
 // one thread that calls step() / serve() / run_until_idle(). Events go to each request's sink on
 // that engine thread, so a sink must be quick and must not call back into the engine.
@@ -79,6 +79,8 @@ class Engine : private Admitter {
   // Cancels a request (its sink gets one last event with kCancelled and its slots and pages are
   // freed at the next step). Unknown or finished ids are ignored.
   void cancel(uint64_t request_id);
+  // Cancels every request queued or running (a drain past its deadline).
+  void cancel_all();
 
   // Engine thread only: one step (returns false when nothing ran); whether requests are pending.
   bool step();
@@ -121,6 +123,7 @@ class Engine : private Admitter {
   std::condition_variable wake_;
   std::vector<std::unique_ptr<Request>> inbox_;  // guarded by mu_
   std::vector<uint64_t> cancels_;                // guarded by mu_
+  bool cancel_all_ = false;                      // guarded by mu_
   bool stopping_ = false;                        // guarded by mu_
   uint64_t next_id_ = 1;                         // guarded by mu_
   EngineMetrics metrics_;                        // guarded by mu_

@@ -6,8 +6,12 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <optional>
 #include <condition_variable>
 #include <deque>
 #include <random>
@@ -141,6 +145,43 @@ int connection_socket(const httplib::Request& req) {
   return found;
 }
 
+// The listening socket's options: SO_REUSEADDR (a restart binds while old connections linger in
+// TIME_WAIT) but not cpp-httplib's default SO_REUSEPORT, with which a second server on a busy port
+// started and the kernel split the connections between the two.
+void reuse_address(socket_t sock) {
+  const int yes = 1;
+  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+}
+
+// Whether `header` is "Bearer KEY", in time that does not depend on where they differ.
+bool bearer_matches(const std::string& header, const std::string& key) {
+  const std::string want = "Bearer " + key;
+  unsigned diff = header.size() != want.size();
+  for (size_t i = 0; i < want.size(); ++i) diff |= static_cast<unsigned char>(want[i]) ^ static_cast<unsigned char>(i < header.size() ? header[i] : 0);
+  return diff == 0;
+}
+
+// Reads a request body as it arrives, decoded (chunked transfer, gzip), stopping at `limit` bytes:
+// the limit holds on what the handler sees, not only on Content-Length (a 194 KB gzip body
+// inflated to 200 MB; a chunked body had no limit). The error to send when it cannot: 413 over
+// the limit (httplib's own Content-Length check sets 413 too), 400 for a body that cannot be read.
+std::optional<ApiError> read_body(const httplib::ContentReader& reader, const httplib::Response& res, size_t limit,
+                                  std::string& body) {
+  bool over = false;
+  const bool read = reader([&](const char* data, size_t n) {
+    over = n > limit - body.size();
+    if (!over) body.append(data, n);
+    return !over;
+  });
+  if (over || (!read && res.status == 413))
+    return ApiError{413, "the request body is over the limit of " + std::to_string(limit) + " bytes (after decoding)",
+                    "invalid_request_error", "", ""};
+  if (!read)
+    return ApiError{400, "the request body could not be read (a broken chunked or compressed encoding?)",
+                    "invalid_request_error", "", ""};
+  return std::nullopt;
+}
+
 // Whether the client closed (or reset) its end of the connection.
 bool peer_closed(int fd) {
   pollfd p{fd, POLLRDHUP, 0};
@@ -171,17 +212,23 @@ Status HttpServer::start() {
   // the bound socket raises the backlog (Linux); the socket is the last one the options saw.
   int listen_fd = -1;
   http_->set_socket_options([&listen_fd](socket_t sock) {
-    httplib::default_socket_options(sock);
+    reuse_address(sock);
     listen_fd = sock;
   });
+  errno = 0;
   port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host) : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
-  http_->set_socket_options(httplib::default_socket_options);
-  if (port_ < 0) return Status::IOError("cannot listen on " + options_.host + ":" + std::to_string(options_.port));
+  const int bind_errno = errno;
+  http_->set_socket_options(reuse_address);
+  if (port_ < 0)
+    return Status::IOError("cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
+                           (bind_errno ? std::string(": ") + std::strerror(bind_errno) : std::string()));
   if (::listen(listen_fd, SOMAXCONN) != 0)
     return Status::IOError("cannot raise the listen backlog on " + options_.host + ":" + std::to_string(port_));
   listener_ = std::thread([this] { http_->listen_after_bind(); });
   return Status();
 }
+
+void HttpServer::drain() { draining_ = true; }
 
 void HttpServer::stop() {
   while (in_flight_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -195,11 +242,12 @@ void HttpServer::routes() {
   s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   s.set_payload_max_length(options_.max_body_bytes);
   s.set_keep_alive_max_count(1000);
+  s.set_tcp_nodelay(true);  // a reply's header and body writes go out at once (Nagle held the body ~40 ms)
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     const bool protected_path = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
     if (options_.api_key.empty() || !protected_path) return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + options_.api_key)
+    if (bearer_matches(req.get_header_value("Authorization"), options_.api_key))
       return httplib::Server::HandlerResponse::Unhandled;
     ApiError e{401, "a valid API key is required: send the header 'Authorization: Bearer <key>'", "authentication_error",
                "", "invalid_api_key"};
@@ -215,7 +263,11 @@ void HttpServer::routes() {
   });
   s.set_logger([this](const httplib::Request&, const httplib::Response& res) { count(res.status); });
 
-  s.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("", "text/plain"); });
+  // While draining /health is 503, so a load balancer stops sending before the server goes.
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    res.status = draining_ ? 503 : 200;
+    res.set_content(draining_ ? "draining" : "", "text/plain");
+  });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     std::map<int, uint64_t> responses;
     {
@@ -233,8 +285,19 @@ void HttpServer::routes() {
                                         {"max_model_len", engine_.max_sequence_tokens()}}}}});
   });
 
-  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    auto body = parse_json(req.body, "request body");
+  // The POST routes take their body through read_body, so its limit holds on the decoded bytes.
+  using BodyHandler = std::function<void(const httplib::Request&, httplib::Response&, const std::string& body)>;
+  auto post = [this](const char* path, BodyHandler handler) {
+    http_->Post(path, [this, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
+                                                          const httplib::ContentReader& reader) {
+      std::string body;
+      if (auto e = read_body(reader, res, options_.max_body_bytes, body)) return send_error(res, *e);
+      handler(req, res, body);
+    });
+  };
+
+  post("/tokenize", [this](const httplib::Request&, httplib::Response& res, const std::string& text) {
+    auto body = parse_json(text, "request body");
     if (!body.ok()) return send_error(res, api_error(body.status()));
     std::string param;
     ApiRequest r;
@@ -253,8 +316,8 @@ void HttpServer::routes() {
     if (!ids.ok()) return send_error(res, api_error(ids.status()));
     send_json(res, 200, Json{{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", engine_.max_sequence_tokens()}});
   });
-  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    auto body = parse_json(req.body, "request body");
+  post("/detokenize", [this](const httplib::Request&, httplib::Response& res, const std::string& text) {
+    auto body = parse_json(text, "request body");
     if (!body.ok()) return send_error(res, api_error(body.status()));
     auto ids = json_opt_int_list(*body, "tokens", "request");
     if (!ids.ok() || !ids->has_value())
@@ -267,8 +330,8 @@ void HttpServer::routes() {
   });
 
   auto generate = [this](ApiKind kind) {
-    return [this, kind](const httplib::Request& req, httplib::Response& res) {
-      auto body = parse_json(req.body, "request body");
+    return [this, kind](const httplib::Request& req, httplib::Response& res, const std::string& text) {
+      auto body = parse_json(text, "request body");
       if (!body.ok()) return send_error(res, api_error(body.status()));
       std::string param;
       auto parsed = parse_api_request(kind, format_, *body, &param);
@@ -362,8 +425,8 @@ void HttpServer::routes() {
           });
     };
   };
-  s.Post("/v1/chat/completions", generate(ApiKind::kChat));
-  s.Post("/v1/completions", generate(ApiKind::kCompletion));
+  post("/v1/chat/completions", generate(ApiKind::kChat));
+  post("/v1/completions", generate(ApiKind::kCompletion));
 }
 
 }  // namespace klinear

@@ -8,7 +8,9 @@
 // socket reports the hang-up. Routes: POST /v1/chat/completions, /v1/completions, /tokenize,
 // /detokenize; GET /v1/models, /health, /metrics. With an API key, /v1/* and the tokenizer routes
 // need "Authorization: Bearer KEY" (401 otherwise); unknown paths are 404, bodies over the limit
-// 413, a full queue or a draining server 503, all as OpenAI error objects.
+// 413 (the limit holds on the decoded body: gzip, chunked), a full queue or a draining server 503, all as
+// OpenAI error objects; /health is 503 once drain() was called. The API key is compared in constant
+// time; the listening socket takes no SO_REUSEPORT, so a busy port is an error.
 #pragma once
 
 #include <atomic>
@@ -48,6 +50,8 @@ class HttpServer {
   // Binds and starts listening on a background thread. IOError naming the address on failure.
   Status start();
   int port() const { return port_; }
+  // From now on /health answers 503 (a load balancer stops sending); requests still run.
+  void drain();
   // Waits until no request is in flight (call after the engine drained), then stops listening.
   void stop();
 
@@ -65,6 +69,7 @@ class HttpServer {
   std::thread listener_;
   int port_ = 0;
   std::atomic<int> in_flight_{0};
+  std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_response_id_{1};
   std::mutex mu_;
   std::map<int, uint64_t> responses_;  // by HTTP status; guarded by mu_

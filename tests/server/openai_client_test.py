@@ -40,8 +40,9 @@ KEY = "test-key"
 class Server:
     """A server process; `port` is read from its start-up line."""
 
-    def __init__(self, argv, port_pattern, stream="stderr"):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def __init__(self, argv, port_pattern, stream="stderr", env=None, key=KEY):
+        self.key = key
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.log = []
         source = self.proc.stderr if stream == "stderr" else self.proc.stdout
         other = self.proc.stdout if stream == "stderr" else self.proc.stderr
@@ -61,9 +62,9 @@ class Server:
     def client(self, api_key=KEY, **kw):
         return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=api_key, max_retries=0, **kw)
 
-    def raw(self, method, path, body=None, headers=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-        h = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
+    def raw(self, method, path, body=None, headers=None, timeout=120):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        h = {"Authorization": "Bearer " + self.key, "Content-Type": "application/json"}
         h.update(headers or {})
         conn.request(method, path, body=body, headers=h)
         r = conn.getresponse()

@@ -1,5 +1,6 @@
 // klinear run end to end: a 1,000-line JSONL file on the CPU with a test checkpoint comes back in
-// input order with every line's tokens, malformed lines are reported by number and skipped, and
+// input order with every line's tokens, malformed lines (nested 100,000 deep among them) are
+// reported by number on stderr and as an error record in their place in the output, and
 // greedy lines equal `klinear generate` of the same prompt (the engine adds no numerical drift).
 #include <gtest/gtest.h>
 
@@ -15,18 +16,20 @@
 namespace klinear {
 namespace {
 
-TEST(CliRun, ThousandLinesInOrderWithMalformedOnesSkipped) {
+TEST(CliRun, ThousandLinesInOrderWithMalformedOnesReported) {
   const testing::ScratchDir dir;
   const std::string model = testing::fixture_path("kimi-linear-tiny/model");
   std::mt19937_64 rng(testing::fresh_seed());
   std::vector<std::vector<int>> prompts;
   std::vector<int> max_tokens;
-  const std::set<size_t> malformed{4, 500, 999};  // 0-based line indices
+  const std::set<size_t> malformed{4, 250, 500, 999};  // 0-based line indices
   {
     std::ofstream in(dir.file("in.jsonl"));
     for (size_t i = 0; i < 1000; ++i) {
       if (i == 4) {
         in << "{not json\n";
+      } else if (i == 250) {
+        in << R"({"prompt": )" << std::string(100000, '[') << std::string(100000, ']') << "}\n";
       } else if (i == 500) {
         in << R"({"prompt_ids": [1, 99999]})" << "\n";  // outside the vocabulary
       } else if (i == 999) {
@@ -47,18 +50,24 @@ TEST(CliRun, ThousandLinesInOrderWithMalformedOnesSkipped) {
   const testing::CliRun r = testing::run_cli("run --model " + model + " --input " + dir.file("in.jsonl") + " --output " +
                                              dir.file("out.jsonl") + " --max-batch 16 --max-num-tokens 64 --max-tokens 4 "
                                              "--ignore-eos");
-  EXPECT_EQ(r.exit_code, 2) << r.all();  // lines were skipped: bad input
+  EXPECT_EQ(r.exit_code, 2) << r.all();  // lines were refused: bad input
   for (size_t line : malformed)
     EXPECT_NE(r.err.find("line " + std::to_string(line + 1) + ":"), std::string::npos) << line << "\n" << r.err;
-  EXPECT_NE(r.err.find("997 requests"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("996 requests (4 lines refused"), std::string::npos) << r.err;
   std::ifstream out(dir.file("out.jsonl"));
   std::string text;
   size_t k = 0;
   std::vector<Json> results;
   for (size_t i = 0; i < 1000; ++i) {
-    if (malformed.count(i)) continue;
     ASSERT_TRUE(std::getline(out, text)) << "missing output for line " << i + 1;
     const Json j = parse_json(text, "output").value();
+    if (malformed.count(i)) {
+      EXPECT_EQ(j["line"], i + 1) << text;
+      EXPECT_EQ(j["id"], i + 1) << text;  // none of them parsed into an object with an id
+      EXPECT_TRUE(j["error"].is_string() && !j["error"].get<std::string>().empty()) << text;
+      if (i == 250) EXPECT_NE(text.find("nested deeper than 512"), std::string::npos) << text;
+      continue;
+    }
     EXPECT_EQ(j["id"], "req-" + std::to_string(i));
     EXPECT_EQ(j["ids"].size(), static_cast<size_t>(max_tokens[k])) << i;
     EXPECT_EQ(j["finish_reason"], "length");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include <thread>
 
 #include "backend/backend.h"
+#include "io/file.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "io/chat_template.h"
@@ -34,7 +36,16 @@ namespace klinear::cli {
 namespace {
 
 volatile std::sig_atomic_t g_signal = 0;
-void on_signal(int sig) { g_signal = sig; }
+// The first SIGINT/SIGTERM asks for a drain; a second one leaves at once (a drain that hangs must
+// not need SIGKILL).
+void on_signal(int sig) {
+  if (g_signal) {
+    static const char message[] = "klinear: second signal: exiting without draining\n";
+    (void)!write(STDERR_FILENO, message, sizeof(message) - 1);
+    _exit(130);
+  }
+  g_signal = sig;
+}
 
 void install_signal_handlers() {
   g_signal = 0;
@@ -195,13 +206,38 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
 struct ServeArgs {
   EngineArgs engine;
   ServerOptions server;
+  std::string api_key_file;
   int64_t max_queue = 256;
+  double shutdown_timeout_s = 30;
 };
 
+// The API key: --api-key, else --api-key-file (its first line; the command line shows in `ps`),
+// else the environment's KLINEAR_API_KEY; none of them: no authentication. A key that is empty
+// where it was given would turn authentication off without a word: refused.
+Result<std::string> api_key(const ServeArgs& a) {
+  if (!a.server.api_key.empty()) {
+    if (!a.api_key_file.empty()) return Status::InvalidArgument("--api-key and --api-key-file: give one of them");
+    return a.server.api_key;
+  }
+  if (!a.api_key_file.empty()) {
+    auto text = read_regular_file(a.api_key_file, 64 << 10);
+    if (!text.ok()) return text.status().with_context("--api-key-file");
+    std::string key = text->substr(0, text->find_first_of("\r\n"));
+    if (key.empty()) return Status::InvalidArgument("--api-key-file: " + a.api_key_file + " holds an empty key");
+    return key;
+  }
+  const char* env = std::getenv("KLINEAR_API_KEY");
+  if (env && !*env) return Status::InvalidArgument("KLINEAR_API_KEY is set but empty, which would turn authentication off");
+  return std::string(env ? env : "");
+}
+
 int run_serve(const ServeArgs& a) {
+  auto key = api_key(a);
+  if (!key.ok()) return fail("serve", key.status());
   auto s = make_serving(a.engine, a.max_queue, "serve");
   if (!s.ok()) return fail("serve", s.status());
   ServerOptions so = a.server;
+  so.api_key = *key;
   if (so.model_name.empty()) {
     std::string dir = a.engine.model_dir;
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -210,7 +246,11 @@ int run_serve(const ServeArgs& a) {
   so.http_threads = static_cast<int>(std::max<int64_t>(64, a.max_queue + a.engine.max_num_seqs));
   HttpServer server(*s->engine, s->tokenizer.get(), s->format, so);
   install_signal_handlers();
-  std::thread engine_thread([&] { s->engine->serve(); });
+  std::atomic<bool> engine_done{false};
+  std::thread engine_thread([&] {
+    s->engine->serve();
+    engine_done = true;
+  });
   Status started = server.start();
   if (!started.ok()) {
     s->engine->request_stop();
@@ -220,8 +260,17 @@ int run_serve(const ServeArgs& a) {
   std::fprintf(stderr, "klinear serve: serving '%s' on http://%s:%d (Ctrl-C drains and exits)\n", so.model_name.c_str(),
                so.host.c_str(), server.port());
   while (!g_signal) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  std::fprintf(stderr, "klinear serve: signal %d: finishing in-flight requests\n", static_cast<int>(g_signal));
+  std::fprintf(stderr, "klinear serve: signal %d: finishing in-flight requests (at most %g s; a second signal exits "
+               "at once)\n", static_cast<int>(g_signal), a.shutdown_timeout_s);
+  server.drain();
   s->engine->request_stop();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(a.shutdown_timeout_s);
+  while (!engine_done && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (!engine_done) {
+    std::fprintf(stderr, "klinear serve: --shutdown-timeout (%g s) passed: cancelling the requests still running\n",
+                 a.shutdown_timeout_s);
+    s->engine->cancel_all();
+  }
   engine_thread.join();
   server.stop();
   std::fprintf(stderr, "klinear serve: drained, exiting\n");
@@ -237,7 +286,7 @@ struct RunArgs {
 };
 
 struct LineResult {
-  bool done = false, skipped = false;
+  bool done = false, skipped = false, refused = false;  // skipped: a blank line; refused: an error record
   Json out;
 };
 
@@ -274,9 +323,14 @@ int run_run(const RunArgs& a) {
   int64_t in_tokens = 0, out_tokens = 0;
   for (size_t i = 0; i < lines.size(); ++i) {
     LineResult& res = results[i];
+    // A line that cannot run gets an error record in its place in the output (and a line on
+    // stderr): nothing the user gave is dropped without a trace.
+    Json line_id = i + 1;  // the line's own id once it parsed
     auto skip = [&](const Status& st) {
-      std::fprintf(stderr, "klinear run: %s line %zu: %s (skipped)\n", a.input.c_str(), i + 1, st.to_string().c_str());
-      res.skipped = res.done = true;
+      std::fprintf(stderr, "klinear run: %s line %zu: %s (an error record written)\n", a.input.c_str(), i + 1,
+                   st.to_string().c_str());
+      res.out = Json{{"id", line_id}, {"line", i + 1}, {"error", st.to_string()}};
+      res.refused = res.done = true;
       ++skipped;
     };
     if (lines[i].find_first_not_of(" \t\r") == std::string::npos) {
@@ -288,6 +342,7 @@ int run_run(const RunArgs& a) {
       skip(line.ok() ? Status::InvalidArgument("expected a JSON object") : line.status());
       continue;
     }
+    if (line->contains("id")) line_id = (*line)["id"];
     Json merged = defaults;
     merged.update(*line);
     if (merged.contains("prompt_ids")) merged["prompt"] = merged["prompt_ids"];
@@ -312,7 +367,7 @@ int run_run(const RunArgs& a) {
     spec.stop.max_tokens = req->max_tokens.value_or(a.defaults.max_tokens);
     if (kind == ApiKind::kChat && tok)
       if (auto marker = tok->special_id(chat_stop_marker(s->format))) spec.stop.stop_ids.push_back(*marker);
-    res.out = Json{{"id", line->contains("id") ? (*line)["id"] : Json(i + 1)}, {"text", ""}, {"ids", Json::array()}};
+    res.out = Json{{"id", line_id}, {"text", ""}, {"ids", Json::array()}};
     auto id = s->engine->submit(std::move(spec), [&res, &ttft, &in_tokens, &out_tokens](const EngineEvent& e) {
       res.out["text"] = res.out["text"].get<std::string>() + e.text;
       for (const TokenOutput& t : e.tokens) res.out["ids"].push_back(t.id);
@@ -343,7 +398,7 @@ int run_run(const RunArgs& a) {
     for (; written < results.size() && results[written].done; ++written) {
       if (results[written].skipped) continue;
       out << results[written].out.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
-      ++finished;
+      if (!results[written].refused) ++finished;
     }
     out.flush();
   };
@@ -366,7 +421,7 @@ int run_run(const RunArgs& a) {
   std::sort(ttft.begin(), ttft.end());
   auto pct = [&](double p) { return ttft.empty() ? 0.0 : 1e3 * ttft[std::min(ttft.size() - 1, size_t(p * ttft.size()))]; };
   std::fprintf(stderr,
-               "klinear run: %lld requests (%lld malformed lines skipped), %lld input and %lld output tokens in %.2f s: %.1f output "
+               "klinear run: %lld requests (%lld lines refused, an error record each), %lld input and %lld output tokens in %.2f s: %.1f output "
                "tokens/s, %.1f total tokens/s; time to first token p50 %.1f ms, p90 %.1f ms, p99 %.1f ms\n",
                (long long)finished, (long long)skipped, (long long)in_tokens, (long long)out_tokens, secs,
                out_tokens / std::max(secs, 1e-9), (in_tokens + out_tokens) / std::max(secs, 1e-9), pct(0.5), pct(0.9), pct(0.99));
@@ -405,6 +460,13 @@ void add_serve_commands(CLI::App& app, int& exit_code) {
                                  : std::string();
             },
             "non-empty"));
+    sub->add_option("--api-key-file", a->api_key_file, "read the API key from this file's first line (default: "
+                                                       "the environment's KLINEAR_API_KEY, if set)");
+    sub->add_option("--shutdown-timeout", a->shutdown_timeout_s,
+                    "seconds a SIGINT/SIGTERM waits for in-flight requests before cancelling them (/health is 503 "
+                    "meanwhile)")
+        ->check(number_in(0, 86400))
+        ->capture_default_str();
     // Each waiting request holds an HTTP thread (the pool is sized as the queue plus the running
     // sequences), so the queue is bounded where a thread pool still starts.
     sub->add_option("--max-queue", a->max_queue, "requests waiting for admission before new ones get 503")

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""klinear serve against hostile clients, over raw sockets (issue 34's table).
+
+Each case failed on the server before its fix and must now be a clear error or bounded behaviour,
+with the server still answering afterwards:
+  nested JSON      100,000 levels in prompt, temperature, stop, messages, tools and /tokenize: 400
+                   naming the depth limit, the reply short (no value echoed); it segfaulted
+  gzip bomb        a ~100 KB gzip body (inside --max-body-bytes) that inflates to 100 MB: 413 on the decoded bytes; it was
+                   inflated whole (200 MB aborted the server)
+  chunked flood    a chunked body past --max-body-bytes: 413; it was read whole
+  port in use      a second serve on a busy port exits 2 naming the port; it started (SO_REUSEPORT)
+                   and the kernel split the connections between the two
+  API key          from --api-key-file or KLINEAR_API_KEY (the command line shows in `ps`); an
+                   empty file or variable is refused at start
+  TCP_NODELAY      20 small replies on one keep-alive connection, the median under 20 ms (Nagle
+                   held each reply's body ~40 ms)
+  drain            SIGTERM with a request running that has no max_tokens (the rest of a ~1M-token
+                   context): /health is 503 while draining, the server exits after
+                   --shutdown-timeout with the stream ended; a second signal exits at once
+
+usage: hostile_server_test.py --klinear BIN --source REPO
+"""
+import argparse
+import gzip
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from openai_client_test import MODEL, Server, check  # noqa: E402
+
+KEY = "hostile-key"
+PORT_LINE = r"on http://[^:]+:(\d+)"
+
+
+def still_serving(s):
+    status, data = s.raw("POST", "/v1/completions",
+                         json.dumps({"model": MODEL, "prompt": "still there?", "max_tokens": 2}))
+    check(status == 200, f"the server stopped answering: HTTP {status} {data[:200]!r}")
+
+
+def nested(depth):
+    return "[" * depth + "]" * depth
+
+
+def test_nested_json(s):
+    deep = nested(100000)
+    cases = [
+        ("/v1/completions", '{"model": "%s", "prompt": %s}' % (MODEL, deep)),
+        ("/v1/completions", '{"model": "%s", "prompt": "x", "temperature": %s}' % (MODEL, deep)),
+        ("/v1/completions", '{"model": "%s", "prompt": "x", "stop": %s}' % (MODEL, deep)),
+        ("/v1/chat/completions", '{"model": "%s", "messages": %s}' % (MODEL, deep)),
+        ("/v1/chat/completions",
+         '{"model": "%s", "messages": [{"role": "user", "content": "x"}], "tools": %s}' % (MODEL, deep)),
+        ("/tokenize", '{"prompt": %s}' % deep),
+    ]
+    for path, body in cases:
+        status, data = s.raw("POST", path, body)
+        check(status == 400, f"{path} nested 100k deep: HTTP {status}")
+        message = json.loads(data)["error"]["message"]
+        check("nest" in message and "512" in message, f"{path}: the error does not name the depth limit: {message!r}")
+        check(len(data) < 2000, f"{path}: a {len(data)}-byte error echoes the body")
+    still_serving(s)
+
+
+def test_gzip_bomb(s):
+    body = b'{"prompt": "' + b"a" * (100 << 20) + b'"}'
+    bomb = gzip.compress(body, 9)
+    check(len(bomb) < s.max_body, f"the bomb ({len(bomb)} bytes) must pass the Content-Length check")
+    rss = s.rss_kib()
+    status, data = s.raw("POST", "/v1/completions", bomb, {"Content-Encoding": "gzip"})
+    check(status == 413, f"gzip bomb: HTTP {status} {data[:200]!r}")
+    check("after decoding" in json.loads(data)["error"]["message"], data)
+    grown = (s.rss_kib() - rss) / 1024
+    check(grown < 50, f"RSS grew {grown:.0f} MiB reading a bomb")
+    still_serving(s)
+
+
+def test_chunked_flood(s):
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+    sock.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                  "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" % KEY).encode())
+    chunk = b"%x\r\n%s\r\n" % (65536, b"a" * 65536)
+    sent = 0
+    try:
+        while sent < (64 << 20):  # far past the limit: the server must answer (and stop reading) first
+            sock.sendall(chunk)
+            sent += 65536
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    reply = b""
+    try:
+        while b"\r\n\r\n" not in reply:
+            part = sock.recv(65536)
+            if not part:
+                break
+            reply += part
+    except ConnectionResetError:
+        pass
+    sock.close()
+    check(reply.startswith(b"HTTP/1.1 413"), f"chunked flood of {sent >> 20} MiB: {reply[:100]!r}")
+    check(sent < (64 << 20) or b"413" in reply, "the whole flood was read")
+    still_serving(s)
+
+
+def test_port_in_use(s, serve):
+    p = subprocess.run(serve + ["--port", str(s.port)], capture_output=True, text=True, timeout=120)
+    check(p.returncode == 2, f"a second server on busy port {s.port}: exit {p.returncode}\n{p.stderr[-500:]}")
+    check(f":{s.port}" in p.stderr and "in use" in p.stderr, f"the error does not name the port: {p.stderr[-500:]}")
+    still_serving(s)
+
+
+def test_api_key_sources(s, serve, tmp):
+    # The main server took its key from --api-key-file.
+    status, _ = s.raw("GET", "/v1/models")
+    check(status == 200, f"the key from --api-key-file: HTTP {status}")
+    status, _ = s.raw("GET", "/v1/models", headers={"Authorization": "Bearer " + KEY[:-1] + "x"})
+    check(status == 401, f"a wrong key of the same length: HTTP {status}")
+    env_server = Server(serve + ["--port", "0"], PORT_LINE, env=dict(os.environ, KLINEAR_API_KEY="from-env"),
+                        key="from-env")
+    try:
+        check(env_server.raw("GET", "/v1/models")[0] == 200, "KLINEAR_API_KEY not used")
+        check(env_server.raw("GET", "/v1/models", headers={"Authorization": "Bearer " + KEY})[0] == 401,
+              "KLINEAR_API_KEY not required")
+    finally:
+        env_server.stop()
+    empty = os.path.join(tmp, "empty-key")
+    open(empty, "w").close()
+    for extra, env, word in ((["--api-key-file", empty], {}, "empty key"),
+                             ([], {"KLINEAR_API_KEY": ""}, "KLINEAR_API_KEY")):
+        p = subprocess.run(serve + ["--port", "0"] + extra, capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, **env))
+        check(p.returncode == 2 and word in p.stderr, f"{extra or env}: exit {p.returncode}: {p.stderr[-300:]}")
+
+
+def test_no_nagle(s):
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+    times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        conn.request("GET", "/v1/models", headers={"Authorization": "Bearer " + KEY})
+        r = conn.getresponse()
+        r.read()
+        times.append(time.perf_counter() - t0)
+        check(r.status == 200, f"HTTP {r.status}")
+    conn.close()
+    median = statistics.median(times) * 1000
+    check(median < 20, f"keep-alive replies take {median:.1f} ms (median of 20): Nagle?")
+
+
+def test_drain(serve):
+    s = Server(serve + ["--port", "0", "--shutdown-timeout", "2", "--cache-memory", "256M"], PORT_LINE, key=KEY)
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+    # No max_tokens: the rest of the context, far more than 2 s of decoding.
+    conn.request("POST", "/v1/completions", body=json.dumps({"model": MODEL, "prompt": "go", "stream": True,
+                                                             "ignore_eos": True}),
+                 headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+    r = conn.getresponse()
+    check(r.status == 200, f"stream: HTTP {r.status}")
+    r.readline()
+    t0 = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    seen_503 = False
+    while s.proc.poll() is None and time.time() - t0 < 30:
+        try:
+            status, _ = s.raw("GET", "/health", timeout=5)
+            seen_503 = seen_503 or status == 503
+        except OSError:
+            pass
+        time.sleep(0.05)
+    code = s.proc.wait(timeout=60)
+    waited = time.time() - t0
+    check(seen_503, "/health never answered 503 while draining")
+    check(code == 0 and waited < 15, f"drain with --shutdown-timeout 2: exit {code} after {waited:.1f} s")
+    rest = r.read()  # the stream ended (cancelled at the deadline), it did not hang
+    check(b"data: [DONE]" in rest or rest == b"", rest[-200:])
+    conn.close()
+
+    s = Server(serve + ["--port", "0", "--shutdown-timeout", "600", "--cache-memory", "256M"], PORT_LINE, key=KEY)
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps({"model": MODEL, "prompt": "go", "stream": True,
+                                                             "ignore_eos": True}),
+                 headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+    conn.getresponse().readline()
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    t0 = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    code = s.proc.wait(timeout=30)
+    check(code == 130 and time.time() - t0 < 10, f"a second signal: exit {code} after {time.time() - t0:.1f} s")
+    conn.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--klinear", required=True)
+    ap.add_argument("--source", required=True)
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="klinear_hostile_")
+    failures = []
+    server = None
+    try:
+        model = os.path.join(tmp, MODEL)
+        subprocess.run([a.klinear, "init", "--preset", "kimi-linear-tiny", "--out", model, "--tokenizer",
+                        os.path.join(a.source, "tokenizers/kimi-k2")], check=True, capture_output=True)
+        key_file = os.path.join(tmp, "key")
+        with open(key_file, "w") as f:
+            f.write(KEY + "\n")
+        max_body = 300000  # room for 100,000 levels of nesting (200 KB), not for the bombs
+        serve = [a.klinear, "serve", "--model", model, "--max-body-bytes", str(max_body)]
+        server = Server(serve + ["--port", "0", "--cache-memory", "16M", "--api-key-file", key_file], PORT_LINE, key=KEY)
+        server.max_body = max_body
+        keyed = serve + ["--api-key-file", key_file]
+        tests = [("nested_json", lambda: test_nested_json(server)),
+                 ("gzip_bomb", lambda: test_gzip_bomb(server)),
+                 ("chunked_flood", lambda: test_chunked_flood(server)),
+                 ("port_in_use", lambda: test_port_in_use(server, keyed + ["--cache-memory", "16M"])),
+                 ("api_key_sources", lambda: test_api_key_sources(server, serve + ["--cache-memory", "16M"], tmp)),
+                 ("no_nagle", lambda: test_no_nagle(server)),
+                 ("drain", lambda: test_drain(keyed))]
+        for name, fn in tests:
+            t0 = time.time()
+            try:
+                fn()
+                print(f"[ OK ] {name} ({time.time() - t0:.1f} s)")
+            except Exception as e:  # noqa: BLE001 - report every failing check, then fail
+                failures.append(name)
+                print(f"[FAIL] {name}: {e!r}")
+    finally:
+        if server and server.proc.poll() is None:
+            server.stop()
+        if failures and server:
+            print("---- server log:\n" + "".join(server.log[-30:]))
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{len(failures)} failed" if failures else "all passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
