@@ -39,10 +39,16 @@ struct Engine::Request {
 Engine::Engine(StepRunner& runner, const Tokenizer* tokenizer, EngineOptions options)
     : runner_(runner), tokenizer_(tokenizer), options_(std::move(options)), scheduler_(options_.scheduler) {
   KL_CHECK(options_.scheduler.max_num_tokens >= 1 && options_.scheduler.max_num_seqs >= 1, "bad scheduler options");
-  const CacheUsage u = runner_.usage();
-  max_sequence_tokens_ = u.paged() ? std::min(runner_.max_model_len(), u.pages_total * u.page_size) : runner_.max_model_len();
+  const int64_t capacity = sequence_capacity(runner_);
+  KL_CHECK(options_.max_model_len >= 0 && options_.max_model_len <= capacity, "max_model_len over the capacity");
+  max_sequence_tokens_ = options_.max_model_len > 0 ? options_.max_model_len : capacity;
   vocab_size_ = runner_.vocab_size();
-  metrics_.cache = u;
+  metrics_.cache = runner_.usage();
+}
+
+int64_t Engine::sequence_capacity(const StepRunner& runner) {
+  const CacheUsage u = runner.usage();
+  return u.paged() ? std::min(runner.max_model_len(), u.pages_total * u.page_size) : runner.max_model_len();
 }
 
 Engine::~Engine() {

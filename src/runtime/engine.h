@@ -37,6 +37,7 @@ struct EngineOptions {
   SchedulerOptions scheduler;
   int64_t max_queue = 1024;      // sequences waiting for admission (and requests not yet taken), at most
   std::vector<int32_t> eos_ids;  // ids that end a sequence unless ignore_eos
+  int64_t max_model_len = 0;     // tokens one sequence may hold, at most sequence_capacity(); 0: that
 };
 
 struct RequestSpec {
@@ -93,9 +94,11 @@ class Engine : private Admitter {
 
   EngineMetrics metrics() const;
   const EngineOptions& options() const { return options_; }
-  // The most tokens (prompt + generated) one sequence can hold: the context or the whole cache,
-  // whichever is smaller. Any thread.
+  // The most tokens (prompt + generated) one sequence may hold: options().max_model_len, else
+  // sequence_capacity(). Any thread.
   int64_t max_sequence_tokens() const { return max_sequence_tokens_; }
+  // The most a sequence of `runner` can hold: the context or the whole cache, whichever is smaller.
+  static int64_t sequence_capacity(const StepRunner& runner);
   int64_t vocab_size() const { return vocab_size_; }
 
  private:

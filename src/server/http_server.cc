@@ -344,13 +344,9 @@ void HttpServer::routes() {
       if (!ids.ok()) return send_error(res, api_error(ids.status(), kind == ApiKind::kChat ? "messages" : "prompt"));
       RequestSpec spec = r.spec;
       spec.prompt = std::move(ids).value();
-      const int64_t room = engine_.max_sequence_tokens() - static_cast<int64_t>(spec.prompt.size());
-      if (room < 1)
-        return send_error(res, api_error(Status::InvalidArgument("the prompt has " + std::to_string(spec.prompt.size()) +
-                                                                 " tokens; this server's context holds " +
-                                                                 std::to_string(engine_.max_sequence_tokens()) + " tokens"),
-                                         kind == ApiKind::kChat ? "messages" : "prompt"));
-      spec.stop.max_tokens = r.max_tokens.value_or(room);
+      auto room = fit_prompt(r, options_.truncate_prompt, engine_.max_sequence_tokens(), spec.prompt);
+      if (!room.ok()) return send_error(res, api_error(room.status(), kind == ApiKind::kChat ? "messages" : "prompt"));
+      spec.stop.max_tokens = r.max_tokens.value_or(*room);
       if (!r.seed_given) spec.sampling.seed = std::random_device{}() * 0x100000001ull + std::random_device{}();
       if (kind == ApiKind::kChat && tokenizer_)
         if (auto marker = tokenizer_->special_id(chat_stop_marker(format_))) spec.stop.stop_ids.push_back(*marker);

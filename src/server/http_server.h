@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -37,6 +38,7 @@ struct ServerOptions {
   std::string api_key;                     // empty: no authentication
   std::string model_name;                  // the id /v1/models lists and requests must name
   size_t max_body_bytes = 8u << 20;        // larger bodies get 413
+  std::optional<int64_t> truncate_prompt;  // requests without truncate_prompt_tokens: -1 truncates, none refuses
   int http_threads = 64;                   // concurrent connections served
 };
 

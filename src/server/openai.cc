@@ -242,6 +242,10 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
   KL_RETURN_IF_ERROR(int_in(f, "max_tokens", 1, INT32_MAX, max_tokens));
   KL_RETURN_IF_ERROR(int_in(f, "max_completion_tokens", 1, INT32_MAX, max_completion_tokens));
   r.max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
+  KL_RETURN_IF_ERROR(int_in(f, "truncate_prompt_tokens", -1, INT32_MAX, r.truncate_prompt_tokens));
+  if (r.truncate_prompt_tokens == 0)
+    return f.out_of_range("truncate_prompt_tokens", "-1 (as many as fit) or a count of at least 1",
+                          f.body["truncate_prompt_tokens"]);
   KL_RETURN_IF_ERROR(int_in(f, "n", 1, 128, n));
   r.spec.n = static_cast<int>(n.value_or(1));
   KL_RETURN_IF_ERROR(int_in(f, "seed", INT64_MIN, INT64_MAX, seed));
@@ -288,6 +292,24 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
   }
   r.spec.top_logprobs = r.logprobs ? static_cast<int>(top_logprobs.value_or(0)) : -1;
   return r;
+}
+
+Result<int64_t> fit_prompt(const ApiRequest& r, std::optional<int64_t> truncate_default, int64_t max_model_len,
+                           std::vector<int32_t>& prompt) {
+  const std::string field = r.kind == ApiKind::kChat ? "messages" : "prompt";
+  if (const auto k = r.truncate_prompt_tokens ? r.truncate_prompt_tokens : truncate_default) {
+    const int64_t keep = *k > 0 ? *k : max_model_len - r.max_tokens.value_or(1);
+    if (keep < 1)
+      return Status::InvalidArgument("max_tokens " + std::to_string(r.max_tokens.value_or(1)) + " leaves no room for a prompt in " +
+                                     std::to_string(max_model_len) + " tokens");
+    if (static_cast<int64_t>(prompt.size()) > keep) prompt.erase(prompt.begin(), prompt.end() - keep);
+  }
+  const int64_t room = max_model_len - static_cast<int64_t>(prompt.size());
+  if (room < 1)
+    return Status::InvalidArgument("field '" + field + "': the prompt has " + std::to_string(prompt.size()) +
+                                   " tokens; a sequence holds at most " + std::to_string(max_model_len) +
+                                   " here (--max-model-len; truncate_prompt_tokens keeps the last ones)");
+  return room;
 }
 
 Result<std::vector<int32_t>> request_prompt_ids(const ApiRequest& r, const Tokenizer* tokenizer, ChatFormat format) {

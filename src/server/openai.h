@@ -42,6 +42,7 @@ struct ApiRequest {
   std::optional<std::string> prompt_text;  // completions: a text prompt ...
   std::vector<int32_t> prompt_ids;         // ... or token ids
   std::optional<int64_t> max_tokens;       // absent: up to the context
+  std::optional<int64_t> truncate_prompt_tokens;  // keep the prompt's last k ids; -1: as many as fit
   RequestSpec spec;                  // everything but the prompt ids and max_tokens
   bool seed_given = false;
   bool stream = false, include_usage = false;
@@ -56,6 +57,13 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
 // The prompt ids of a request: chat messages rendered in `format` (with r.chat) and encoded;
 // completion text encoded; completion ids as given. NotSupported without a tokenizer for text.
 Result<std::vector<int32_t>> request_prompt_ids(const ApiRequest& r, const Tokenizer* tokenizer, ChatFormat format);
+
+// Fits `prompt` into a sequence of at most `max_model_len` tokens: with r.truncate_prompt_tokens
+// (or `truncate_default` when the request has none) it keeps the last k ids (-1: as many as leave
+// room for max_tokens, or one token); then InvalidArgument naming the prompt's length when no
+// generated token fits. Returns the room left (the default max_tokens).
+Result<int64_t> fit_prompt(const ApiRequest& r, std::optional<int64_t> truncate_default, int64_t max_model_len,
+                           std::vector<int32_t>& prompt);
 
 // Turns engine events into OpenAI JSON for one request: SSE chunks while streaming, one response
 // at the end otherwise. Not thread-safe.

@@ -55,6 +55,9 @@ TEST(OpenAIRequest, BadFieldsAreNamed) {
       {"stop_token_ids negative", ApiKind::kChat, chat_body({{"stop_token_ids", {5, -1}}}), "stop_token_ids"},
       {"stop_token_ids 2^32", ApiKind::kChat, chat_body({{"stop_token_ids", {int64_t{1} << 32}}}), "stop_token_ids"},
       {"stop_token_ids 2^64 - 1", ApiKind::kChat, chat_body({{"stop_token_ids", {UINT64_MAX}}}), "stop_token_ids"},
+      {"truncate_prompt_tokens 0", ApiKind::kChat, chat_body({{"truncate_prompt_tokens", 0}}), "truncate_prompt_tokens"},
+      {"truncate_prompt_tokens -2", ApiKind::kChat, chat_body({{"truncate_prompt_tokens", -2}}), "truncate_prompt_tokens"},
+      {"truncate_prompt_tokens -1", ApiKind::kChat, chat_body({{"truncate_prompt_tokens", -1}}), ""},
   };
   for (const Case& c : cases) {
     std::string param;
@@ -65,6 +68,56 @@ TEST(OpenAIRequest, BadFieldsAreNamed) {
       EXPECT_EQ(api_error(r.status(), param).status, 400) << c.name;
     }
   }
+}
+
+// fit_prompt: a prompt that leaves no room for a token is refused naming its length and the
+// limit, unless the request (or the server's default) truncates it to its last ids.
+TEST(OpenAIRequest, PromptsFitTheModelLengthOrAreTruncated) {
+  struct Case {
+    const char* name;
+    Json extra;                     // request fields besides the prompt
+    std::optional<int64_t> server;  // --truncate-prompt: -1
+    int64_t prompt_len;
+    int64_t kept;  // -1: refused
+  };
+  const int64_t limit = 100;
+  const std::vector<Case> cases{
+      {"fits", Json::object(), std::nullopt, 99, 99},
+      {"one too many", Json::object(), std::nullopt, 100, -1},
+      {"far too many", Json::object(), std::nullopt, 1000000, -1},
+      {"keep the last 10", {{"truncate_prompt_tokens", 10}}, std::nullopt, 1000, 10},
+      {"keep 10 of 5", {{"truncate_prompt_tokens", 10}}, std::nullopt, 5, 5},
+      {"as many as fit", {{"truncate_prompt_tokens", -1}}, std::nullopt, 1000, 99},
+      {"as many as leave max_tokens", {{"truncate_prompt_tokens", -1}, {"max_tokens", 30}}, std::nullopt, 1000, 70},
+      {"max_tokens leaves nothing", {{"truncate_prompt_tokens", -1}, {"max_tokens", 100}}, std::nullopt, 1000, -1},
+      {"the server truncates", Json::object(), -1, 1000, 99},
+      {"the request overrides the server", {{"truncate_prompt_tokens", 7}}, -1, 1000, 7},
+      {"keeping more than fits is refused", {{"truncate_prompt_tokens", 500}}, std::nullopt, 1000, -1},
+  };
+  for (const Case& c : cases) {
+    Json body{{"prompt", {1}}};
+    body.update(c.extra);
+    std::string param;
+    auto r = parse_api_request(ApiKind::kCompletion, ChatFormat::kKimiK2, body, &param);
+    ASSERT_TRUE(r.ok()) << c.name << ": " << r.status().to_string();
+    std::vector<int32_t> prompt(static_cast<size_t>(c.prompt_len));
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(i);
+    auto room = fit_prompt(*r, c.server, limit, prompt);
+    if (c.kept < 0) {
+      ASSERT_FALSE(room.ok()) << c.name;
+      EXPECT_EQ(room.status().code(), StatusCode::kInvalidArgument) << c.name;
+      continue;
+    }
+    ASSERT_TRUE(room.ok()) << c.name << ": " << room.status().to_string();
+    ASSERT_EQ(static_cast<int64_t>(prompt.size()), c.kept) << c.name;
+    EXPECT_EQ(*room, limit - c.kept) << c.name;
+    EXPECT_EQ(prompt.back(), c.prompt_len - 1) << c.name << ": the last ids are kept";
+  }
+  std::vector<int32_t> prompt(1000, 1);
+  auto r = parse_api_request(ApiKind::kCompletion, ChatFormat::kKimiK2, Json{{"prompt", {1}}}, nullptr);
+  auto refused = fit_prompt(*r, std::nullopt, limit, prompt);
+  EXPECT_NE(refused.status().message().find("the prompt has 1000 tokens; a sequence holds at most 100"), std::string::npos)
+      << refused.status().to_string();
 }
 
 TEST(OpenAIRequest, FieldsReachTheSpec) {

@@ -92,6 +92,8 @@ struct EngineArgs {
   std::optional<int64_t> prefix_snapshot_slots;    // not given: default_snapshot_slots(max_num_seqs)
   std::string cuda_graphs = "on";
   std::string attention_kernels = "best";
+  std::optional<int64_t> max_model_len;            // not given: Engine::sequence_capacity
+  bool truncate_prompt = false;
 };
 
 void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
@@ -130,6 +132,13 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
                   "rounded up)")
       ->check(int_in({1, kMaxFlagCount}));
   add_cuda_options(sub, a.cuda_graphs, a.attention_kernels);
+  sub->add_option("--max-model-len", a.max_model_len,
+                  "tokens one sequence may hold, prompt and generated (default: the model's context or what the "
+                  "cache holds, whichever is smaller); longer prompts are refused or, with --truncate-prompt, cut")
+      ->check(int_in({1, INT32_MAX}));
+  sub->add_flag("--truncate-prompt", a.truncate_prompt,
+                "a prompt too long for --max-model-len keeps its last tokens (as many as leave room for max_tokens) "
+                "instead of being refused; a request's truncate_prompt_tokens overrides it");
 }
 
 struct Serving {
@@ -189,6 +198,12 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   EngineOptions eo;
   eo.scheduler = {max_num_tokens, a.max_num_seqs, prefix.mode == PrefixCaching::kOn ? prefix.snapshot_interval : 0};
   eo.max_queue = max_queue;
+  const int64_t capacity = Engine::sequence_capacity(*s.runner);
+  if (a.max_model_len && *a.max_model_len > capacity)
+    return Status::InvalidArgument("--max-model-len " + std::to_string(*a.max_model_len) + ": a sequence here holds at most " +
+                                   std::to_string(capacity) + " tokens (the model's context " +
+                                   std::to_string(s.runner->max_model_len()) + ", or the cache: raise --cache-memory)");
+  eo.max_model_len = a.max_model_len.value_or(0);
   for (int64_t id : c.eos_token_ids) eo.eos_ids.push_back(static_cast<int32_t>(id));
   s.engine = std::make_unique<Engine>(*s.runner, s.tokenizer.get(), eo);
   const CacheSizes& z = s.runner->sizes();
@@ -238,6 +253,7 @@ int run_serve(const ServeArgs& a) {
   if (!s.ok()) return fail("serve", s.status());
   ServerOptions so = a.server;
   so.api_key = *key;
+  if (a.engine.truncate_prompt) so.truncate_prompt = -1;
   if (so.model_name.empty()) {
     std::string dir = a.engine.model_dir;
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -364,6 +380,12 @@ int run_run(const RunArgs& a) {
     }
     RequestSpec spec = req->spec;
     spec.prompt = std::move(ids).value();
+    auto fitted = fit_prompt(*req, a.engine.truncate_prompt ? std::optional<int64_t>(-1) : std::nullopt,
+                             s->engine->max_sequence_tokens(), spec.prompt);
+    if (!fitted.ok()) {
+      skip(fitted.status());
+      continue;
+    }
     spec.stop.max_tokens = req->max_tokens.value_or(a.defaults.max_tokens);
     if (kind == ApiKind::kChat && tok)
       if (auto marker = tok->special_id(chat_stop_marker(s->format))) spec.stop.stop_ids.push_back(*marker);
