@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "io/chat_template.h"
+#include "chat/chat_format.h"
 #include "io/json.h"
 #include "io/tokenizer.h"
 #include "runtime/engine.h"
-#include "server/tool_calls.h"
+#include "chat/k2_tool_calls.h"
 
 namespace klinear {
 

@@ -5,7 +5,7 @@
 // Decision: the jinja2 oracle is required, not optional: if python3 or jinja2 is missing the K2
 // test fails and says what to install (CI installs python3-jinja2), so a green run always means
 // the comparison ran. Random lists print their seed; KLINEAR_TEST_SEED replays one.
-#include "io/chat_template.h"
+#include "chat/chat_format.h"
 #include "python_oracle.h"
 #include "test_util.h"
 

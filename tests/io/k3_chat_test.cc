@@ -12,8 +12,8 @@
 #include <iostream>
 #include <random>
 
-#include "io/chat_template.h"
-#include "io/k3_tool_calls.h"
+#include "chat/chat_format.h"
+#include "chat/k3_tool_calls.h"
 #include "python_oracle.h"
 #include "test_util.h"
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "server/openai.h"
-#include "server/tool_calls.h"
+#include "chat/k2_tool_calls.h"
 #include "test_util.h"
 
 namespace klinear {

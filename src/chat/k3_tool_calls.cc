@@ -6,7 +6,7 @@
 //         (<|open|>argument key="K" type="T"<|sep|>VALUE<|close|>argument<|sep|>)*)
 //    <|close|>call<|sep|>)* <|close|>tools<|sep|>]
 //   <|close|>message<|sep|> [<|end_of_msg|>]
-#include "io/k3_tool_calls.h"
+#include "chat/k3_tool_calls.h"
 
 #include <optional>
 #include <string_view>

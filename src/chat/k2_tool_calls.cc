@@ -1,4 +1,4 @@
-#include "server/tool_calls.h"
+#include "chat/k2_tool_calls.h"
 
 #include <algorithm>
 

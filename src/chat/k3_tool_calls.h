@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "io/chat_template.h"
+#include "chat/chat_format.h"
 #include "io/tokenizer.h"
 
 namespace klinear {

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "io/chat_template.h"
-#include "io/k3_tool_calls.h"
+#include "chat/chat_format.h"
+#include "chat/k3_tool_calls.h"
 #include "io/tokenizer.h"
 
 namespace klinear {

@@ -5,7 +5,7 @@
 // by our own serializer that reproduces Python's json.dumps (separators, escapes, float repr,
 // key order), because the K2 template's `tojson` is json.dumps and byte identity is the contract.
 // To keep the caller's key order, tools and arguments are parsed with nlohmann's ordered_json.
-#include "io/chat_template.h"
+#include "chat/chat_format.h"
 
 #include "core/check.h"
 
