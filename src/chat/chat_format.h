@@ -30,6 +30,13 @@ struct ToolCall {
   std::string arguments_json;  // the function's arguments as JSON text (OpenAI sends a string)
 };
 
+// One streamed change of a choice's tool-call output (the K2 and K3 output streams).
+struct ToolCallDelta {
+  int index = 0;
+  std::string id, name;   // set on the call's first delta only
+  std::string arguments;  // the new part of the arguments
+};
+
 // One message. An empty string field counts as absent (the reference encoders test truthiness,
 // except for a tool message's explicit empty `name`, which K3 would render as tool="").
 struct ChatMessage {
