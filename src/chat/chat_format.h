@@ -1,5 +1,6 @@
 // Chat formats: Kimi K2 / Kimi Linear (the jinja `chat_template` of tokenizer_config.json,
-// reproduced natively) and K3 (XTML, built by code).
+// reproduced natively, k2_format.cc) and K3 (XTML, built by code, k3_format.cc): the message types,
+// rendering to segments, their encoding, and the marker that ends an assistant turn.
 //
 // Decision: rendering produces segments, each either a special-token marker or plain text, and
 // render_chat() is only their concatenation. Encoding the segments (encode_chat) turns markers
@@ -8,7 +9,7 @@
 // which gives the same ids as Hugging Face's encode of the rendered string (for content without
 // special names); for K3 the text segments follow Moonshot's encoder (encoding_k3.py, main)
 // exactly: tag name, each attribute as ` key`, `="`, escaped value, `"`, each content part, which
-// change BPE boundaries and so must be kept. tests/io/k3_reference_encoder.py is the K3 oracle.
+// change BPE boundaries and so must be kept. tests/chat/k3_reference_encoder.py is the K3 oracle.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +76,9 @@ struct ChatOptions {
   std::string tools_json;  // OpenAI tools array as JSON text; empty = no tools
 };
 
+// Every role is system, user, assistant or tool; else InvalidArgument naming `messages[i].role`.
+Status check_chat_roles(const std::vector<ChatMessage>& messages);
+
 // "low", "high" or "max"; anything else is InvalidArgument naming the accepted values.
 Result<ThinkingEffort> parse_thinking_effort(std::string_view name);
 // "auto", "required" or "none".
@@ -105,7 +109,7 @@ Result<std::vector<ChatSegment>> render_chat_segments(ChatFormat format, const s
                                                       const ChatOptions& options);
 
 // The rendered prompt as one string: for K2 byte-identical to transformers' apply_chat_template
-// with the template of tokenizer_config.json (tests/io/chat_template_test.cc checks it against
+// with the template of tokenizer_config.json (tests/chat/k2_format_test.cc checks it against
 // jinja2). Same errors as render_chat_segments().
 Result<std::string> render_chat(ChatFormat format, const std::vector<ChatMessage>& messages,
                                 const ChatOptions& options);
