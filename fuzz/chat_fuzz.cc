@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "chat/chat_format.h"
+#include "server/openai_messages.h"
 
 namespace {
 // Loaded once before fuzzing starts (LLVMFuzzerInitialize): under ASan and coverage the 163,840

@@ -79,15 +79,6 @@ struct ChatOptions {
 // Every role is system, user, assistant or tool; else InvalidArgument naming `messages[i].role`.
 Status check_chat_roles(const std::vector<ChatMessage>& messages);
 
-// "low", "high" or "max"; anything else is InvalidArgument naming the accepted values.
-Result<ThinkingEffort> parse_thinking_effort(std::string_view name);
-// "auto", "required" or "none".
-Result<ToolChoice> parse_tool_choice(std::string_view name);
-// OpenAI `response_format`: a string type or an object {"type": ..., "json_schema": {...}} with type
-// text, json_object or json_schema. The schema is `json_schema.schema` (else `json_schema.json_schema`,
-// else `json_schema` itself), as Moonshot's encoder reads it.
-Result<ResponseFormat> parse_response_format(const OrderedJson& response_format);
-
 enum class SegmentKind {
   kMarker,  // exactly one special-token name
   kText,    // ordinary text, encoded with specials as plain text
@@ -118,16 +109,6 @@ Result<std::string> render_chat(ChatFormat format, const std::vector<ChatMessage
 // separately with Specials::kAsText. Error: NotFound when a marker is not a special token of
 // `tokenizer` (e.g. K3 markers with the K2 tokenizer files).
 Result<std::vector<int32_t>> encode_chat(const Tokenizer& tokenizer, const std::vector<ChatSegment>& segments);
-
-// Converts an OpenAI-style `messages` array. `content` may be a string, null, or a list of
-// {"type": "text", "text": ...} parts (joined without separator, as both formats do); other part
-// types are NotSupported (the models are text-only). tool_calls[].function.arguments may be a
-// string (kept verbatim) or an object (serialized compactly, keys in document order). Also read:
-// `reasoning_content` / `reasoning` (assistant), `tool` (tool), `tools` (system).
-// Errors: InvalidArgument naming `messages[i].field`, the expected and the actual.
-Result<std::vector<ChatMessage>> parse_chat_messages(const OrderedJson& openai_messages);
-// The same from a Json value, whose objects have already lost their key order.
-Result<std::vector<ChatMessage>> parse_chat_messages(const Json& openai_messages);
 
 // Renders and encodes in one step: the ids the model reads and their decoded text.
 struct RenderedChat {

@@ -7,6 +7,7 @@
 // the comparison ran. Random lists print their seed; KLINEAR_TEST_SEED replays one.
 #include "chat/chat_format.h"
 #include "python_oracle.h"
+#include "server/openai_messages.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>

@@ -15,6 +15,7 @@
 #include "chat/chat_format.h"
 #include "chat/k3_tool_calls.h"
 #include "python_oracle.h"
+#include "server/openai_messages.h"
 #include "test_util.h"
 
 namespace klinear {

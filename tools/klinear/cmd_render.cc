@@ -13,6 +13,7 @@
 #include "chat/chat_format.h"
 #include "io/json.h"
 #include "io/tokenizer.h"
+#include "server/openai_messages.h"
 
 namespace klinear::cli {
 namespace {
