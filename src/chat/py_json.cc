@@ -67,7 +67,10 @@ std::string py_float_repr(double d) {
     }
   } else {
     out += digits[0];
-    if (ndigits > 1) out += "." + digits.substr(1);
+    if (ndigits > 1) {  // appended in two steps: GCC 12 warns (-Wrestrict, a false positive) on "." + substr
+      out += '.';
+      out.append(digits, 1);
+    }
     char eb[16];
     std::snprintf(eb, sizeof eb, "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
     out += eb;
