@@ -8,7 +8,8 @@
 #include <string>
 
 #include "core/check.h"
-#include "io/chat_template.h"
+#include "chat/chat_format.h"
+#include "server/openai_messages.h"
 
 namespace {
 // Loaded once before fuzzing starts (LLVMFuzzerInitialize): under ASan and coverage the 163,840

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "io/chat_template.h"
+#include "chat/chat_format.h"
 #include "io/tokenizer.h"
 #include "model/model.h"
 #include "runtime/generate.h"

@@ -22,7 +22,7 @@
 #include <string>
 #include <thread>
 
-#include "io/chat_template.h"
+#include "chat/chat_format.h"
 #include "io/tokenizer.h"
 #include "runtime/engine.h"
 

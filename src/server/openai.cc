@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdint>
 
+#include "server/openai_messages.h"
+
 namespace klinear {
 
 Json error_json(const ApiError& e) {

@@ -1,7 +1,7 @@
 // The OpenAI HTTP protocol over the engine, without any HTTP: request bodies to RequestSpec (with
 // the parameter checks and the error objects OpenAI clients expect) and engine events to response
 // and server-sent-event chunk JSON, usage and log-probabilities included. Kimi K2 tool calls in
-// the output become tool_calls (tool_calls.h).
+// the output become tool_calls (chat/k2_tool_calls.h; K3's turns: chat/k3_tool_calls.h).
 #pragma once
 
 #include <cstdint>
@@ -9,11 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "io/chat_template.h"
+#include "chat/chat_format.h"
+#include "chat/k2_tool_calls.h"
+#include "chat/k3_tool_calls.h"
 #include "io/json.h"
 #include "io/tokenizer.h"
 #include "runtime/engine.h"
-#include "server/tool_calls.h"
 
 namespace klinear {
 

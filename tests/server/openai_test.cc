@@ -1,12 +1,12 @@
-// The OpenAI protocol layer without HTTP: request checks name the offending field, Kimi tool calls
-// parse one-shot and stream to the same calls whatever the delta boundaries, and responses carry
-// usage, finish reasons, tool calls and log-probabilities in OpenAI's shapes.
+// The OpenAI protocol layer without HTTP: request checks name the offending field, and responses
+// carry usage, finish reasons, tool calls and log-probabilities in OpenAI's shapes (the K2 tool-call
+// parser itself is tested in tests/chat/k2_tool_calls_test.cc).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
+#include "chat/k2_tool_output.h"
 #include "server/openai.h"
-#include "server/tool_calls.h"
 #include "test_util.h"
 
 namespace klinear {
@@ -251,97 +251,13 @@ TEST(OpenAIError, StatusesAndShape) {
   EXPECT_TRUE(j["error"]["code"].is_null());
 }
 
-// Output pieces as the engine releases them: a marker is always whole (one special token).
-const std::vector<std::string> kToolPieces{
-    "I will ", "look.", "<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.", "get_weather", ":0",
-    "<|tool_call_argument_begin|>", " {\"city\"", ": \"Par", "is\"}", " ", "<|tool_call_end|>", "<|tool_call_begin|>",
-    "functions.add:1", "<|tool_call_argument_begin|>", "{\"a\": 1, ", "\"b\": 2}", "<|tool_call_end|>",
-    "<|tool_calls_section_end|>"};
-
-TEST(ToolCalls, ParseOneShot) {
-  std::string all;
-  for (const std::string& p : kToolPieces) all += p;
-  struct Case {
-    const char* name;
-    std::string text;
-    std::string content;
-    std::vector<std::pair<std::string, std::string>> calls;  // name, arguments
-  };
-  const std::vector<Case> cases{
-      {"no section", "just text", "just text", {}},
-      {"two calls after content", all, "I will look.", {{"get_weather", "{\"city\": \"Paris\"}"}, {"add", "{\"a\": 1, \"b\": 2}"}}},
-      {"singular section marker",
-       "<|tool_call_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}<|tool_call_end|>",
-       "",
-       {{"f", "{}"}}},
-      {"header not complete", "x<|tool_calls_section_begin|><|tool_call_begin|>functions.f", "x", {}},
-      {"arguments so far", "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a", "",
-       {{"f", "{\"a"}}},
-  };
-  for (const Case& c : cases) {
-    const ParsedToolCalls p = parse_kimi_tool_calls(c.text);
-    EXPECT_EQ(p.content, c.content) << c.name;
-    ASSERT_EQ(p.calls.size(), c.calls.size()) << c.name;
-    for (size_t i = 0; i < c.calls.size(); ++i) {
-      EXPECT_EQ(p.calls[i].name, c.calls[i].first) << c.name;
-      EXPECT_EQ(p.calls[i].arguments_json, c.calls[i].second) << c.name;
-    }
-  }
-  EXPECT_EQ(parse_kimi_tool_calls(all).calls[1].id, "functions.add:1");
-}
-
-// Every grouping of the pieces into deltas (each boundary cut or not: 2^19 is too many, so every
-// single cut, every pair of cuts, and all pieces one by one) streams the one-shot result.
-TEST(ToolCalls, StreamingEqualsOneShotForAnyDeltaBoundaries) {
-  std::string all;
-  for (const std::string& p : kToolPieces) all += p;
-  const ParsedToolCalls expected = parse_kimi_tool_calls(all);
-  auto stream = [&](const std::vector<size_t>& cuts) {
-    ToolCallStream ts;
-    std::string text, content;
-    std::map<int, std::string> names, args;
-    size_t prev = 0;
-    std::vector<size_t> ends = cuts;
-    ends.push_back(kToolPieces.size());
-    for (size_t end : ends) {
-      for (size_t i = prev; i < end; ++i) text += kToolPieces[i];
-      prev = end;
-      std::string delta;
-      std::vector<ToolCallDelta> deltas;
-      ts.update(text, delta, deltas);
-      content += delta;
-      for (const ToolCallDelta& d : deltas) {
-        if (!d.name.empty()) {
-          EXPECT_FALSE(names.count(d.index)) << "call " << d.index << " announced twice";
-          names[d.index] = d.name;
-        }
-        args[d.index] += d.arguments;
-      }
-    }
-    EXPECT_EQ(content, expected.content);
-    ASSERT_EQ(names.size(), expected.calls.size());
-    for (size_t i = 0; i < expected.calls.size(); ++i) {
-      EXPECT_EQ(names[static_cast<int>(i)], expected.calls[i].name);
-      EXPECT_EQ(args[static_cast<int>(i)], expected.calls[i].arguments_json);
-    }
-  };
-  std::vector<size_t> every;
-  for (size_t i = 1; i < kToolPieces.size(); ++i) every.push_back(i);
-  stream(every);
-  stream({});
-  for (size_t a = 1; a < kToolPieces.size(); ++a) {
-    stream({a});
-    for (size_t b = a + 1; b < kToolPieces.size(); ++b) stream({a, b});
-  }
-}
-
 TEST(OpenAIResponse, ChatToolCallsUsageAndLogprobs) {
   std::string param;
   Json body = chat_body({{"tools", {{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}, {"logprobs", true}});
   ApiRequest req = parse_api_request(ApiKind::kChat, ChatFormat::kKimiK2, body, &param).value();
   ResponseBuilder b(req, ChatFormat::kKimiK2, "chatcmpl-1", "m", nullptr);
   std::string all;
-  for (const std::string& p : kToolPieces) all += p;
+  for (const std::string& p : testing::kToolPieces) all += p;
   EngineEvent e;
   e.text = all;
   e.tokens.push_back(TokenOutput{7, all, Sampled{7, -0.5f, {{7, -0.5f}}}});

@@ -18,7 +18,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "io/presets.h"
-#include "io/chat_template.h"
+#include "chat/chat_format.h"
 #include "io/tokenizer.h"
 #include "runtime/chat_session.h"
 #include "runtime/generate.h"

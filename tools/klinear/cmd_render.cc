@@ -10,9 +10,10 @@
 
 #include "cli_util.h"
 #include "commands.h"
-#include "io/chat_template.h"
+#include "chat/chat_format.h"
 #include "io/json.h"
 #include "io/tokenizer.h"
+#include "server/openai_messages.h"
 
 namespace klinear::cli {
 namespace {

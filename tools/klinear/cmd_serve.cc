@@ -20,7 +20,7 @@
 #include "io/file.h"
 #include "cli_util.h"
 #include "commands.h"
-#include "io/chat_template.h"
+#include "chat/chat_format.h"
 #include "io/tokenizer.h"
 #include "model/model.h"
 #include "runtime/cache_budget.h"

@@ -1,13 +1,14 @@
-// Parser of K3 assistant output (see k3_tool_calls.h): a cursor over marker / text pieces that
-// follows the element grammar the renderer writes:
+// Parser of K3 assistant output (see k3_tool_calls.h), one-shot and streamed: a cursor over
+// marker / text pieces that follows the element grammar the renderer writes:
 //   [think-text <|close|>think<|sep|> <|open|>response<|sep|>] response-text <|close|>response<|sep|>
 //   [<|open|>tools<|sep|> (<|open|>call tool="N" index="i"<|sep|>
 //        (<|open|>json type="object"<|sep|>RAW<|close|>json<|sep|> |
 //         (<|open|>argument key="K" type="T"<|sep|>VALUE<|close|>argument<|sep|>)*)
 //    <|close|>call<|sep|>)* <|close|>tools<|sep|>]
 //   <|close|>message<|sep|> [<|end_of_msg|>]
-#include "io/k3_tool_calls.h"
+#include "chat/k3_tool_calls.h"
 
+#include <algorithm>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -251,6 +252,58 @@ Result<K3AssistantTurn> parse_k3_assistant_turn(const Tokenizer& tokenizer, std:
   }
   flush(generated.size());
   return parse_pieces(pieces, start);
+}
+
+namespace {
+
+// Appends to `sent` what `now` adds to it (nothing when `now` does not extend it) and returns it.
+// Unless `final`, a trailing U+FFFD is held back: it may be a character whose bytes are not all
+// generated yet, and decodes differently once they are.
+std::string grow(std::string& sent, std::string now, bool final) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";
+  if (!final)
+    while (now.size() >= kReplacement.size() && now.compare(now.size() - kReplacement.size(), kReplacement.size(), kReplacement) == 0)
+      now.resize(now.size() - kReplacement.size());
+  if (now.size() <= sent.size() || now.compare(0, sent.size(), sent) != 0) return std::string();
+  std::string delta = now.substr(sent.size());
+  sent = std::move(now);
+  return delta;
+}
+
+}  // namespace
+
+ChatDelta K3TurnStream::update(std::span<const int32_t> ids, bool final) {
+  ChatDelta d;
+  if (!broken_) {
+    Result<K3AssistantTurn> turn = parse_k3_assistant_turn(*tokenizer_, ids, start_);
+    if (turn.ok()) {
+      // Settled up to the last <|open|> when the ids before it parse to the same turn (the element
+      // it opens has given nothing yet), else up to the end.
+      settled_ = ids.size();
+      const std::optional<int32_t> open = tokenizer_->special_id("<|open|>");
+      const auto last_open = std::find(ids.rbegin(), ids.rend(), open.value_or(-1));
+      if (last_open != ids.rend()) {
+        const size_t at = static_cast<size_t>(ids.rend() - last_open) - 1;
+        auto before = parse_k3_assistant_turn(*tokenizer_, ids.first(at), start_);
+        if (before.ok() && before->reasoning == turn->reasoning && before->content == turn->content &&
+            before->tool_calls.size() == turn->tool_calls.size())
+          settled_ = at;
+      }
+      d.reasoning = grow(reasoning_, std::move(turn->reasoning), final);
+      d.content = grow(content_, std::move(turn->content), final);
+      for (size_t i = calls_.size(); i < turn->tool_calls.size(); ++i) {
+        ToolCall call = std::move(turn->tool_calls[i]);
+        call.id = "functions." + call.name + ":" + std::to_string(i);
+        d.calls.push_back(ToolCallDelta{static_cast<int>(i), call.id, call.name, call.arguments_json});
+        calls_.push_back(std::move(call));
+      }
+      return d;
+    }
+    broken_ = true;
+  }
+  d.content = grow(passed_, tokenizer_->decode(ids.subspan(std::min(settled_, ids.size()))), final);
+  content_ += d.content;
+  return d;
 }
 
 }  // namespace klinear

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Oracle for tests/io/chat_template_test.cc: renders message lists with the `chat_template` of a
+"""Oracle for tests/chat/k2_format_test.cc: renders message lists with the `chat_template` of a
 tokenizer_config.json exactly the way Hugging Face transformers does (a jinja2
 ImmutableSandboxedEnvironment with trim_blocks and lstrip_blocks, the loopcontrols extension, and
 transformers' own `tojson` filter: json.dumps with ensure_ascii=False, default separators, keys in

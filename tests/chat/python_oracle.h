@@ -1,4 +1,4 @@
-// Runs a Python oracle script of tests/io (jinja2 for K2, tiktoken for K3) on a JSON input file
+// Runs a Python oracle script of tests/chat (jinja2 for K2, tiktoken for K3) on a JSON input file
 // and reads its JSON output. The scripts take `ARGS... INPUT OUTPUT` and exit 3 when their Python
 // package is missing; both are required, so a missing one fails the test with what to install.
 #pragma once
@@ -14,14 +14,14 @@
 
 namespace klinear::testing {
 
-// `python3 tests/io/SCRIPT ARGS INPUT OUTPUT` with `input` written to INPUT; the parsed OUTPUT.
+// `python3 tests/chat/SCRIPT ARGS INPUT OUTPUT` with `input` written to INPUT; the parsed OUTPUT.
 // `install` says how to get the script's package (shown when it is missing).
 inline Result<Json> run_python_oracle(const std::string& script, const std::string& args, const Json& input,
                                       const std::string& install) {
   ScratchDir dir;
   const std::string in = dir.file("in.json"), out = dir.file("out.json"), err_path = dir.file("err.txt");
   std::ofstream(in) << input.dump(-1, ' ', false, Json::error_handler_t::strict);
-  const std::string cmd = "python3 '" + source_path("tests/io/" + script) + "' " + args + " '" + in + "' '" + out +
+  const std::string cmd = "python3 '" + source_path("tests/chat/" + script) + "' " + args + " '" + in + "' '" + out +
                           "' 2>'" + err_path + "'";
   const int status = std::system(cmd.c_str());
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

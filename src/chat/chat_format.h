@@ -1,5 +1,6 @@
 // Chat formats: Kimi K2 / Kimi Linear (the jinja `chat_template` of tokenizer_config.json,
-// reproduced natively) and K3 (XTML, built by code).
+// reproduced natively, k2_format.cc) and K3 (XTML, built by code, k3_format.cc): the message types,
+// rendering to segments, their encoding, and the marker that ends an assistant turn.
 //
 // Decision: rendering produces segments, each either a special-token marker or plain text, and
 // render_chat() is only their concatenation. Encoding the segments (encode_chat) turns markers
@@ -8,12 +9,11 @@
 // which gives the same ids as Hugging Face's encode of the rendered string (for content without
 // special names); for K3 the text segments follow Moonshot's encoder (encoding_k3.py, main)
 // exactly: tag name, each attribute as ` key`, `="`, escaped value, `"`, each content part, which
-// change BPE boundaries and so must be kept. tests/io/k3_reference_encoder.py is the K3 oracle.
+// change BPE boundaries and so must be kept. tests/chat/k3_reference_encoder.py is the K3 oracle.
 #pragma once
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -28,6 +28,13 @@ struct ToolCall {
   std::string id;              // OpenAI tool_calls[].id (the K2 template ignores it)
   std::string name;            // function name
   std::string arguments_json;  // the function's arguments as JSON text (OpenAI sends a string)
+};
+
+// One streamed change of a choice's tool-call output (the K2 and K3 output streams).
+struct ToolCallDelta {
+  int index = 0;
+  std::string id, name;   // set on the call's first delta only
+  std::string arguments;  // the new part of the arguments
 };
 
 // One message. An empty string field counts as absent (the reference encoders test truthiness,
@@ -68,14 +75,8 @@ struct ChatOptions {
   std::string tools_json;  // OpenAI tools array as JSON text; empty = no tools
 };
 
-// "low", "high" or "max"; anything else is InvalidArgument naming the accepted values.
-Result<ThinkingEffort> parse_thinking_effort(std::string_view name);
-// "auto", "required" or "none".
-Result<ToolChoice> parse_tool_choice(std::string_view name);
-// OpenAI `response_format`: a string type or an object {"type": ..., "json_schema": {...}} with type
-// text, json_object or json_schema. The schema is `json_schema.schema` (else `json_schema.json_schema`,
-// else `json_schema` itself), as Moonshot's encoder reads it.
-Result<ResponseFormat> parse_response_format(const OrderedJson& response_format);
+// Every role is system, user, assistant or tool; else InvalidArgument naming `messages[i].role`.
+Status check_chat_roles(const std::vector<ChatMessage>& messages);
 
 enum class SegmentKind {
   kMarker,  // exactly one special-token name
@@ -98,7 +99,7 @@ Result<std::vector<ChatSegment>> render_chat_segments(ChatFormat format, const s
                                                       const ChatOptions& options);
 
 // The rendered prompt as one string: for K2 byte-identical to transformers' apply_chat_template
-// with the template of tokenizer_config.json (tests/io/chat_template_test.cc checks it against
+// with the template of tokenizer_config.json (tests/chat/k2_format_test.cc checks it against
 // jinja2). Same errors as render_chat_segments().
 Result<std::string> render_chat(ChatFormat format, const std::vector<ChatMessage>& messages,
                                 const ChatOptions& options);
@@ -107,16 +108,6 @@ Result<std::string> render_chat(ChatFormat format, const std::vector<ChatMessage
 // separately with Specials::kAsText. Error: NotFound when a marker is not a special token of
 // `tokenizer` (e.g. K3 markers with the K2 tokenizer files).
 Result<std::vector<int32_t>> encode_chat(const Tokenizer& tokenizer, const std::vector<ChatSegment>& segments);
-
-// Converts an OpenAI-style `messages` array. `content` may be a string, null, or a list of
-// {"type": "text", "text": ...} parts (joined without separator, as both formats do); other part
-// types are NotSupported (the models are text-only). tool_calls[].function.arguments may be a
-// string (kept verbatim) or an object (serialized compactly, keys in document order). Also read:
-// `reasoning_content` / `reasoning` (assistant), `tool` (tool), `tools` (system).
-// Errors: InvalidArgument naming `messages[i].field`, the expected and the actual.
-Result<std::vector<ChatMessage>> parse_chat_messages(const OrderedJson& openai_messages);
-// The same from a Json value, whose objects have already lost their key order.
-Result<std::vector<ChatMessage>> parse_chat_messages(const Json& openai_messages);
 
 // Renders and encodes in one step: the ids the model reads and their decoded text.
 struct RenderedChat {
