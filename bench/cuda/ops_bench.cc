@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "backend/cuda/backend.h"
-#include "backend/cuda/kda_chunked.h"
-#include "backend/cuda/moe.h"
+#include "backend/cuda/kda/kda_chunked.h"
+#include "backend/cuda/moe/moe.h"
 
 namespace klinear {
 namespace {

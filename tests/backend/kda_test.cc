@@ -18,7 +18,7 @@
 #include "test_util.h"
 #if KLINEAR_WITH_CUDA
 #include "backend/cuda/backend.h"
-#include "backend/cuda/kda_chunked.h"
+#include "backend/cuda/kda/kda_chunked.h"
 #endif
 
 namespace klinear {

@@ -33,10 +33,10 @@
 #include <climits>
 #include <vector>
 
-#include "backend/cuda/device.cuh"
-#include "backend/cuda/mla_decode_sm90.h"
-#include "backend/cuda/mla_mma.cuh"
-#include "backend/cuda/mla_prefill_sm90.h"
+#include "backend/cuda/common/device.cuh"
+#include "backend/cuda/mla/mla_decode_sm90.h"
+#include "backend/cuda/mla/mla_mma.cuh"
+#include "backend/cuda/mla/mla_prefill_sm90.h"
 
 namespace klinear::cuda {
 

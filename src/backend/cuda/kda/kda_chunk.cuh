@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/device.cuh"
-#include "backend/cuda/kda_chunked.h"
+#include "backend/cuda/common/device.cuh"
+#include "backend/cuda/kda/kda_chunked.h"
 
 namespace klinear::cuda {
 

@@ -22,7 +22,7 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/cuda/kda_chunk.cuh"
+#include "backend/cuda/kda/kda_chunk.cuh"
 
 namespace klinear::cuda {
 

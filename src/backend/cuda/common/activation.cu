@@ -1,6 +1,6 @@
 // CUDA elementwise ops: embedding lookup, residual add, sigmoid gates and the GLU activations
 // (MODEL.md 3.2). Math in fp32; each output rounded once to its dtype.
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 

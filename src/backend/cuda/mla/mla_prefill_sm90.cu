@@ -48,8 +48,8 @@
 
 #include <algorithm>
 
-#include "backend/cuda/device.cuh"
-#include "backend/cuda/mla_prefill_sm90.h"
+#include "backend/cuda/common/device.cuh"
+#include "backend/cuda/mla/mla_prefill_sm90.h"
 
 namespace klinear::cuda {
 

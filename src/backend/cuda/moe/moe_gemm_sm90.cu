@@ -29,9 +29,9 @@
 // The problems are written on the device (describe_kernel, a thread per expert, from the plan's
 // offsets) into the step arena and launched without host shapes: CUTLASS then runs one persistent
 // block per SM and reads the shapes on the device, so the launch is capturable.
-#include "backend/cuda/moe_gemm_sm90.h"
+#include "backend/cuda/moe/moe_gemm_sm90.h"
 
-#include "backend/cuda/cutlass_grouped.cuh"
+#include "backend/cuda/gemm/cutlass_grouped.cuh"
 
 namespace klinear::cuda {
 

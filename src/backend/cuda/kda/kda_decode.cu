@@ -73,7 +73,7 @@
 // tile blocks read rows one of them shifts) unless they form a cluster, the design measured slower.
 #include <cmath>
 
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 

@@ -2,7 +2,7 @@
 // candidates. One block per row; statistics, logits and the mix in fp32.
 #include <vector>
 
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 

@@ -20,7 +20,7 @@
 // 2026-12-01), against a prediction of 30-40 µs: 5.5x the floor, the largest row kernel of the
 // prefill step left; the exact SiLU (expf and a division, ~30 instructions an element with the
 // taps) was expected to cost about as much issue time as the floor, so something else holds it.
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 

@@ -34,7 +34,7 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cuda/cutlass_grouped.cuh"
+#include "backend/cuda/gemm/cutlass_grouped.cuh"
 
 namespace klinear::cuda {
 

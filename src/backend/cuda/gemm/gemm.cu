@@ -35,7 +35,7 @@
 
 #include <sstream>
 
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 

@@ -8,8 +8,8 @@
 #include <mutex>
 #include <vector>
 
-#include "backend/cuda/device.cuh"
-#include "backend/cuda/mla_decode_sm90.h"
+#include "backend/cuda/common/device.cuh"
+#include "backend/cuda/mla/mla_decode_sm90.h"
 #include "core/counter_rng.h"
 
 namespace klinear::cuda {

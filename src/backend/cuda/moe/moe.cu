@@ -77,9 +77,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/cuda/device.cuh"
-#include "backend/cuda/moe.h"
-#include "backend/cuda/moe_gemm_sm90.h"
+#include "backend/cuda/common/device.cuh"
+#include "backend/cuda/moe/moe.h"
+#include "backend/cuda/moe/moe_gemm_sm90.h"
 
 namespace klinear::cuda {
 

@@ -33,8 +33,8 @@
 
 #include <utility>
 
-#include "backend/cuda/device.cuh"
-#include "backend/cuda/mla_decode_sm90.h"
+#include "backend/cuda/common/device.cuh"
+#include "backend/cuda/mla/mla_decode_sm90.h"
 
 namespace klinear::cuda {
 

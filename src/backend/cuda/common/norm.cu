@@ -1,7 +1,7 @@
 // CUDA norms: RMSNorm (MODEL.md 3.1), the gated RMSNorm of the KDA output (MODEL.md 4.7, FLA's
 // FusedRMSNormGated with a sigmoid gate) and the residual add fused with the next sublayer's
 // RMSNorm (MODEL.md 6). One block per row; the mean square in fp32, each output rounded once.
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 

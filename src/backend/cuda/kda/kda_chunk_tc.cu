@@ -65,7 +65,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/cuda/kda_chunk.cuh"
+#include "backend/cuda/kda/kda_chunk.cuh"
 
 namespace klinear::cuda {
 
