@@ -88,6 +88,13 @@ __device__ __forceinline__ float block_inv_rms(In x, int64_t base, int64_t c, fl
 }
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// The KDA decay gate of one channel (MODEL.md 4.3): g from x (the projection plus dt_bias) and
+// a = e^{A_log}, −a·softplus(x) or lower_bound·σ(a·x). The gate op and the fused decode.
+__device__ __forceinline__ float kda_gate_value(KdaGate kind, float a, float x, float lower_bound) {
+  return kind == KdaGate::kSoftplus ? -a * softplus(x) : lower_bound * sigmoid_f(a * x);
+}
 
 // The GLU of one gate/up pair (MODEL.md 3.2): the glu op and the MoE experts' epilogue.
 __device__ __forceinline__ float glu_value(float g, float u, Activation kind, float beta, bool has_linear_beta,

@@ -32,8 +32,6 @@ constexpr int kCols = 32;                  // state columns per block
 constexpr int kRowsPerWarp = kMaxDk / 4;   // state rows per warp
 constexpr int kStateThreads = 128;
 
-__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
 __global__ void kda_gate_kernel(In f, const float* dt_bias, const float* a_log, int64_t rows, int64_t width, int64_t d,
                                 KdaGate kind, float lower_bound, float* g) {
   const int64_t n = rows * width;
@@ -41,7 +39,7 @@ __global__ void kda_gate_kernel(In f, const float* dt_bias, const float* a_log, 
     const int64_t c = i % width;
     const float x = f[i] + dt_bias[c];
     const float a = expf(a_log[c / d]);
-    g[i] = kind == KdaGate::kSoftplus ? -a * softplus(x) : lower_bound * sigmoid_f(a * x);
+    g[i] = kda_gate_value(kind, a, x, lower_bound);
   }
 }
 

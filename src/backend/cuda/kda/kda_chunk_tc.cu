@@ -65,12 +65,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cuda/common/ptx.cuh"
 #include "backend/cuda/kda/kda_chunk.cuh"
 
 namespace klinear::cuda {
 
 namespace {
 
+using namespace ptx;
 using bf16 = __nv_bfloat16;
 
 constexpr int kPrepThreads = 512;
@@ -107,42 +109,19 @@ struct TcWork {
   unsigned char* ws;  // [chunks, H, ChunkLayout(dk, dv).bytes]
 };
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-// 2^x (ex2.approx) with results below 2^−126 flushed to 0. Prep keeps G in log2 units, so its
-// exps e^{G_i − G_m} are 2^x of differences of the stored G with no multiply; they are decays (x ≤ 0)
-// and underflow to 0 by design; the flush spares the subnormal fix-up __expf carries without -ftz
-// (three instructions an exp; ~10% of prep's instructions in ncu).
+// Prep keeps G in log2 units, so its exps e^{G_i − G_m} are 2^x of differences of the stored G with
+// no multiply (ptx::exp2_ftz); they are decays (x ≤ 0) and underflow to 0 by design; the flush
+// spares the subnormal fix-up (~10% of prep's instructions in ncu).
 constexpr float kLog2e = 1.4426950408889634f;
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ uint32_t tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-// d += a·b over one m16n8k16 tile, bf16 operands, fp32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// d += a·b over one m16n8k8 tile, tf32 operands.
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+// How this file uses ptx.cuh's loads: ldsm_x4 over rows = n with 8 consecutive k per row gives in
+// r[0], r[1] the m16n8k16 B fragment of the first 8 rows and in r[2], r[3] that of the next 8 (see the
+// addresses in the state pass); ldsm_x2_trans over rows = k with 8 consecutive n per row gives the B
+// fragment of a row-major [k][n] operand at rows 16ks.., columns n..n+7. The state pass's stage loads
+// are bulk copies completing on a stage's mbarrier: one thread arms the barrier with the stage's byte
+// count and issues the copies; every reader waits for the barrier's phase (chunk i of a walk is phase
+// i / kStages of stage i % kStages); fence_proxy_async orders a thread's reads of a stage before a
+// load into it, and its writes of prep's image before their store (prep stores W and Uᵀ from shared
+// memory by bulk copies).
 // m16n8 fp32 accumulator tiles (16 rows × 8 columns each) as bf16 m16n8k16 A fragments: tiles
 // 2ks and 2ks+1 are k-step ks (the accumulator and A layouts share their rows and column pairs).
 template <int kSteps>
@@ -155,26 +134,6 @@ __device__ __forceinline__ void to_a_fragments(const float (&c)[2 * kSteps][4], 
     a[ks][3] = pack_bf16(c[2 * ks + 1][2], c[2 * ks + 1][3]);
   }
 }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
-}
-// An 8×8 bf16 matrix in the m16n8k16 fragment layout (lane l: row l / 4, columns 2·(l % 4), + 1),
-// transposed across the warp into the same layout.
-__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
-  uint32_t y;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
-  return y;
-}
-// Four 8×8 bf16 matrices from shared memory (lane l gives the address of row l % 8 of matrix l / 8):
-// with rows = n and 8 consecutive k per row, r[0], r[1] are the m16n8k16 B fragment of the first 8
-// rows and r[2], r[3] that of the next 8 (see the addresses in the state pass).
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 // A lane's ldmatrix address in a permuted (swz) [rows][kLd] bf16 array in shared memory: the
 // shared-space address of its row (lrow below a multiple of 8: see the state pass) and its key, the
 // lane's column half (lcol / 8) folded in, so that the piece of k-step ks is (2ks) ^ key.
@@ -203,56 +162,6 @@ __device__ __forceinline__ void mma_steps(float (&acc)[kNt][4], const uint32_t (
       mma_bf16(acc[2 * np + 1], a[ks], bq[np][2], bq[np][3]);
     }
   }
-}
-
-// Two 8×8 bf16 matrices from shared memory, transposed (lanes 0-15 give the addresses: lane l row
-// l % 8 of matrix l / 8): with rows = k and 8 consecutive n per row, r[0], r[1] are the m16n8k16 B
-// fragment of a row-major [k][n] operand at rows 16ks.., columns n..n+7.
-__device__ __forceinline__ void ldsm_x2_trans(uint32_t (&r)[2], const bf16* p) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
-}
-
-// Bulk copies (the TMA's 1-D form). The state pass's stage loads complete on a stage's mbarrier: one
-// thread arms the barrier with the stage's byte count and issues the copies; every reader waits for
-// the barrier's phase (chunk i of a walk is phase i / kStages of stage i % kStages). Prep stores W
-// and Uᵀ from shared memory.
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-// Orders this thread's view of shared memory before the bulk copies issued after the next barrier
-// (its reads of a stage before a load into it; its writes of prep's image before their store).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void bulk_store(void* dst, const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)),
-               "r"(bytes)
-               : "memory");
-}
-// Commits this thread's bulk stores and waits until they have read shared memory (the block may exit).
-__device__ __forceinline__ void bulk_store_wait() {
-  asm volatile("cp.async.bulk.commit_group;\n\tcp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
 // Shared memory of the prep at d = dk = dv: G (fp32 [64][d+8]), X and T (fp32 [64][kLx]), Y (768),
@@ -734,16 +643,6 @@ struct StateRun {
 constexpr int32_t kNoTile = INT32_MIN;
 __device__ __forceinline__ float* run_tile(const KdaStep& s, float* scratch, int32_t tile, int h) {
   return tile >= 0 ? state_tile(s, tile, h) : scratch + (static_cast<int64_t>(-1 - tile) * s.heads + h) * s.dk * s.dv;
-}
-
-// Named barriers (ids 1..15): `count` threads in whole warps. bar.arrive does not wait; it
-// synchronises with the bar.sync that completes the barrier, so the arriving threads' earlier
-// shared-memory reads and writes are ordered before the waiting threads' later ones.
-__device__ __forceinline__ void bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
 // Warps 0..kWarps−1 run the recurrence, warps kWarps..2kWarps−1 the output; the first output thread

@@ -121,7 +121,6 @@ struct DecodeStep {
   bool vec;            // every chunk of 8 elements 16-byte aligned: dk, dv multiples of 8, aligned tensors
 };
 
-__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 // x as the activation dtype stores it.
 
 __device__ __forceinline__ void fma4(float4& acc, const float4& x, float s) {
@@ -201,7 +200,7 @@ __global__ void __launch_bounds__(kPreThreads, 5) prelude_kernel(DecodeStep s) {
 #pragma unroll
     for (int i = 0; i < kRowChunk; ++i) {
       const float fx = f[i] + dtb[i];
-      e[i] = expf(s.gate == KdaGate::kSoftplus ? -a * softplus(fx) : s.lower_bound * sigmoid_f(a * fx));
+      e[i] = expf(kda_gate_value(s.gate, a, fx, s.lower_bound));
     }
     store_chunk(pre_out, pl.e() + col, n, s.vec, e);
     if (col == 0) pre[pl.beta()] = sigmoid_f(beta_logit);

@@ -78,6 +78,7 @@
 #include <vector>
 
 #include "backend/cuda/common/device.cuh"
+#include "backend/cuda/common/ptx.cuh"
 #include "backend/cuda/moe/moe.h"
 #include "backend/cuda/moe/moe_gemm_sm90.h"
 
@@ -329,14 +330,6 @@ struct ExpertsArgs {
   Out o;                  // [N, dout]
 };
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // Elements k..k+7 of a bf16 row (zeros past kdim or for a null row). kVec: one 16-byte load (kdim
 // and the row start multiples of 8 elements); kStream: evict-first (weights are read once).
 template <bool kVec, bool kStream>
@@ -398,8 +391,9 @@ __device__ void tile_product(RowFn row, const T* const* xrows, int gm, int64_t k
           const uint4 xv = load8<kVec, false>(xr[nt], k, kdim);
 #pragma unroll
           for (int m = 0; m < kM; ++m) {
-            mma_bf16(acc[m][nt], a[u][m].x, b[u][m].x, a[u][m].y, b[u][m].y, xv.x, xv.y);  // k0..k0+3 of each thread
-            mma_bf16(acc[m][nt], a[u][m].z, b[u][m].z, a[u][m].w, b[u][m].w, xv.z, xv.w);  // k0+4..k0+7
+            // k0..k0+3 of each thread, then k0+4..k0+7
+            ptx::mma_bf16(acc[m][nt], {a[u][m].x, b[u][m].x, a[u][m].y, b[u][m].y}, xv.x, xv.y);
+            ptx::mma_bf16(acc[m][nt], {a[u][m].z, b[u][m].z, a[u][m].w, b[u][m].w}, xv.z, xv.w);
           }
         }
       }
