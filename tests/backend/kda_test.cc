@@ -245,11 +245,11 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
     if (cuda != nullptr && act() == DType::kBF16 && (d == 16 || d == 32 || d == 64 || d == 128)) {
       for (int cols : {16, 32, 64})
         check(std::to_string(cols) + " state columns, unsplit:", [&](const KdaArgs& a) {
-          cuda::kda_chunked_variant(*cuda, a, layout, cuda::KdaChunkedVariant{cols, cuda::KdaChunkStages::kBoth, 1});
+          cuda::kda_chunked_variant(*cuda, a, layout, cuda::KdaChunkedVariant{cols, 1});
         });
       for (int segments : {3, 5})
         check(std::to_string(segments) + " segments:", [&](const KdaArgs& a) {
-          const cuda::KdaChunkedVariant split{0, cuda::KdaChunkStages::kBoth, segments};
+          const cuda::KdaChunkedVariant split{0, segments};
           cuda::kda_chunked_variant(*cuda, a, layout, split);
         });
     }
@@ -292,7 +292,7 @@ TEST_P(KdaOps, SnapshotsAtChunkBoundariesAndEnds) {
     // The sequence split: snapshots at the ends of segments and inside them.
     if (auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be()); cuda != nullptr && act() == DType::kBF16)
       ops.emplace_back("3 segments", [&, cuda](const KdaArgs& a) {
-        cuda::kda_chunked_variant(*cuda, a, layout, cuda::KdaChunkedVariant{0, cuda::KdaChunkStages::kBoth, 3});
+        cuda::kda_chunked_variant(*cuda, a, layout, cuda::KdaChunkedVariant{0, 3});
       });
 #endif
     for (const auto& [name, op] : ops) {
