@@ -1,6 +1,11 @@
-// Device-side helpers for the CUDA op files: element access by run-time dtype (F32 or BF16, so the
-// small memory-bound ops need one instantiation, not one per dtype pair), warp and block
-// reductions, and launch sizes.
+// What every CUDA kernel file shares, below the PTX primitives (ptx.cuh): element access by run-time
+// dtype (In / Out: F32 or BF16, so the small memory-bound ops need one instantiation, not one per
+// dtype pair; values rounded once, to nearest even, where BF16 is stored), warp and block
+// reductions (fp32), the scalar functions more than one family computes (sigmoid, softplus, the GLU,
+// the KDA gate: MODEL.md's formulas), the row-chunk loads and stores of the row-wise kernels, the
+// programmatic dependent launch (PDL, KLINEAR_PDL), the held-block frees around a graph capture, and
+// launch sizes. Ownership: nothing here allocates; views borrow the tensors' device memory for a
+// launch. Host-side checks abort with the op's name and the file and line (KL_CHECK).
 #pragma once
 
 #include <cuda_bf16.h>
