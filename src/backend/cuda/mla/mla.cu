@@ -750,9 +750,8 @@ __global__ void __launch_bounds__(expanded::kThreads, 2) expanded_kernel(Expande
 }
 
 // The fewest sequences in a decode step for which AttentionKernels::kBest runs FlashInfer's MLA
-// kernel. H200, ops_bench mla (graph replays, 4k context, ms, FlashInfer / mla.cu's absorbed):
-// batch 1 0.0251 / 0.0200, 2 0.0254 / 0.0230, 4 0.0255 / 0.0355, 16 0.0401 / 0.0639,
-// 64 0.0941 / 0.1763, 256 0.3078 / 0.6414 (docs/perf-log.md, tenth round).
+// kernel. Below it mla.cu's absorbed kernel is faster
+// (measured: docs/perf-log.md, "Notes moved from the CUDA sources").
 constexpr int64_t kFlashInferDecodeMinSeqs = 4;
 
 }  // namespace
