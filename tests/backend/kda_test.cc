@@ -252,6 +252,12 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
           const cuda::KdaChunkedVariant split{0, segments};
           cuda::kda_chunked_variant(*cuda, a, layout, split);
         });
+      // The two launches apart over a workspace held outside the step (as ops_bench times them).
+      check("prep, then the state pass:", [&](const KdaArgs& a) {
+        const Tensor ws = cuda::kda_tc_workspace(*cuda, a, layout);
+        cuda::kda_tc_prep(*cuda, a, layout, ws);
+        cuda::kda_tc_state(*cuda, a, layout, ws, cuda::KdaChunkedVariant{});
+      });
     }
 #endif
   }
