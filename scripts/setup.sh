@@ -79,9 +79,9 @@ cutlass_wheel=nvidia_cutlass-4.2.0.0-py3-none-any.whl
 flashinfer_wheel=flashinfer_python-0.7.2.post1-py3-none-any.whl
 
 # Wherever nvcc is found, CMake's -DKLINEAR_CUDA=ON build needs: CUTLASS's headers (the grouped GEMM,
-# src/backend/cuda/gemm_grouped.cu: include/, cute and cutlass, 27 MiB; and tools/util/include,
+# src/backend/cuda/gemm/gemm_grouped.cu: include/, cute and cutlass, 27 MiB; and tools/util/include,
 # 1 MiB, which FlashInfer's hopper headers include), and FlashInfer's (the MLA prefill's attention,
-# src/backend/cuda/mla_prefill_sm90.cu: include/, 6 MiB, and the CCCL 3.6 it vendors and compiles
+# src/backend/cuda/mla/mla_prefill_sm90.cu: include/, 6 MiB, and the CCCL 3.6 it vendors and compiles
 # against, 20 MiB: CUDA 13.0's CCCL 3.0 lacks what its headers use).
 nvcc=$(command -v nvcc || true)
 [ -n "$nvcc" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || nvcc=/usr/local/cuda/bin/nvcc

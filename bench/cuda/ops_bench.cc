@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "backend/cuda/backend.h"
-#include "backend/cuda/kda_chunked.h"
-#include "backend/cuda/moe.h"
+#include "backend/cuda/kda/kda_chunked.h"
+#include "backend/cuda/moe/moe.h"
 
 namespace klinear {
 namespace {
@@ -144,25 +144,30 @@ void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
       const double state_bytes = ws_bytes + N * H * D * 2.0 + 2.0 * B * H * D * D * 4;
       const double prep_flop = chunks * H * (2.0 * 64 * 64 * D + 2.0 * 64 * 64 * 2 * D);
       const double state_flop = chunks * H * (3 * 2.0 * 64 * D * D + 2.0 * 64 * 64 * D);
-      auto variant = [&](const cuda::KdaChunkedVariant& v) {
+      // Each launch timed alone over one workspace: prep writes it, the state rows read what it wrote.
+      const Tensor ws = cuda::kda_tc_workspace(be, args, layout);
+      auto timed = [&](const std::function<void()>& launch) {
         return time_ms(be, [&] {
           be.begin_step();
           be.upload_layout(layout);
-          cuda::kda_chunked_variant(be, args, layout, v);
+          launch();
         });
       };
-      row("  tc prep only", shape, variant({0, cuda::KdaChunkStages::kPrepOnly}), prep_flop, prep_bytes);
+      row("  tc prep only", shape, timed([&] { cuda::kda_tc_prep(be, args, layout, ws); }), prep_flop, prep_bytes);
+      auto state = [&](const cuda::KdaChunkedVariant& v) {
+        return timed([&] { cuda::kda_tc_state(be, args, layout, ws, v); });
+      };
       if (gate != KdaGate::kSoftplus) continue;
       for (int cols : {16, 32, 64}) {
         const std::string name = "  tc state only, " + std::to_string(cols) + " cols";
-        row(name, shape, variant({cols, cuda::KdaChunkStages::kStateOnly, 1}), state_flop, state_bytes);
+        row(name, shape, state({cols, 1}), state_flop, state_bytes);
       }
       // The sequence split (the op's own choice is the row above the variants): the state pass of
       // P segments does 2P − 3 more segment walks than one (bytes and FLOP here are the unsplit's).
       if (B == 1)
         for (int segments : {3, 5, 8}) {
           const std::string name = "  tc state only, " + std::to_string(segments) + " segments";
-          row(name, shape, variant({0, cuda::KdaChunkStages::kStateOnly, segments}), state_flop, state_bytes);
+          row(name, shape, state({0, segments}), state_flop, state_bytes);
         }
     }
   }

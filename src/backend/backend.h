@@ -338,7 +338,9 @@ class Backend {
   virtual void kda_chunked(const KdaArgs& a, const SeqLayout& layout) = 0;
   virtual void kda_recurrent(const KdaArgs& a, const SeqLayout& layout) = 0;
   // (A, B) of every sequence of the layout (its cu_seqlens; slots and snapshots are not used), by
-  // the chunks of MODEL.md 4.6 counted from each sequence's first new row, in fp32.
+  // the chunks of MODEL.md 4.6 counted from each sequence's first new row, in fp32. No model path
+  // calls it yet: it stays (tested against the CPU) as the building block of context parallelism,
+  // where each device's share of a sequence becomes such a map and the maps compose in order.
   virtual void kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) = 0;
   // One decode step of a KDA layer over `decode` (one row per sequence, no snapshots): see KdaDecodeArgs.
   virtual void kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) = 0;

@@ -17,7 +17,7 @@
 #include "backend_cases.h"
 #include "test_util.h"
 #if KLINEAR_WITH_CUDA
-#include "backend/cuda/mla_prefill_sm90.h"
+#include "backend/cuda/mla/mla_prefill_sm90.h"
 #endif
 
 namespace klinear {

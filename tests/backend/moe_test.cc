@@ -17,7 +17,7 @@
 #include "backend_cases.h"
 #include "test_util.h"
 #if KLINEAR_WITH_CUDA
-#include "backend/cuda/moe.h"
+#include "backend/cuda/moe/moe.h"
 #endif
 
 namespace klinear {

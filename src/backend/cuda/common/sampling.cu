@@ -10,7 +10,7 @@
 
 #include <climits>
 
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 #include "backend/sampling.h"
 
 namespace klinear::cuda {

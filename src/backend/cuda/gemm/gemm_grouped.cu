@@ -24,9 +24,7 @@
 //   token operand against 128, and both 2,048 and 2,304 are multiples of 256. It is CUTLASS's
 //   large-tile BF16 choice for Hopper (example 57's FP8 tiles are 128 K-bytes deep, 64 in BF16);
 // - D row-major: C[m, n] of the tokens' rows.
-// Measured on the H200 (2026-12-01, ops_bench grouped_gemm, a 48B layer's gate/up + down): 0.99-1.01
-// ms at m ≈ 64 (cuBLAS's grouped call 1.22-1.24; floor 0.92 ms of weight bytes) and 1.72-1.73 ms at
-// m ≈ 256 (cuBLAS 3.58-3.91; floor 1.20 ms of compute); predicted 0.9-1.0 and 1.9-2.1.
+// Measured against these floors: docs/perf-log.md, "Notes moved from the CUDA sources".
 //
 // Per call: the problem shapes, the three pointer arrays and the three stride arrays are packed
 // into one buffer uploaded into the step arena (cutlass_grouped.cuh launches it). Not capturable
@@ -34,7 +32,7 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cuda/cutlass_grouped.cuh"
+#include "backend/cuda/gemm/cutlass_grouped.cuh"
 
 namespace klinear::cuda {
 

@@ -23,7 +23,7 @@
 
 #include <string>
 
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda::cutlass_grouped {
 

@@ -20,54 +20,41 @@
 //              token's K outputs sums them in k order in fp32 and writes out. Deterministic (no float
 //              atomics; the integer counters only pick which block adds).
 //   R = kTileRows = 32 at every N: a block reads each token's input row once for all its R rows, and
-//   16 and 64 rows were measured slower at every N and dropped. 64 rows: 146-158 registers leave 3
-//   blocks per SM (N=64 1.108 ms, N=256 1.357 ms against 0.832 and 1.098 at 32 rows, 2026-12-01).
-//   16 rows (the default at ~1 token per picked expert until then, for twice the blocks): N=1
-//   0.061 ms, N=64 0.984, N=256 1.331 against 0.051, 0.852 and 1.104 at 32 rows (experts alone,
-//   eager, ops_bench moe, 2026-12-02): at N=1 its 1,024 gate/up blocks ran as 1.55 waves of short
-//   blocks, at 47.6 % of DRAM bandwidth (ncu).
+//   16 and 64 rows were measured slower at every N and dropped (docs/perf-log.md, "Notes moved from
+//   the CUDA sources").
 //   bf16 uses tensor cores (mma.sync m16n8k16 per 16-row m-tile, fp32 accumulate; each thread loads
 //   8 consecutive k of a row, permuting k identically in A and B), the K dimension split over the 4
 //   warps and summed in a fixed order, so a value does not depend on R; f32 uses fp32 FMAs (the
 //   exact mode). gate/up and down are programmatic dependent launches: gate/up's blocks start
 //   during the plan (they zero the down counters) and down's during gate/up; each waits
 //   (cudaGridDependencySynchronize) before reading what the one before writes.
-//   Cost (48B shape, H200, route + experts as a graph replay; floors at 4.2 TB/s 0.030 / 0.75 /
-//   0.87 ms): before the plan (every block finding its expert and slots from idx itself, R = 16)
-//   N=1 0.057 ms, N=64 1.058 ms, N=256 1.681 ms; with the plan N=1 0.058 ms, N=64 0.865 ms (R = 32);
-//   the experts alone at N=256 1.098 ms (R = 32). The rest to the floor is latency: ~4 µs per
-//   picked expert, a block streaming one expert's 32 rows at a time.
-//   Groups of at most 32 slots (before: one block per picked expert, looping over its slots 32 at a
-//   time): a popular expert's tokens spread over blocks instead of lengthening one. Route + experts,
-//   graph, 2026-12-02: N=1 / 64 / 256 0.0508 / 0.822 / 1.103 ms (before 0.0509 / 0.834 / 1.101), the
-//   experts alone at N=512 / 1024 1.443 / 2.452 ms (before 1.471 / 2.550); the 48B decode step at
-//   batch 64 / 256 × 4k 26.60-27.00 / 53.10 ms (before 27.06 / 54.37, the same day).
-//   Tried and dropped (2026-12-02): a persistent grid of 64-thread blocks, each streaming its items'
-//   weight rows (and then also the tokens) through a 5-8-stage cp.async ring in shared memory
-//   without draining it between items. 149 registers and the ring's shared memory left 5 blocks
-//   (10 warps) an SM; ncu put DRAM at 44 %, and N=64 / 256 took 0.97-1.31 / 1.24-1.59 ms.
+//   Floors (48B shape, route + experts, 4.2 TB/s): 0.030 / 0.75 / 0.87 ms at N = 1 / 64 / 256; the
+//   rest to the floor is latency: ~4 µs per picked expert, a block streaming one expert's 32 rows
+//   at a time. Groups of at most 32 slots spread a popular expert's tokens over blocks instead of
+//   lengthening one. Measured, and a persistent-grid design dropped: docs/perf-log.md, "Notes moved
+//   from the CUDA sources". Fallback: up to kMoeGroupedMaxTokens this path also takes what the
+//   swapped and rows paths do not fit: F32 activations (the f32 branch, with BF16 weights too) and
+//   BF16 with widths that are not multiples of 8 or unaligned data (the bf16 branch without 16-byte
+//   loads). So both branches stay, though the models' BF16 decode at 16-256 tokens runs the swapped
+//   path.
 // - kSwappedGemm (decode, kMoeSwappedMinTokens ≤ N ≤ kMoeGroupedMaxTokens): the plan of kGrouped
 //   also writes each expert's slot range (offsets), each slot's position (pos) and each position's
 //   token; the tokens' rows are gathered in that order, and CUTLASS's grouped GEMM runs gate/up and
 //   down with the expert weights as the M operand (moe_gemm_sm90.cu: problem lists written on the
 //   device, capturable), the GLU and the combine in launches of their own. Eight launches; the
-//   weights stream at 94-98 % of the copy rate from N = 32 (moe.h has the measurements).
+//   weights stream at 94-98 % of the copy rate from N = 32 (docs/perf-log.md, "Notes moved from the
+//   CUDA sources").
 // - kRows (N ≤ kMoeRowsMaxTokens, 8: small decode batches): no plan. gate/up: a warp per (slot, feature)
 //   streams the slot's expert's gate and up rows against the token's x in 16-byte loads, rounds both
 //   sums to bf16 and writes the GLU to act; down (a programmatic dependent): a warp per (token,
 //   output feature) walks the token's picks in order, four rows' loads at a time, each product
 //   rounded to bf16 (the expert's output) and summed in fp32 as the combine does. At N = 1 that is
-//   113 MB of weights in 8,192 + 2,304 warps over two launches: 42-45 µs for route + experts as a
-//   graph (the router 7.7 of it) against the grouped path's 50 and a 27 µs floor (predicted 30-35);
-//   at 2-8 tokens level with the grouped path (moe.h). Shared experts (bf16, widths of 8) join
+//   113 MB of weights in 8,192 + 2,304 warps over two launches, a 27 µs floor (measured:
+//   docs/perf-log.md, "Notes moved from the CUDA sources"). Shared experts (bf16, widths of 8) join
 //   both launches: gate/up applies the GLU to their projection (computed with the router's logits),
 //   down adds their down row's product to the routed sum, rounded as a separate add stores it; on
-//   the other paths add_shared_experts runs glu, linear and add after them.
-//   Tried and dropped (2026-12-02 18:22Z): routing in the gate/up launch (each routed block's first
-//   warp routing its token from the logits, the others waiting at a barrier; one launch fewer):
-//   route + experts at N = 1 as a graph 0.0510 ms against 0.0446 with the router's launch (0.0523
-//   against 0.0461 with the shared expert): every block's weight loads waited behind a top-8 over
-//   256 scores, in each of the launch's two waves, which cost more than the router's launch.
+//   the other paths add_shared_experts runs glu, linear and add after them. Routing inside the
+//   gate/up launch was tried and dropped (docs/perf-log.md, "Notes moved from the CUDA sources").
 // - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
 //   GEMM launch per projection over the active experts (a problem each: CUTLASS's kernel for BF16,
 //   cuBLAS's grouped call otherwise, gemm.cu), the same combine in a separate kernel.
@@ -77,9 +64,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/cuda/device.cuh"
-#include "backend/cuda/moe.h"
-#include "backend/cuda/moe_gemm_sm90.h"
+#include "backend/cuda/common/device.cuh"
+#include "backend/cuda/common/ptx.cuh"
+#include "backend/cuda/moe/moe.h"
+#include "backend/cuda/moe/moe_gemm_sm90.h"
 
 namespace klinear::cuda {
 
@@ -329,14 +317,6 @@ struct ExpertsArgs {
   Out o;                  // [N, dout]
 };
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // Elements k..k+7 of a bf16 row (zeros past kdim or for a null row). kVec: one 16-byte load (kdim
 // and the row start multiples of 8 elements); kStream: evict-first (weights are read once).
 template <bool kVec, bool kStream>
@@ -398,8 +378,9 @@ __device__ void tile_product(RowFn row, const T* const* xrows, int gm, int64_t k
           const uint4 xv = load8<kVec, false>(xr[nt], k, kdim);
 #pragma unroll
           for (int m = 0; m < kM; ++m) {
-            mma_bf16(acc[m][nt], a[u][m].x, b[u][m].x, a[u][m].y, b[u][m].y, xv.x, xv.y);  // k0..k0+3 of each thread
-            mma_bf16(acc[m][nt], a[u][m].z, b[u][m].z, a[u][m].w, b[u][m].w, xv.z, xv.w);  // k0+4..k0+7
+            // k0..k0+3 of each thread, then k0+4..k0+7
+            ptx::mma_bf16(acc[m][nt], {a[u][m].x, b[u][m].x, a[u][m].y, b[u][m].y}, xv.x, xv.y);
+            ptx::mma_bf16(acc[m][nt], {a[u][m].z, b[u][m].z, a[u][m].w, b[u][m].w}, xv.z, xv.w);
           }
         }
       }
@@ -633,9 +614,8 @@ void experts_grouped(CudaBackend& be, const Tensor& x, const Tensor& idx, const 
 // data is aligned) and walks tokens (x over the chunks, y over the tokens, striding past 65535): no
 // per-element division, a token's weights and positions read once per chunk.
 // Cost (Kimi-Linear-48B prefill of 2,048 tokens, K = 8, dout = 2,304, BF16): reads y 75.5 MB,
-// writes 9.4 MB (weights and positions 0.13 MB): 85 MB, 20 µs at 4.2 TB/s. The element-per-thread
-// kernel (a 64-bit i / dout and i % dout, 2-byte accesses) measured ~72 µs per launch on the H200;
-// this one measured 27 µs (profile_48b, 2026-12-01; predicted ~25).
+// writes 9.4 MB (weights and positions 0.13 MB): 85 MB, 20 µs at 4.2 TB/s. Measured:
+// docs/perf-log.md, "Notes moved from the CUDA sources".
 __global__ void combine_kernel(In y, const int32_t* pos, const float* weights, int64_t n, int k, int64_t dout, bool vec,
                                Out o) {
   const int64_t d = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * kRowChunk;
@@ -833,7 +813,8 @@ __global__ void __launch_bounds__(kRowWarps * 32) rows_gate_up_kernel(RowsArgs p
 // shared_act[t], rounded, is then added to the rounded sum and the result rounded: the values an
 // add of their separate output would store (add_shared_experts).
 // Held to 64 registers (4 blocks an SM): the shared row's rows_dot site took it from 64 to 92 (2
-// blocks an SM) and the N = 1 experts from 35 to 47 µs; at 64 they measured 39 (2026-12-02).
+// blocks an SM), which cost the N = 1 experts more than the registers gain
+// (docs/perf-log.md, "Notes moved from the CUDA sources").
 constexpr int kDownPicks = 4;
 __global__ void __launch_bounds__(kRowWarps * 32, 4) rows_down_kernel(RowsArgs p) {
   const int64_t tiles = (p.dout + kRowWarps - 1) / kRowWarps, t = blockIdx.x / tiles;

@@ -1,6 +1,11 @@
-// Device-side helpers for the CUDA op files: element access by run-time dtype (F32 or BF16, so the
-// small memory-bound ops need one instantiation, not one per dtype pair), warp and block
-// reductions, and launch sizes.
+// What every CUDA kernel file shares, below the PTX primitives (ptx.cuh): element access by run-time
+// dtype (In / Out: F32 or BF16, so the small memory-bound ops need one instantiation, not one per
+// dtype pair; values rounded once, to nearest even, where BF16 is stored), warp and block
+// reductions (fp32), the scalar functions more than one family computes (sigmoid, softplus, the GLU,
+// the KDA gate: MODEL.md's formulas), the row-chunk loads and stores of the row-wise kernels, the
+// programmatic dependent launch (PDL, KLINEAR_PDL), the held-block frees around a graph capture, and
+// launch sizes. Ownership: nothing here allocates; views borrow the tensors' device memory for a
+// launch. Host-side checks abort with the op's name and the file and line (KL_CHECK).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -88,6 +93,13 @@ __device__ __forceinline__ float block_inv_rms(In x, int64_t base, int64_t c, fl
 }
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// The KDA decay gate of one channel (MODEL.md 4.3): g from x (the projection plus dt_bias) and
+// a = e^{A_log}, −a·softplus(x) or lower_bound·σ(a·x). The gate op and the fused decode.
+__device__ __forceinline__ float kda_gate_value(KdaGate kind, float a, float x, float lower_bound) {
+  return kind == KdaGate::kSoftplus ? -a * softplus(x) : lower_bound * sigmoid_f(a * x);
+}
 
 // The GLU of one gate/up pair (MODEL.md 3.2): the glu op and the MoE experts' epilogue.
 __device__ __forceinline__ float glu_value(float g, float u, Activation kind, float beta, bool has_linear_beta,

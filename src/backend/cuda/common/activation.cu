@@ -1,6 +1,6 @@
 // CUDA elementwise ops: embedding lookup, residual add, sigmoid gates and the GLU activations
 // (MODEL.md 3.2). Math in fp32; each output rounded once to its dtype.
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 
@@ -34,9 +34,8 @@ __global__ void sigmoid_kernel(In x, Out y, int64_t n) {
 // outputs of a row (device.cuh: 16-byte accesses when F % 8 == 0 and the data is aligned) and walks
 // rows (x over the chunks, y over the rows, striding past 65535): no per-element division.
 // Cost (Kimi-Linear-48B prefill of 2,048 tokens, the per-expert MoE path: 16,384 rows, F = 1,024,
-// BF16): reads 67.1 MB, writes 33.6 MB: 101 MB, 24 µs at 4.2 TB/s. The element-per-thread kernel (a
-// 64-bit i / F and i % F per element, 2-byte accesses) measured ~60 µs per launch on the H200; this
-// one measured 22 µs (profile_48b, 2026-12-01; predicted ~28).
+// BF16): reads 67.1 MB, writes 33.6 MB: 101 MB, 24 µs at 4.2 TB/s. Measured:
+// docs/perf-log.md, "Notes moved from the CUDA sources".
 __global__ void glu_kernel(In gate_up, int64_t rows, int64_t f, bool vec, Activation kind, float beta, bool has_lb,
                            float lb, Out o) {
   pdl_enter();

@@ -35,9 +35,7 @@
 // 7.33 ms (94 TFLOP/s) on mla.cu's mma.sync kernel (docs/perf-log.md, second round).
 // Compiled: 168 registers (the launch bound of 384 threads; the consumer warpgroups raise theirs to
 // 240 at run time), 32 bytes of spills, ~208 KB of shared memory (Q 48 KB, K and V two stages each).
-// Measured (H200, 2026-12-02, ops_bench mla, causal, H = 32, with SafeEpilogue): the whole op at
-// T = 8,192 1.503 ms (457 TFLOP/s over the attention FLOPs; predicted 1.4-1.7, was 7.35 on mla.cu's
-// kernel), at T = 2,048 0.316 ms (predicted 0.15-0.2; mla.cu's 0.62).
+// Measured against this floor: docs/perf-log.md, "Notes moved from the CUDA sources".
 #include <flashinfer/attention/hopper/default_params.cuh>
 #include <flashinfer/attention/hopper/prefill_sm90.cuh>
 #include <flashinfer/attention/hopper/variants.cuh>
@@ -48,8 +46,8 @@
 
 #include <algorithm>
 
-#include "backend/cuda/device.cuh"
-#include "backend/cuda/mla_prefill_sm90.h"
+#include "backend/cuda/common/device.cuh"
+#include "backend/cuda/mla/mla_prefill_sm90.h"
 
 namespace klinear::cuda {
 

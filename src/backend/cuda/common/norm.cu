@@ -1,7 +1,7 @@
 // CUDA norms: RMSNorm (MODEL.md 3.1), the gated RMSNorm of the KDA output (MODEL.md 4.7, FLA's
 // FusedRMSNormGated with a sigmoid gate) and the residual add fused with the next sublayer's
 // RMSNorm (MODEL.md 6). One block per row; the mean square in fp32, each output rounded once.
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 
@@ -32,11 +32,8 @@ __global__ void rms_norm_kernel(In x, In w, In gate, bool gated, int64_t c, floa
 // (rows up to 8,192 wide, every model here) leaves the registers for more blocks per SM.
 // Cost (Kimi-Linear-48B, D = 2,304, BF16): decode batch 64 moves 1.18 MB (0.3 µs at 4.2 TB/s), so
 // the launch and one block reduction set its time; a 2,048-token prefill step moves 37.8 MB (h and x
-// in, h and y out; w stays in cache): 9.0 µs at 4.2 TB/s. Measured before (docs/perf-log.md, seventh
-// round), per launch: add ~17 µs and rms_norm ~32 µs at 2,048 rows, ~3 and ~7 µs at batch 64.
-// Measured (H200, 2026-12-02, ops_bench norm): 14.1 µs eager and 9.0 µs in a graph at 2,048 rows
-// (99.8 % of the bytes' floor; the add and norm launches 33.6 / 28.4), 9.0 / 3.4 µs at 64 rows
-// (18.1 / 8.7); predicted ~12 and ~4.
+// in, h and y out; w stays in cache): 9.0 µs at 4.2 TB/s. Measured:
+// docs/perf-log.md, "Notes moved from the CUDA sources".
 constexpr int kAddNormMaxThreads = 1024, kAddNormMaxChunks = 4;
 
 template <int kChunks>

@@ -8,8 +8,8 @@
 #include <mutex>
 #include <vector>
 
-#include "backend/cuda/device.cuh"
-#include "backend/cuda/mla_decode_sm90.h"
+#include "backend/cuda/common/device.cuh"
+#include "backend/cuda/mla/mla_decode_sm90.h"
 #include "core/counter_rng.h"
 
 namespace klinear::cuda {
@@ -130,9 +130,7 @@ __global__ void fill_i32_kernel(int32_t* t, int64_t n, int32_t value) {
 // Cost (Kimi-Linear-48B prefill of 2,048 tokens, the per-expert MoE path: 16,384 rows of 2,304 BF16
 // = 4,608 bytes, 288 units of 16 bytes): writes 75.5 MB, reads 75.5 MB of which 9.4 MB distinct
 // (each token's row 8 times, held in the 50 MB L2): 151 MB, 36 µs at 4.2 TB/s, ~20 µs counting
-// DRAM bytes only. The element-per-thread kernel (a 64-bit i / cols and i % cols per element,
-// 2-byte accesses) measured 0.24 ms per launch on the H200; this one 29 µs (profile_48b,
-// 2026-12-01; predicted 25-40).
+// DRAM bytes only. Measured: docs/perf-log.md, "Notes moved from the CUDA sources".
 template <typename U>
 __global__ void gather_rows_kernel(const U* src, int64_t src_rows, const int32_t* rows, U* dst, int64_t out_rows,
                                    int64_t units) {

@@ -1,8 +1,12 @@
 // CUDA AttnRes read (MODEL.md 7.1): per row, a softmax over candidates of ρ_i·(v_i·e) mixes the raw
 // candidates. One block per row; statistics, logits and the mix in fp32.
+// Shapes and dtypes: 1..kMaxCandidates candidates v_i [N, D] (F32 or BF16, as out), e [D] F32, out
+// [N, D] rounded once. Ownership: reads the candidates and e, writes out; no workspace.
+// Cost: each candidate row is read twice (statistics, then the mix), out written once, so the floor
+// is (2·count + 1)·N·D element bytes at the copy rate; the count is one per layer block.
 #include <vector>
 
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 

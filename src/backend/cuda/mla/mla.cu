@@ -33,10 +33,10 @@
 #include <climits>
 #include <vector>
 
-#include "backend/cuda/device.cuh"
-#include "backend/cuda/mla_decode_sm90.h"
-#include "backend/cuda/mla_mma.cuh"
-#include "backend/cuda/mla_prefill_sm90.h"
+#include "backend/cuda/common/device.cuh"
+#include "backend/cuda/common/ptx.cuh"
+#include "backend/cuda/mla/mla_decode_sm90.h"
+#include "backend/cuda/mla/mla_prefill_sm90.h"
 
 namespace klinear::cuda {
 
@@ -249,6 +249,22 @@ void CudaBackend::mla_cache_write(const Tensor& rows, const Tensor& norm, float 
 
 namespace {
 
+// The top of a two-stage tile loop (cp.async, ptx.cuh): wait until every thread is done with the
+// other stage, start `load_next` into it (when there is a next tile) and wait for this tile's copies,
+// visible to all.
+template <class LoadNext>
+__device__ __forceinline__ void pipeline_step(bool has_next, LoadNext&& load_next) {
+  __syncthreads();
+  if (has_next) {
+    load_next();
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<1>();
+  } else {
+    ptx::cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 // Partial softmax states of `splits` key ranges per (row, head): o [N, H, splits, dv] (unnormalised)
 // and (max, sum) pairs, merged into out [N, H, dv] by `combine`.
 struct Partials {
@@ -326,7 +342,7 @@ struct AbsorbedArgs {
 
 __global__ void __launch_bounds__(absorbed::kThreads, 1) absorbed_kernel(AbsorbedArgs p) {
   using namespace absorbed;
-  using namespace mma;
+  using namespace ptx;
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_enter();
   auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem);             // [kHeads][kPitch]
@@ -361,7 +377,7 @@ __global__ void __launch_bounds__(absorbed::kThreads, 1) absorbed_kernel(Absorbe
     if (h < p.heads)
       src = col < kLatent / 8 ? p.q_lat + (n * p.heads + h) * p.lat_stride + col * 8
                               : p.q + (n * p.heads + h) * p.qk + p.nope + (col - kLatent / 8) * 8;
-    cp_async16(q_s + r * kPitch + col * 8, src, h < p.heads ? 16 : 0);
+    cp_async16_zfill(q_s + r * kPitch + col * 8, src, h < p.heads ? 16 : 0);
   }
   // Key tile `tile` into stage `stage`: thread (tok, sub) copies 16-byte pieces sub, sub+4, … of key
   // row tok; keys past the row's end are zeros (their scores are masked).
@@ -374,7 +390,7 @@ __global__ void __launch_bounds__(absorbed::kThreads, 1) absorbed_kernel(Absorbe
       src += (int64_t{p.page_table[b * p.max_pages + pos / p.page_size]} * p.page_size + pos % p.page_size) * kWidth;
     __nv_bfloat16* dst = kv_s + (stage * kTokens + tok) * kPitch;
 #pragma unroll
-    for (int j = 0; j < kWidth / 8 / 4; ++j) cp_async16(dst + (sub + 4 * j) * 8, src + (sub + 4 * j) * 8, valid ? 16 : 0);
+    for (int j = 0; j < kWidth / 8 / 4; ++j) cp_async16_zfill(dst + (sub + 4 * j) * 8, src + (sub + 4 * j) * 8, valid ? 16 : 0);
   };
 
   float acc[2][8][4];  // O: head tile mt, 8-column group j of this warp's 64 columns
@@ -572,7 +588,7 @@ struct ExpandedArgs {
 // A fragments of O += P·V without leaving registers; online softmax in fp32, base 2.
 __global__ void __launch_bounds__(expanded::kThreads, 2) expanded_kernel(ExpandedArgs p) {
   using namespace expanded;
-  using namespace mma;
+  using namespace ptx;
   extern __shared__ __align__(16) unsigned char smem[];
   auto* q_s = reinterpret_cast<__nv_bfloat16*>(smem);    // [kRows][kQPitch]
   __nv_bfloat16* k_s = q_s + kRows * kQPitch;              // [2][kKeys][kQPitch]
@@ -593,7 +609,7 @@ __global__ void __launch_bounds__(expanded::kThreads, 2) expanded_kernel(Expande
     const int r = c / kKChunks, col = c % kKChunks;
     const bool valid = i0 + r < len;
     const __nv_bfloat16* src = valid ? p.q + ((p.cu[b] + i0 + r) * p.heads + h) * kQk + col * 8 : p.q;
-    cp_async16(q_s + r * kQPitch + col * 8, src, valid ? 16 : 0);
+    cp_async16_zfill(q_s + r * kQPitch + col * 8, src, valid ? 16 : 0);
   }
   // Key tile kt into stage `stage`: k = [k_n ‖ k_r], v; keys past key_end are zeros (and masked).
   auto load_tile = [&](int64_t kt, int stage) {
@@ -614,7 +630,7 @@ __global__ void __launch_bounds__(expanded::kThreads, 2) expanded_kernel(Expande
         src += valid ? (row0 + pos) * kv_stride + h * (kNope + kV) + kNope + (col - kKChunks) * 8 : 0;
         dst = v_s + (stage * kKeys + r) * kVPitch + (col - kKChunks) * 8;
       }
-      cp_async16(dst, src, valid ? 16 : 0);
+      cp_async16_zfill(dst, src, valid ? 16 : 0);
     }
   };
 
@@ -734,9 +750,8 @@ __global__ void __launch_bounds__(expanded::kThreads, 2) expanded_kernel(Expande
 }
 
 // The fewest sequences in a decode step for which AttentionKernels::kBest runs FlashInfer's MLA
-// kernel. H200, ops_bench mla (graph replays, 4k context, ms, FlashInfer / mla.cu's absorbed):
-// batch 1 0.0251 / 0.0200, 2 0.0254 / 0.0230, 4 0.0255 / 0.0355, 16 0.0401 / 0.0639,
-// 64 0.0941 / 0.1763, 256 0.3078 / 0.6414 (docs/perf-log.md, tenth round).
+// kernel. Below it mla.cu's absorbed kernel is faster
+// (measured: docs/perf-log.md, "Notes moved from the CUDA sources").
 constexpr int64_t kFlashInferDecodeMinSeqs = 4;
 
 }  // namespace

@@ -22,9 +22,8 @@
 // computes 64 query rows for our 32, so twice that). mla.cu's absorbed_kernel (mma.sync, Q re-read
 // from shared memory for every key tile) measured 1.049 ms there and 1.30 ms a layer at 256 × 8k in
 // the 48B decode step (docs/perf-log.md, eighth and ninth rounds).
-// Measured (H200, ops_bench mla, graph replays, docs/perf-log.md tenth round): 0.648 ms at 64 × 32k
-// (89 % of the floor), 0.578 at 256 × 8k (~100 %), 0.0941 at 64 × 4k; at 1-2 sequences 0.025 ms,
-// slower than mla.cu's 0.020-0.023, which keeps those steps.
+// At 1-3 sequences mla.cu's own kernel is faster and keeps those steps (kFlashInferDecodeMinSeqs);
+// measured: docs/perf-log.md, "Notes moved from the CUDA sources".
 #include <flashinfer/attention/mask.cuh>
 #include <flashinfer/attention/mla_hopper.cuh>
 #include <flashinfer/attention/scheduler.cuh>
@@ -33,8 +32,8 @@
 
 #include <utility>
 
-#include "backend/cuda/device.cuh"
-#include "backend/cuda/mla_decode_sm90.h"
+#include "backend/cuda/common/device.cuh"
+#include "backend/cuda/mla/mla_decode_sm90.h"
 
 namespace klinear::cuda {
 

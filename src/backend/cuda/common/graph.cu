@@ -5,7 +5,7 @@
 // with the op's name, not with an invalidated capture deep in CUDA.
 #include <string>
 
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 

@@ -19,19 +19,16 @@
 // slots, so an expert of ≤ 32 slots reads each weight tile once; K: 64, CUTLASS's BF16 depth),
 // D column-major.
 //
-// Measured on the H200 (2026-12-02, ops_bench moe, route + experts as a graph, three runs): N = 16
-// 0.349-0.389 ms, 64 0.749-0.764, 128 0.870-0.891, 256 0.899-0.921 (94-96 % of the 0.864 ms floor;
-// predicted 0.90-0.95), against moe.cu's grouped kernel's 0.389-0.397 / 0.789-0.837 / 0.945-0.975 /
-// 1.093-1.109; at N = 1 0.065 against 0.050 (five more launches, and CUTLASS's per-SM TMA
-// descriptor set-up), so moe.h's threshold is 16 tokens. Under ncu in a batch-256 decode step of
-// the 48B: 0.884 ms a layer (the grouped kernel's 1.25).
+// At N = 1 its five more launches and CUTLASS's per-SM TMA descriptor set-up lose to moe.cu's
+// grouped kernel, so moe.h's threshold is 16 tokens; measured: docs/perf-log.md, "Notes moved from
+// the CUDA sources".
 //
 // The problems are written on the device (describe_kernel, a thread per expert, from the plan's
 // offsets) into the step arena and launched without host shapes: CUTLASS then runs one persistent
 // block per SM and reads the shapes on the device, so the launch is capturable.
-#include "backend/cuda/moe_gemm_sm90.h"
+#include "backend/cuda/moe/moe_gemm_sm90.h"
 
-#include "backend/cuda/cutlass_grouped.cuh"
+#include "backend/cuda/gemm/cutlass_grouped.cuh"
 
 namespace klinear::cuda {
 

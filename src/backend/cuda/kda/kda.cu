@@ -1,7 +1,8 @@
 // CUDA KDA (MODEL.md 4.3-4.6): the decay gate, the recurrent decode and the chunk-64 prefill, over the
 // sequences of a step and their fp32 state slots [slots, H, dk, dv] (K-first).
 //
-// kda_chunked with bf16 activations runs the tensor-core prefill of kda_chunk_tc.cu. The fp32 forms
+// kda_chunked with bf16 activations runs the tensor-core prefill (kda_tc_prep.cu, kda_tc_state.cu,
+// composed here). The fp32 forms
 // here (the decode, and the prefill with f32 activations, exact to the CPU) keep a state tile of
 // dk rows × 32 columns of one (sequence, head) in registers: 4 warps, lane = column, warp w owns
 // rows [32w, 32w+32) (so dk ≤ 128); a block per (32-column tile, head, sequence). Products over k
@@ -18,11 +19,14 @@
 //
 // kda_summary (the affine map of each sequence's rows, for splitting a sequence: MODEL.md 4.9)
 // runs the same chunk_prep without q, then a state pass over the augmented state [A | B]
-// (kda_summary_state_kernel), in fp32 whatever the activation dtype.
+// (kda_summary_state_kernel), in fp32 whatever the activation dtype. No model path calls it yet;
+// it stays for context parallelism (backend.h).
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
-#include "backend/cuda/kda_chunk.cuh"
+#include "backend/cuda/kda/kda_chunk.cuh"
 
 namespace klinear::cuda {
 
@@ -32,8 +36,6 @@ constexpr int kCols = 32;                  // state columns per block
 constexpr int kRowsPerWarp = kMaxDk / 4;   // state rows per warp
 constexpr int kStateThreads = 128;
 
-__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
 __global__ void kda_gate_kernel(In f, const float* dt_bias, const float* a_log, int64_t rows, int64_t width, int64_t d,
                                 KdaGate kind, float lower_bound, float* g) {
   const int64_t n = rows * width;
@@ -41,7 +43,7 @@ __global__ void kda_gate_kernel(In f, const float* dt_bias, const float* a_log, 
     const int64_t c = i % width;
     const float x = f[i] + dt_bias[c];
     const float a = expf(a_log[c / d]);
-    g[i] = kind == KdaGate::kSoftplus ? -a * softplus(x) : lower_bound * sigmoid_f(a * x);
+    g[i] = kda_gate_value(kind, a, x, lower_bound);
   }
 }
 
@@ -510,6 +512,37 @@ ChunkTables chunk_tables(CudaBackend& be, const SeqLayout& layout, int64_t slots
   return t;
 }
 
+bool kda_tc_fits(const KdaArgs& a, const KdaStep& s) {
+  const DType bf = DType::kBF16;
+  return a.q.dtype() == bf && a.k.dtype() == bf && a.v.dtype() == bf && a.out.dtype() == bf && s.dk == s.dv &&
+         (s.dk == 16 || s.dk == 32 || s.dk == 64 || s.dk == 128);
+}
+
+Shape kda_tc_workspace_shape(const KdaStep& s, const ChunkTables& ct) {
+  return {std::max<int64_t>(ct.chunks, 1), s.heads, ChunkLayout(s.dk, s.dv).bytes};
+}
+
+namespace {
+
+// The tensor-core path: prep into a step workspace, then the state pass over it.
+void kda_chunked_tc(CudaBackend& be, const KdaStep& s, const ChunkTables& ct, const SeqLayout& layout,
+                    const KdaChunkedVariant& v, const std::string& what) {
+  const Tensor ws = be.alloc(DType::kU8, kda_tc_workspace_shape(s, ct));
+  const TcWork tw{ws.data_as<unsigned char>()};
+  launch_tc_prep(be, s, ct, tw, what);
+  launch_tc_state(be, s, ct, layout, tw, v, what);
+}
+
+// The checks and tables of the variant entry points (kda_chunked.h).
+KdaStep tc_step(const KdaArgs& a, const SeqLayout& layout, const char* op) {
+  const KdaStep s = kda_step(a, layout, "kda_chunked");
+  KL_CHECK(kda_tc_fits(a, s), std::string(op) + ": the tensor-core path takes BF16 activations and dk = dv "
+                              "in {16, 32, 64, 128}; got q " + shapes(a.q) + " v " + shapes(a.v));
+  return s;
+}
+
+}  // namespace
+
 void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
   const KdaStep s = kda_step(a, layout, "kda_chunked");
   const int64_t num_seqs = layout.num_seqs();
@@ -517,7 +550,7 @@ void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
   const ChunkTables ct = chunk_tables(*this, layout, a.states.dim(0));
   const std::string what = "kda_chunked q " + shapes(a.q) + " seqs " + std::to_string(num_seqs);
   if (kda_tc_fits(a, s)) {
-    kda_chunked_tc_launch(*this, s, ct, layout, KdaChunkedVariant{}, what);
+    kda_chunked_tc(*this, s, ct, layout, KdaChunkedVariant{}, what);
     return;
   }
   const Fp32Ws fw = chunk_prep(*this, s, ct, what);
@@ -558,12 +591,32 @@ void CudaBackend::kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) 
 }
 
 void kda_chunked_variant(CudaBackend& be, const KdaArgs& a, const SeqLayout& layout, const KdaChunkedVariant& v) {
-  const KdaStep s = kda_step(a, layout, "kda_chunked");
-  KL_CHECK(kda_tc_fits(a, s), "kda_chunked_variant: the tensor-core path takes BF16 activations and dk = dv "
-                                        "in {16, 32, 64, 128}; got q " + shapes(a.q) + " v " + shapes(a.v));
+  const KdaStep s = tc_step(a, layout, "kda_chunked_variant");
   if (layout.num_seqs() == 0) return;
   const ChunkTables ct = chunk_tables(be, layout, a.states.dim(0));
-  kda_chunked_tc_launch(be, s, ct, layout, v, "kda_chunked q " + shapes(a.q));
+  kda_chunked_tc(be, s, ct, layout, v, "kda_chunked q " + shapes(a.q));
+}
+
+Tensor kda_tc_workspace(CudaBackend& be, const KdaArgs& a, const SeqLayout& layout) {
+  const KdaStep s = tc_step(a, layout, "kda_tc_workspace");
+  return be.alloc_persistent(DType::kU8, kda_tc_workspace_shape(s, chunk_tables(be, layout, a.states.dim(0))));
+}
+
+void kda_tc_prep(CudaBackend& be, const KdaArgs& a, const SeqLayout& layout, const Tensor& ws) {
+  const KdaStep s = tc_step(a, layout, "kda_tc_prep");
+  if (layout.num_seqs() == 0) return;
+  const ChunkTables ct = chunk_tables(be, layout, a.states.dim(0));
+  KL_CHECK(ws.shape() == kda_tc_workspace_shape(s, ct), "kda_tc_prep: workspace " + shapes(ws));
+  launch_tc_prep(be, s, ct, TcWork{ws.data_as<unsigned char>()}, "kda_tc_prep q " + shapes(a.q));
+}
+
+void kda_tc_state(CudaBackend& be, const KdaArgs& a, const SeqLayout& layout, const Tensor& ws,
+                  const KdaChunkedVariant& v) {
+  const KdaStep s = tc_step(a, layout, "kda_tc_state");
+  if (layout.num_seqs() == 0) return;
+  const ChunkTables ct = chunk_tables(be, layout, a.states.dim(0));
+  KL_CHECK(ws.shape() == kda_tc_workspace_shape(s, ct), "kda_tc_state: workspace " + shapes(ws));
+  launch_tc_state(be, s, ct, layout, TcWork{ws.data_as<unsigned char>()}, v, "kda_tc_state q " + shapes(a.q));
 }
 
 void CudaBackend::kda_recurrent_rows(const KdaArgs& a, const SeqLayout& layout) {

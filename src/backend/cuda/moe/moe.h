@@ -33,25 +33,19 @@ enum class MoePath {
 };
 
 // The largest token count the paths planned on the device serve: the largest decode batch, which a CUDA graph
-// replays (the per-expert path reads the routing to the host, so it cannot be captured). Measured
-// on the H200 (ops_bench moe, 48B shape, 2026-12-01 18:07Z, every expert used), experts alone,
-// grouped vs per-expert grouped-cuBLAS: N=256 1.098 (32 rows) vs 1.061 ms, N=512 1.564 (64 rows) vs
-// 1.124 ms, N=1024 2.580 vs 1.254 ms; with CUTLASS's grouped kernel (21:48Z) the per-expert path
-// is 1.016 ms at N=256 against the grouped path's 1.078, which stays for its graph capture.
+// replays (the per-expert path reads the routing to the host, so it cannot be captured). Above it
+// the per-expert GEMMs are faster; up to it the device-planned paths keep the step capturable
+// (measured: docs/perf-log.md, "Notes moved from the CUDA sources").
 inline constexpr int64_t kMoeGroupedMaxTokens = 256;
 
-// The smallest token count that runs on the swapped path. Measured on the H200 (ops_bench moe, 48B
-// shape, route + experts as a graph, 2026-12-02), grouped / swapped ms: N=1 0.0509 / 0.0651, N=8
-// 0.2288 / 0.2341, N=16 0.3886 / 0.3488, N=32 0.6496 / 0.5731, N=64 0.8371 / 0.7643, N=128 0.9635
-// / 0.8804, N=256 1.1035 / 0.9188 (floor 0.8635: 94 % against 78 %).
+// The smallest token count that runs on the swapped path. From 16 tokens the swapped GEMM beats the
+// grouped path; below, its extra launches cost more (measured: docs/perf-log.md, "Notes moved from
+// the CUDA sources").
 inline constexpr int64_t kMoeSwappedMinTokens = 16;
 
-// The largest token count that runs on the rows path. Measured on the H200 (ops_bench moe, 48B
-// shape, route + experts as a graph, 2026-12-02), grouped / rows ms: 12:15Z N=1 0.0507 / 0.0421,
-// N=2 0.0824 / 0.0738, N=4 0.1393 / 0.1237, N=8 0.2262 / 0.2198 (swapped 0.2333); 12:41Z, with the
-// down kernel held to 64 registers beside the shared row, N=1 0.0500 / 0.0454, N=2 0.0795 / 0.0791,
-// N=4 0.1327 / 0.1314, N=8 0.2300 / 0.2315: a tie from 2, where rows still saves the shared
-// expert's three launches.
+// The largest token count that runs on the rows path. Up to 8 tokens it is ahead of or level with
+// the grouped path, and it saves the shared expert's three launches (measured: docs/perf-log.md,
+// "Notes moved from the CUDA sources").
 inline constexpr int64_t kMoeRowsMaxTokens = 8;
 
 // "grouped", "swapped GEMM", "rows" or "per-expert GEMM".

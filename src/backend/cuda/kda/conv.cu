@@ -14,13 +14,9 @@
 // order, one fma each, then acc·σ(acc) rounded once: the bits of the element-per-thread kernel it
 // replaced.
 // Cost (Kimi-Linear-48B prefill of 2,048 tokens, q/k/v packed: C = 12,288, Kc = 4, BF16): reads
-// x 50.3 MB, writes 50.3 MB (weights and states < 0.2 MB): 101 MB, 24 µs at 4.2 TB/s. The element-
-// per-thread kernel (a 64-bit i / C and i % C, a binary search and Kc reloads of w and the window
-// per element) measured 0.32 ms per launch on the H200. This one measured 0.13 ms (profile_48b,
-// 2026-12-01), against a prediction of 30-40 µs: 5.5x the floor, the largest row kernel of the
-// prefill step left; the exact SiLU (expf and a division, ~30 instructions an element with the
-// taps) was expected to cost about as much issue time as the floor, so something else holds it.
-#include "backend/cuda/device.cuh"
+// x 50.3 MB, writes 50.3 MB (weights and states < 0.2 MB): 101 MB, 24 µs at 4.2 TB/s. Measured at
+// about 5.5x that: docs/perf-log.md, "Notes moved from the CUDA sources".
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 

@@ -23,15 +23,7 @@
 // composition of ops stores them (conv output and o in the activation dtype), so both agree up to
 // summation order. Padded sequences leave both pools as they are and get zero y rows.
 //
-// The prelude and the norm, rewritten after ncu gave the prelude 30 µs a launch in the batch-64
-// decode step (its bytes take ~4 µs). The old prelude, a 128-thread block per (head, sequence)
-// with a thread per channel, was a chain of dependent memory round trips: the slot, then the row,
-// then per thread three channels (q, k, v) one after another, each a run-time loop over the Kc taps
-// of 2-byte loads; three block reductions (six barriers); then the conv pool shifted by reading
-// each row back from the pool and storing it one row below, every load behind the store before it
-// (the compiler cannot tell the two apart), nine round trips per thread; its 2,048 blocks at B = 64
-// (40 registers: 12 per SM) filled the register files, so the state launch's blocks could not
-// start beside it. Now:
+// The prelude and the norm keep every memory access off a chain of dependent round trips:
 //   - the prelude's lane loads its 8 channels' taps, window rows and x (or f) with 16-byte
 //     accesses all issued together, the weights before waiting for the kernel before the op;
 //     computes the conv from registers and shifts the pool from the same registers (16-byte
@@ -58,22 +50,10 @@
 // blocks of 128 threads per SM), norm 40, state 96 (launch bounds for 5 blocks per SM: 20 warps,
 // FLA's has 16, 1 KB of shared memory); no spills, no shared memory or barriers outside the state
 // launch.
-// Measured on the H200 (2026-12-01, ops_bench kda_decode beside fla_bench in one command): 0.0213 /
-// 0.1069 / 0.3712 ms at B = 1 / 64 / 256 (graph replays 0.0118 / 0.0981 / 0.3613), FLA's
-// fused_recurrent_kda 0.1199 / 0.1879 / 0.4722; the single-block fused kernel before this measured
-// 0.0142 / 0.1248 / 0.4651 (predicted for this one: 0.36-0.42 at B = 256, 0.09-0.11 at B = 64, B = 1
-// a few µs slower for its three launches). That was with the old prelude and norm.
-// With this prelude and norm (2026-12-02, the same command): 0.0204 / 0.0980 / 0.3395 ms (graph
-// replays 0.0094 / 0.0889 / 0.3291; predicted 0.008-0.010 / 0.071-0.079 / 0.28-0.31), FLA's
-// 0.1722 / 0.2036 / 0.4853; the prelude 16.6 µs a launch in a batch-64 step (was ~30, predicted
-// 5-7): at B = 64 and 256 the state launch's ~77 µs and the prelude still run one after the other.
-// Not done: folding the norm into the state launch's tail at small B (the last of a head's four
-// tile blocks normalising the row after an atomic ticket) saves one grid hand-off, ~1 µs at B = 1;
-// folding the prelude into the state launch's head would race on the conv pool (the head's four
-// tile blocks read rows one of them shifts) unless they form a cluster, the design measured slower.
+// Measured against these floors, and the fusions not done: docs/perf-log.md, "Notes moved from the CUDA sources".
 #include <cmath>
 
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 
@@ -121,7 +101,6 @@ struct DecodeStep {
   bool vec;            // every chunk of 8 elements 16-byte aligned: dk, dv multiples of 8, aligned tensors
 };
 
-__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 // x as the activation dtype stores it.
 
 __device__ __forceinline__ void fma4(float4& acc, const float4& x, float s) {
@@ -201,7 +180,7 @@ __global__ void __launch_bounds__(kPreThreads, 5) prelude_kernel(DecodeStep s) {
 #pragma unroll
     for (int i = 0; i < kRowChunk; ++i) {
       const float fx = f[i] + dtb[i];
-      e[i] = expf(s.gate == KdaGate::kSoftplus ? -a * softplus(fx) : s.lower_bound * sigmoid_f(a * fx));
+      e[i] = expf(kda_gate_value(s.gate, a, fx, s.lower_bound));
     }
     store_chunk(pre_out, pl.e() + col, n, s.vec, e);
     if (col == 0) pre[pl.beta()] = sigmoid_f(beta_logit);

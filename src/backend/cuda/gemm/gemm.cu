@@ -1,6 +1,5 @@
 // CUDA GEMMs: cuBLASLt for one (batched) problem; many problems of different shapes in one launch
-// (an MoE layer's experts at prefill: 257 experts were 514 cuBLASLt launches and host plans per
-// layer, ~3.9 ms at 256-1,024 tokens on the H200 against a 0.87 ms floor of the weight bytes) go to
+// (an MoE layer's experts at prefill) go to
 // CUTLASS's grouped kernel for BF16 (gemm_grouped.cu) and to cublasGemmGroupedBatchedEx otherwise.
 // Row-major problems are mapped to cuBLAS's column-major view (Cᵀ = op(B)ᵀ·Aᵀ); fp32 compute
 // (CUBLAS_COMPUTE_32F: no TF32 for F32 operands, fp32 accumulation for BF16 ones). cuBLASLt
@@ -9,22 +8,16 @@
 //
 // Small-row path (`gemv_kernel`): c[n] = a[k]·B[n, k]ᵀ for BF16 a and B, the projections of a
 // batch-1 decode step. The bytes are B's (n·k·2); the FLOPs are nothing (2·n·k). cuBLASLt runs
-// these as tiles of 8+ rows: a batch-1 decode step of the 48B runs ~256 of them, 2.3 ms of its
-// 5.3 ms of kernel time under ncu (H200, 2026-12-02), against ~0.7 ms for its ~2.9 GB of dense
-// weights at 4.2 TB/s. Here a warp owns one output column: its lanes stream B's row in 16-byte
-// loads (eight in flight a lane across the unrolled loop), multiply each by a (read through the
-// read-only cache, where every warp of the block finds it) and sum in fp32 by shuffles; 8 warps a
-// block. Measured (ops_bench gemv, H200): 5-20 % under cuBLASLt at every 48B projection but the
-// lm_head (0.1733 against 0.1707 ms); at 4 rows, where each lane loads A four times per B load, it
-// lost on the large ones (q/k/v 0.0226 against 0.0169 ms), so it takes one row only. `linears` runs
-// independent projections of one row (a KDA layer's q/k/v, f_a, b and g_a, then its f_b and g_b,
-// each of its own input; an MLA layer's q and kv_a; the router beside the shared expert's gate/up)
-// as one launch of it: their blocks in a row of the grid, each problem with its own input row. The
-// small ones alone are latency-bound (f_a, 0.59 MB: 4.9 µs, a 120 GB/s rate; b, 0.15 MB: 4.7 µs; the router, 1.2 MB: 5.0 µs), so one launch over the 58 MB of a
-// KDA layer's four should take about what q/k/v's 56.6 MB take alone (15.9 µs) instead of 30.4.
-// Measured (2026-12-02): 16.4 against 29.7 µs; the router + shared gate/up 5.5 against 10.0; MLA's
-// q + kv_a 11.8 against 13.6. KDA's f_b + g_b, each of its own input (1 MB each): 2.0 against 3.1 µs
-// (18:22Z; predicted ~5 against ~9 from the f_a launch alone, which the graph replays beat).
+// these as tiles of 8+ rows, far from that floor at one row (docs/perf-log.md, "Notes moved from the CUDA sources").
+// Here a warp owns one output column: its lanes stream B's row in 16-byte loads (eight in flight a
+// lane across the unrolled loop), multiply each by a (read through the read-only cache, where every
+// warp of the block finds it) and sum in fp32 by shuffles; 8 warps a block. At 4 rows, where each
+// lane loads A four times per B load, it lost to cuBLASLt on the large projections, so it takes one
+// row only. `linears` runs independent projections of one row (a KDA layer's q/k/v, f_a, b and g_a,
+// then its f_b and g_b, each of its own input; an MLA layer's q and kv_a; the router beside the
+// shared expert's gate/up) as one launch of it: their blocks in a row of the grid, each problem with
+// its own input row. The small ones alone are latency-bound, so one launch over a layer's few costs
+// about what its largest costs alone (docs/perf-log.md, "Notes moved from the CUDA sources").
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -35,7 +28,7 @@
 
 #include <sstream>
 
-#include "backend/cuda/device.cuh"
+#include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
 
@@ -62,10 +55,8 @@ struct GemvProblems {
 };
 
 // Warp w of block x owns one column of the problem the block falls in. Launched as a programmatic
-// dependent (device.cuh). It loads nothing before the wait: loading the first weight chunks into
-// registers there added a round trip to every warp (the large projections 1.5× slower, H200,
-// 2026-12-02 12:15Z), and asking L2 for the rows there filled L2 with the next projection's rows
-// while this one streamed (1.1-1.2× slower, 12:21Z).
+// dependent (device.cuh). It loads nothing before the wait (loading weights there, or
+// prefetching them to L2, measured slower: docs/perf-log.md, "Notes moved from the CUDA sources").
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(GemvProblems ps) {
   int i = 0;
@@ -264,9 +255,8 @@ void CudaBackend::gemm_grouped(std::span<const GemmArgs> problems, const char* w
 
 void CudaBackend::gemm_grouped_cublas(std::span<const GemmArgs> problems, const std::string& shape) {
   // cublasGemmGroupedBatchedEx reads the matrices' addresses from device memory, so it cannot pick a
-  // kernel for their alignment: it assumes 16 bytes (the H200 run of 2026-12-01 caught a 16-byte load
-  // of an A 8 bytes off). A list with any other address runs problem by problem through cuBLASLt,
-  // which is told each address.
+  // kernel for their alignment: it assumes 16 bytes. A list with any other address runs problem by
+  // problem through cuBLASLt, which is told each address.
   const bool addresses_aligned = std::all_of(problems.begin(), problems.end(), [](const GemmArgs& g) {
     return aligned16(g.a) && aligned16(g.b) && aligned16(g.c);
   });
