@@ -35,7 +35,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from openai_client_test import MODEL, Server, check  # noqa: E402
+from openai_client_test import MODEL, Server, check, run_checks  # noqa: E402
 
 KEY = "hostile-key"
 PORT_LINE = r"on http://[^:]+:(\d+)"
@@ -226,14 +226,7 @@ def main():
                  ("api_key_sources", lambda: test_api_key_sources(server, serve + ["--cache-memory", "16M"], tmp)),
                  ("no_nagle", lambda: test_no_nagle(server)),
                  ("drain", lambda: test_drain(keyed))]
-        for name, fn in tests:
-            t0 = time.time()
-            try:
-                fn()
-                print(f"[ OK ] {name} ({time.time() - t0:.1f} s)")
-            except Exception as e:  # noqa: BLE001 - report every failing check, then fail
-                failures.append(name)
-                print(f"[FAIL] {name}: {e!r}")
+        failures += run_checks(tests)
     finally:
         if server and server.proc.poll() is None:
             server.stop()

@@ -94,6 +94,20 @@ class Server:
         return self.proc.wait(timeout=120)
 
 
+def run_checks(checks):
+    """Runs each (name, fn) and prints its outcome; returns the names that failed."""
+    failures = []
+    for name, fn in checks:
+        t0 = time.time()
+        try:
+            fn()
+            print(f"[ OK ] {name} ({time.time() - t0:.1f} s)")
+        except Exception as e:  # noqa: BLE001 - report every failing check, then fail
+            failures.append(name)
+            print(f"[FAIL] {name}: {e!r}")
+    return failures
+
+
 def check(cond, message):
     if not cond:
         raise AssertionError(message)
@@ -613,14 +627,7 @@ def main():
         if a.soak_seconds > 0:
             tests.append(("test_soak", lambda s: test_soak(s, a.soak_seconds), main_server))
         tests.append(("test_drain_on_sigterm", test_drain_on_sigterm, main_server))
-        for name, fn, server in tests:
-            t0 = time.time()
-            try:
-                fn(server)
-                print(f"[ OK ] {name} ({time.time() - t0:.1f} s)")
-            except Exception as e:  # noqa: BLE001 - report every failing check, then fail
-                failures.append(name)
-                print(f"[FAIL] {name}: {e!r}")
+        failures += run_checks([(name, lambda fn=fn, server=server: fn(server)) for name, fn, server in tests])
     finally:
         for s in servers:
             if s.proc.poll() is None:
