@@ -129,7 +129,9 @@ void Cache::close(SeqId seq) {
   Sequence& s = get(seq);
   free_slots_.push_back(s.slot);
   for (auto p = s.pages.rbegin(); p != s.pages.rend(); ++p) release_page(*p);
-  s = Sequence{false, s.generation + 1};  // the old handle no longer matches
+  const uint32_t generation = s.generation + 1;  // the old handle no longer matches
+  s = Sequence{};
+  s.generation = generation;
   free_records_.push_back(index_of(seq));
 }
 

@@ -219,7 +219,7 @@ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 // Device blocks (the step arena's, persistent tensors) whose last holder lets go between
 // hold_block_frees() and the matching free_held_blocks() are freed by the latter (memory.cu): a
 // graph capture is bracketed by them, since a cudaFree inside a capture invalidates it, and a
-// body drops blocks there when it replaces what it kept from the run before (Model::decode_step
+// body drops blocks there when it replaces what it kept from the run before (StepExecutor::run_fixed
 // keeps each bucket's outputs; the arena's blocks are merged at begin_step after a run grew it).
 void hold_block_frees();
 void free_held_blocks();
