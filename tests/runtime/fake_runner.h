@@ -61,9 +61,10 @@ class FakeRunner final : public StepRunner {
       EXPECT_TRUE(seqs_.count(s.seq)) << "step on a closed sequence";
       EXPECT_TRUE(seen.insert(s.seq).second) << "sequence twice in one step";
       EXPECT_GE(s.ids.size(), 1u);
-      if (pages_ > 0)
+      if (pages_ > 0) {
         EXPECT_GE(seqs_[s.seq].pages * page_size_, seqs_[s.seq].tokens + static_cast<int64_t>(s.ids.size()))
             << "a step writes positions the scheduler did not reserve";
+      }
       rows += s.want_logits;
       rec.tokens += static_cast<int64_t>(s.ids.size());
       (seqs_[s.seq].tokens > 0 && s.ids.size() == 1 ? rec.decodes : rec.prefills) += 1;
