@@ -107,7 +107,6 @@ def test_chunked_flood(s):
         pass
     sock.close()
     check(reply.startswith(b"HTTP/1.1 413"), f"chunked flood of {sent >> 20} MiB: {reply[:100]!r}")
-    check(sent < (64 << 20) or b"413" in reply, "the whole flood was read")
     still_serving(s)
 
 
