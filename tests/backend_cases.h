@@ -1,6 +1,7 @@
-// The (backend, dtype, tolerance) rows every op and model test runs over. A test written once as
-// TEST_P(BackendTest-derived fixture) runs on every row; rows whose backend this build or machine
-// cannot make (CUDA without a GPU) are skipped with the reason. A CUDA row is one more line here.
+// The (backend, dtype) rows every op and model test runs over; their bounds follow the dtype
+// (test_util.h's Tolerance). A test written once as TEST_P(BackendTest-derived fixture) runs on every
+// row; rows whose backend this build or machine cannot make (CUDA without a GPU) are skipped with the
+// reason. A CUDA row is one more line here.
 //
 // Inputs are made on the host (fresh seeds) and copied to the backend; outputs are poisoned with
 // NaN before the op runs, so an element the op never writes fails the comparison.
@@ -25,15 +26,13 @@ struct BackendCase {
   const char* name;
   Device device;
   DType dtype;
-  double tol;        // op-level relative tolerance (max-abs and per-row)
-  double model_tol;  // whole-model logits tolerance
 };
 
 inline const std::vector<BackendCase>& backend_cases() {
   static const std::vector<BackendCase> cases = {
-      {"cpu_f32", Device::kCpu, DType::kF32, 1e-5, 1e-4},
-      {"cuda_f32", Device::kCuda, DType::kF32, 1e-5, 1e-4},
-      {"cuda_bf16", Device::kCuda, DType::kBF16, 2e-2, 5e-2},
+      {"cpu_f32", Device::kCpu, DType::kF32},
+      {"cuda_f32", Device::kCuda, DType::kF32},
+      {"cuda_bf16", Device::kCuda, DType::kBF16},
   };
   return cases;
 }
@@ -51,7 +50,8 @@ class BackendTest : public ::testing::TestWithParam<BackendCase> {
     be_ = std::move(be).value();
   }
   Backend& be() { return *be_; }
-  double tol() const { return GetParam().tol; }
+  // The bound of a comparison of `depth` (test_util.h) in this row's activation dtype.
+  double tol(const Tolerance& depth = kOp) const { return depth.rel(act()); }
   DType act() const { return be_->activation_dtype(); }
   // Host tensor on the backend in the activation dtype (or `dtype`).
   Tensor dev(const Tensor& host) { return be_->to_device(host, act()); }

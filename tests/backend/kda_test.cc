@@ -35,14 +35,8 @@ class KdaOps : public testing::BackendTest {
     if (form == Form::kChunked) be().kda_chunked(a, layout);
     else be().kda_recurrent(a, layout);
   }
-  // Against the double recurrence over random cases: F32 rows get their tolerance ×10 (a recurrence
-  // over up to 1000 positions from a non-zero state accumulates fp32 rounding step after step: seen
-  // up to 4.8e-5 per state row, the CPU and the GPU alike, with KLINEAR_TEST_SEED=2410130513); the
-  // BF16 row ×2 (its tensor-core operands, the state and Vn among them, are rounded to bf16 every
-  // chunk: seen up to 2.1e-2 on one output row of T=1000 D=128 on the H200, KLINEAR_TEST_SEED=3040425833,
-  // and 3.09e-2 on one row of SnapshotsAtChunkBoundariesAndEnds, lower-bound gate, d = 64, the
-  // chunked op and its 3-segment split alike, KLINEAR_TEST_SEED=465092885, twice).
-  double case_tol() const { return act() == DType::kF32 ? 10 * tol() : 2 * tol(); }
+  // Against the double recurrence over random cases: a recurrence's depth (test_util.h).
+  double case_tol() const { return tol(testing::kRecurrence); }
 
   // Gates through the CPU gate op: f random with strong decay (A up to e^2.5, lower bound −5: the
   // cumulative log decay falls far below −100 inside a chunk, and inside 16 rows), times `decay`

@@ -168,10 +168,10 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
     Tensor expanded = poisoned({n, c.heads, c.v}), absorbed = poisoned({n, c.heads, c.v});
     be().mla_prefill(MlaArgs{dq, dpages, dkv_b, scale, expanded}, layout);
     be().mla_decode(MlaArgs{dq, dpages, dkv_b, scale, absorbed}, layout);
-    // The absorbed form rounds two more intermediates to the activation dtype than the expanded
-    // one (q_n·W_UK and the latent output before W_UV): in bf16 it has half the tolerance again (the
-    // 48B shape's 1,000-key rows measured a worst row of 0.0203 against 0.02 once in ~10 runs).
-    const double absorbed_tol = act() == DType::kBF16 ? 1.5 * tol() : tol();
+    // The absorbed form stores two more intermediates in the activation dtype than the expanded
+    // one (q_n·W_UK and the latent output before W_UV; the 48B shape's 1,000-key rows measured a
+    // worst row of 0.0203 in bf16 against the op bound of 0.02 once in ~10 runs).
+    const double absorbed_tol = tol(testing::kOp.plus_storage(2));
     EXPECT_TRUE(testing::all_close(host(expanded), expect, tol())) << "prefill (expanded)";
     EXPECT_TRUE(testing::all_close(host(absorbed), expect, absorbed_tol)) << "decode (absorbed)";
 #if KLINEAR_WITH_CUDA

@@ -144,19 +144,10 @@ TEST_P(BatchedEqualsAlone, MixedStepsAndReuse) {
       int64_t r0 = 0;
       for (const Piece& p : step) {
         const int64_t n = p.end - p.begin;
-        // Several times the op tolerance: OpenBLAS (and cuBLAS) compute a row of x·wᵀ differently
-        // for different row counts (1 row vs 40: ~4% of outputs differ in the last bit), so a
-        // sequence's rows are not bit-identical alone and in a batch, and K3's seven layers
-        // (AttnRes, SiTU, MXFP4) grow that: 3.05e-5 seen on the CPU (1 run in 12, fresh seeds), 3.6e-5
-        // and 5.9e-5 (a decode row, 2026-12-01) on the H200 in float32, and 1.11e-4 on the CPU (a
-        // 20-token prefill piece, seed 3074677373, routing margin 1.8e-4; no failure in 60 other
-        // seeds at 1e-4, 2026-12-02), so 20× there (2e-4); a wrong row, slot or page is off by
-        // orders more. Kimi Linear stays below 1e-5. bf16 rows take 6× their 2e-2: with the routing
-        // replayed, random_k3 (seven layers of a random K3) still measured 0.089 once in 240 runs on
-        // the H200 (2026-12-02 17:53Z, a 5-token prefill piece beside two decode rows: cuBLAS rounds
-        // 7 rows differently from 5, and the random layers amplify it); a wrong row is off by ~1.
+        // A sequence's rows alone and in a batch are not bit-identical (BLAS rounds a row by the
+        // batch's row count), so the bound is a model's rows in another batch shape (test_util.h).
         const Tensor got = h.rows(r0, r0 + n), want = alone.at({p.seq, p.begin});
-        EXPECT_TRUE(testing::all_close(got, want, (row.dtype == DType::kF32 ? 20 : 6) * row.tol))
+        EXPECT_TRUE(testing::all_close(got, want, testing::kModelRows.rel(row.dtype)))
             << "step " << k << " sequence " << p.seq << " tokens [" << p.begin << ", " << p.end << ")";
         r0 += n;
       }

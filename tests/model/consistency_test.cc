@@ -17,13 +17,6 @@ namespace {
 
 using testing::BackendCase;
 
-// Both sides are fp32 evaluations of the same math in different orders (chunked vs recurrent KDA,
-// expanded vs absorbed MLA; the CUDA kernels against the CPU's) through up to 7 layers of a random
-// network; seen up to ~1.0e-4 between pieces, and 3.97e-4 between the H200's whole prompt and the
-// CPU's (k3_block3_lowrank, seed 1820658736, 2026-12-02), which the whole-model 1e-4 of the other
-// model tests does not cover for these deeper variants.
-constexpr double kF32Tol = 5e-4;
-
 struct Variant {
   const char* name;
   const char* preset;
@@ -67,7 +60,7 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
     return run_pieces(**model, ids, cuts);
   };
 
-  // A float32 row decides its own routing and meets kF32Tol. A reduced-precision row runs under the
+  // A float32 row decides its own routing and meets kModelPaths (test_util.h). A reduced-precision row runs under the
   // CPU reference's routing, within six times the error em of a bf16 evaluation on the CPU
   // (tests/model/bf16_reference.h): the comparisons here are between two bf16 runs, each about em
   // from the reference plus what the emulation leaves out (the device kernels' bf16 operands: the
@@ -81,7 +74,7 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   // calmest draw is kept; em ≥ 0.5 (a bound near the size of the logits) fails.
   testing::RouteTrace::Record routes;
   Tensor reference, emu_all;  // the fp32 reference and the bf16 emulation of the whole prompt
-  double tol = kF32Tol;
+  double tol = testing::kModelPaths.rel(DType::kF32);
   // The prompt on the CPU with bf16 storage, under the reference's routing.
   auto emulated = [&](const std::vector<int64_t>& cuts) {
     testing::Bf16Storage bf16(**cpu);
@@ -104,7 +97,7 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
     if (em < 0.15 || draw == 16) {
       std::printf("[ em ] %.4f (draw %d)\n", em, draw);
       ASSERT_LT(em, 0.5) << "no draw whose bf16 emulation stays near the fp32 reference";
-      tol = std::max(row.model_tol, 6 * em);
+      tol = std::max(testing::kModel.rel(row.dtype), 6 * em);
       break;
     }
   }

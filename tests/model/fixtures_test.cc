@@ -61,7 +61,7 @@ class FixtureTest : public ::testing::TestWithParam<std::tuple<std::string, Back
     auto backend = make_backend(BackendOptions{row.device, row.dtype});
     if (!backend.ok()) GTEST_SKIP() << row.name << ": " << backend.status().to_string();
     backend_ = std::move(backend).value();
-    tol_ = row.model_tol;
+    tol_ = testing::kModel.rel(row.dtype);
     const std::string dir = testing::fixture_path(fixture);
     auto cases = read_json_file(dir + "/cases.json");
     ASSERT_TRUE(cases.ok()) << cases.status().to_string();

@@ -58,7 +58,8 @@ TEST(Cli, LogitsThenMatchesGolden) {
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   auto golden = SafetensorsFile::open(dir + "/golden.safetensors");
   ASSERT_TRUE(golden.ok());
-  EXPECT_TRUE(testing::close_rel(*got, golden->tensor(*golden->find("continue_second")), 1e-4));
+  EXPECT_TRUE(testing::close_rel(*got, golden->tensor(*golden->find("continue_second")),
+                                  testing::kModel.rel(DType::kF32)));
 }
 
 TEST(Cli, GenerateGreedyJsonMatchesFixture) {

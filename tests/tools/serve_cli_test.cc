@@ -65,7 +65,9 @@ TEST(CliRun, ThousandLinesInOrderWithMalformedOnesReported) {
       EXPECT_EQ(j["line"], i + 1) << text;
       EXPECT_EQ(j["id"], i + 1) << text;  // none of them parsed into an object with an id
       EXPECT_TRUE(j["error"].is_string() && !j["error"].get<std::string>().empty()) << text;
-      if (i == 250) EXPECT_NE(text.find("nested deeper than 512"), std::string::npos) << text;
+      if (i == 250) {
+        EXPECT_NE(text.find("nested deeper than 512"), std::string::npos) << text;
+      }
       continue;
     }
     EXPECT_EQ(j["id"], "req-" + std::to_string(i));
