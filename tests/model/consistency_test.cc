@@ -16,6 +16,7 @@ namespace klinear {
 namespace {
 
 using testing::BackendCase;
+using testing::ErrorShape;
 
 struct Variant {
   const char* name;
@@ -60,8 +61,8 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
     return run_pieces(**model, ids, cuts);
   };
 
-  // A float32 row decides its own routing and meets kModelPaths (test_util.h). A reduced-precision row runs under the
-  // CPU reference's routing, within six times the error em of a bf16 evaluation on the CPU
+  // A float32 row decides its own routing and meets kModelPaths (test_util.h). A reduced-precision
+  // row runs under the CPU reference's routing, within six times the error em of a bf16 evaluation on the CPU
   // (tests/model/bf16_reference.h): the comparisons here are between two bf16 runs, each about em
   // from the reference plus what the emulation leaves out (the device kernels' bf16 operands: the
   // KDA state and W/U in the chunked prefill, the MLA latent in decode), which a chaotic draw
@@ -109,23 +110,30 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
 
   std::vector<int64_t> one_by_one;
   for (int64_t i = 3; i < 75; ++i) one_by_one.push_back(i);
-  if (row.dtype != DType::kF32) {
-    // The bound is also three times what the bf16 emulation's own decode differs from its own
-    // prefill, position by position (CPU, k3_block3_lowrank: 0.02-0.08).
-    const Tensor emu_dec = emulated(one_by_one);
+  if (row.device != Device::kCpu) {
+    // The bound is also three times what the CPU's own decode differs from its own prefill, position
+    // by position (bf16 rows: its bf16 emulation's, k3_block3_lowrank 0.02-0.08): how much a draw
+    // amplifies the roundings of two evaluation orders is measured, not guessed. A float32 row
+    // needs it as well: the H100 measured 1.0e-3 at decode position 14 of a k3_block3_lowrank draw
+    // (seed 3364213178, 2026-12-05) against the fixed 5e-4.
+    const bool f32 = row.dtype == DType::kF32;
+    const Tensor own_all = f32 ? reference : emu_all;
+    const Tensor own_dec = f32 ? run(**cpu, one_by_one) : emulated(one_by_one);
     double ed = 0;
     for (int64_t i = 3; i < 75; ++i)
-      ed = std::max(ed, testing::error_stats(emu_dec.rows(i, i + 1), emu_all.rows(i, i + 1)).worst());
+      ed = std::max(ed, testing::error_stats(own_dec.rows(i, i + 1), own_all.rows(i, i + 1)).worst());
     std::printf("[ ed ] %.4f\n", ed);
     tol = std::max(tol, 3 * ed);
   }
   const Tensor all = on_row({});
-  EXPECT_TRUE(testing::all_close(on_row({70}).rows(70, 75), all.rows(70, 75), tol)) << "piecewise prefill";
+  EXPECT_TRUE(testing::all_close(on_row({70}).rows(70, 75), all.rows(70, 75), tol, ErrorShape::kAmplified))
+      << "piecewise prefill";
   const Tensor dec = on_row(one_by_one);
   for (int64_t i = 3; i < 75; ++i)
-    ASSERT_TRUE(testing::all_close(dec.rows(i, i + 1), all.rows(i, i + 1), tol)) << "decode position " << i;
+    ASSERT_TRUE(testing::all_close(dec.rows(i, i + 1), all.rows(i, i + 1), tol, ErrorShape::kAmplified))
+        << "decode position " << i;
   if (row.device != Device::kCpu) {
-    EXPECT_TRUE(testing::all_close(all, reference, tol)) << "against the CPU";
+    EXPECT_TRUE(testing::all_close(all, reference, tol, ErrorShape::kAmplified)) << "against the CPU";
   }
 }
 
