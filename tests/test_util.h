@@ -194,21 +194,27 @@ inline ErrorStats error_stats(const Tensor& a, const Tensor& b) {
   return s;
 }
 
-// The global check alone.
-inline ::testing::AssertionResult close_rel(const Tensor& a, const Tensor& b, double tol) {
-  const ErrorStats s = error_stats(a, b);
+// The checks on computed statistics: a problem (NaN, size, all-zero reference) fails first.
+inline ::testing::AssertionResult global_within(const ErrorStats& s, double tol) {
   if (!s.problem.empty()) return ::testing::AssertionFailure() << s.problem;
   if (s.global > tol) return ::testing::AssertionFailure() << "max|a-b|/max|b| = " << s.global << " > " << tol;
   return ::testing::AssertionSuccess() << "rel " << s.global;
 }
-
-// The per-row check alone.
-inline ::testing::AssertionResult close_rows(const Tensor& a, const Tensor& b, double tol) {
-  const ErrorStats s = error_stats(a, b);
+inline ::testing::AssertionResult rows_within(const ErrorStats& s, double tol) {
   if (!s.problem.empty()) return ::testing::AssertionFailure() << s.problem;
   if (s.worst_row > tol)
     return ::testing::AssertionFailure() << "row " << s.row << ": relative RMS error " << s.worst_row << " > " << tol;
   return ::testing::AssertionSuccess() << "worst row rel " << s.worst_row;
+}
+
+// The global check alone.
+inline ::testing::AssertionResult close_rel(const Tensor& a, const Tensor& b, double tol) {
+  return global_within(error_stats(a, b), tol);
+}
+
+// The per-row check alone.
+inline ::testing::AssertionResult close_rows(const Tensor& a, const Tensor& b, double tol) {
+  return rows_within(error_stats(a, b), tol);
 }
 
 // What a comparison's error is made of, which decides how far under the bound the error over the
@@ -230,10 +236,8 @@ enum class ErrorShape {
 inline ::testing::AssertionResult all_close(const Tensor& a, const Tensor& b, double tol,
                                             ErrorShape shape = ErrorShape::kRounding) {
   const ErrorStats s = error_stats(a, b);
-  if (!s.problem.empty()) return ::testing::AssertionFailure() << s.problem;
-  if (s.global > tol) return ::testing::AssertionFailure() << "max|a-b|/max|b| = " << s.global << " > " << tol;
-  if (s.worst_row > tol)
-    return ::testing::AssertionFailure() << "row " << s.row << ": relative RMS error " << s.worst_row << " > " << tol;
+  if (auto g = global_within(s, tol); !g) return g;
+  if (auto r = rows_within(s, tol); !r) return r;
   const double rms_bound = shape == ErrorShape::kRounding ? tol / 2 : tol;
   if (s.nmse > rms_bound * rms_bound)
     return ::testing::AssertionFailure() << "nmse " << s.nmse << " > " << rms_bound * rms_bound

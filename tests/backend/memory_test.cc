@@ -15,7 +15,8 @@ class MemoryOps : public testing::BackendTest {};
 TEST_P(MemoryOps, RoundTripsFillAndCopies) {
   std::mt19937_64 rng(testing::fresh_seed());
   Tensor x = testing::random_tensor(rng, {7, 12});
-  EXPECT_TRUE(testing::all_close(host(dev(x, DType::kF32)), x, testing::kExact.rel(DType::kF32))) << "F32 round trip is exact";
+  EXPECT_TRUE(testing::all_close(host(dev(x, DType::kF32)), x, testing::kExact.rel(DType::kF32)))
+      << "F32 round trip is exact";
   EXPECT_TRUE(testing::all_close(host(dev(x)), x, tol())) << "activation dtype round trip";
   Tensor ids = Tensor::empty(DType::kI32, {5});
   for (int i = 0; i < 5; ++i) ids.data_as<int32_t>()[i] = 1000003 * i - 7;

@@ -147,7 +147,8 @@ TEST_P(BatchedEqualsAlone, MixedStepsAndReuse) {
         // A sequence's rows alone and in a batch are not bit-identical (BLAS rounds a row by the
         // batch's row count), so the bound is a model's rows in another batch shape (test_util.h).
         const Tensor got = h.rows(r0, r0 + n), want = alone.at({p.seq, p.begin});
-        EXPECT_TRUE(testing::all_close(got, want, testing::kModelRows.rel(row.dtype), testing::ErrorShape::kAmplified))
+        EXPECT_TRUE(
+            testing::all_close(got, want, testing::kModelRows.rel(row.dtype), testing::ErrorShape::kAmplified))
             << "step " << k << " sequence " << p.seq << " tokens [" << p.begin << ", " << p.end << ")";
         r0 += n;
       }

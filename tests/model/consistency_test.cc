@@ -62,8 +62,8 @@ TEST_P(ModelConsistency, PrefillPiecesAndDecodeAgree) {
   };
 
   // A float32 row decides its own routing and meets kModelPaths (test_util.h). A reduced-precision
-  // row runs under the CPU reference's routing, within six times the error em of a bf16 evaluation on the CPU
-  // (tests/model/bf16_reference.h): the comparisons here are between two bf16 runs, each about em
+  // row runs under the CPU reference's routing, within six times the error em of a bf16 evaluation
+  // on the CPU (tests/model/bf16_reference.h): the comparisons here are between two bf16 runs, each about em
   // from the reference plus what the emulation leaves out (the device kernels' bf16 operands: the
   // KDA state and W/U in the chunked prefill, the MLA latent in decode), which a chaotic draw
   // amplifies. On the H200, k3_block3_lowrank draws had decode and prefill 3.1 em apart (em 0.17),

@@ -39,7 +39,8 @@ TEST_P(DummyWeights, DeterministicAndWellScaled) {
       EXPECT_GT(mx, 1e-3f);
       EXPECT_LT(mx, 100.0f);
       if (load == 0) first = *logits;
-      else EXPECT_TRUE(testing::close_rel(*logits, first, testing::kExact.rel(DType::kF32))) << "two dummy loads differ";
+      else
+        EXPECT_TRUE(testing::close_rel(*logits, first, testing::kExact.rel(DType::kF32))) << "two dummy loads differ";
     }
   }
 }

@@ -143,7 +143,8 @@ TEST_P(FixtureTest, Logits) {
       tol = std::max(tol_, 2 * em);
     }
     for (size_t i = 0; i < c.steps.size(); ++i)
-      EXPECT_TRUE(testing::all_close(got[i], c.steps[i].golden, tol, testing::ErrorShape::kAmplified)) << c.name << " step " << i;
+      EXPECT_TRUE(testing::all_close(got[i], c.steps[i].golden, tol, testing::ErrorShape::kAmplified))
+          << c.name << " step " << i;
   }
 }
 

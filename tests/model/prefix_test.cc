@@ -69,7 +69,8 @@ TEST_P(PrefixState, SnapshotsAndSharedPagesContinueExactly) {
     }
     auto tail = m.forward_one(c, b, all.subspan(150), LogitsMode::kAll);
     ASSERT_TRUE(tail.ok()) << tail.status().to_string();
-    EXPECT_TRUE(testing::all_close(*tail, *ref_tail, tol(testing::kModelRows), testing::ErrorShape::kAmplified));  // BLAS rows differ by row count
+    // BLAS rows differ by row count: a model's rows in another batch shape.
+    EXPECT_TRUE(testing::all_close(*tail, *ref_tail, tol(testing::kModelRows), testing::ErrorShape::kAmplified));
     c.close(b);
   }
   // A snapshot at an allowed position only, into a taken slot only.
