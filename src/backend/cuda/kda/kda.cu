@@ -512,10 +512,32 @@ ChunkTables chunk_tables(CudaBackend& be, const SeqLayout& layout, int64_t slots
   return t;
 }
 
-bool kda_tc_fits(const KdaArgs& a, const KdaStep& s) {
-  const DType bf = DType::kBF16;
-  return a.q.dtype() == bf && a.k.dtype() == bf && a.v.dtype() == bf && a.out.dtype() == bf && s.dk == s.dv &&
-         (s.dk == 16 || s.dk == 32 || s.dk == 64 || s.dk == 128);
+const char* kda_chunked_path_name(KdaChunkedPath path) {
+  switch (path) {
+    case KdaChunkedPath::kTensorCore:
+      return "tensor-core";
+    case KdaChunkedPath::kFp32:
+      return "fp32";
+  }
+  return "?";
+}
+
+bool kda_chunked_path_fits(KdaChunkedPath path, const KdaArgs& a) {
+  switch (path) {
+    case KdaChunkedPath::kTensorCore: {
+      const DType bf = DType::kBF16;
+      const int64_t dk = a.q.dim(2), dv = a.v.dim(2);
+      return a.q.dtype() == bf && a.k.dtype() == bf && a.v.dtype() == bf && a.out.dtype() == bf && dk == dv &&
+             (dk == 16 || dk == 32 || dk == 64 || dk == 128);
+    }
+    case KdaChunkedPath::kFp32:
+      return true;
+  }
+  return false;
+}
+
+KdaChunkedPath kda_chunked_path_for(const KdaArgs& a) {
+  return kda_chunked_path_fits(KdaChunkedPath::kTensorCore, a) ? KdaChunkedPath::kTensorCore : KdaChunkedPath::kFp32;
 }
 
 Shape kda_tc_workspace_shape(const KdaStep& s, const ChunkTables& ct) {
@@ -536,31 +558,38 @@ void kda_chunked_tc(CudaBackend& be, const KdaStep& s, const ChunkTables& ct, co
 // The checks and tables of the variant entry points (kda_chunked.h).
 KdaStep tc_step(const KdaArgs& a, const SeqLayout& layout, const char* op) {
   const KdaStep s = kda_step(a, layout, "kda_chunked");
-  KL_CHECK(kda_tc_fits(a, s), std::string(op) + ": the tensor-core path takes BF16 activations and dk = dv "
+  KL_CHECK(kda_chunked_path_fits(KdaChunkedPath::kTensorCore, a),
+           std::string(op) + ": the tensor-core path takes BF16 activations and dk = dv "
                               "in {16, 32, 64, 128}; got q " + shapes(a.q) + " v " + shapes(a.v));
   return s;
 }
 
 }  // namespace
 
-void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
+void kda_chunked_on(CudaBackend& be, KdaChunkedPath path, const KdaArgs& a, const SeqLayout& layout) {
   const KdaStep s = kda_step(a, layout, "kda_chunked");
   const int64_t num_seqs = layout.num_seqs();
-  if (num_seqs == 0) return;
-  const ChunkTables ct = chunk_tables(*this, layout, a.states.dim(0));
   const std::string what = "kda_chunked q " + shapes(a.q) + " seqs " + std::to_string(num_seqs);
-  if (kda_tc_fits(a, s)) {
-    kda_chunked_tc(*this, s, ct, layout, KdaChunkedVariant{}, what);
+  KL_CHECK(kda_chunked_path_fits(path, a), what + " v " + shapes(a.v) + ": the " + kda_chunked_path_name(path) +
+                                               " path cannot run these tensors (dtypes or head dims)");
+  if (num_seqs == 0) return;
+  const ChunkTables ct = chunk_tables(be, layout, a.states.dim(0));
+  if (path == KdaChunkedPath::kTensorCore) {
+    kda_chunked_tc(be, s, ct, layout, KdaChunkedVariant{}, what);
     return;
   }
-  const Fp32Ws fw = chunk_prep(*this, s, ct, what);
+  const Fp32Ws fw = chunk_prep(be, s, ct, what);
   const size_t state_smem = sizeof(float) * (kChunk * s.dk + kChunk * kChunk + kChunk * kCols + 4 * kChunk * kCols + s.dk);
   KL_CUDA(cudaFuncSetAttribute(kda_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(state_smem)),
           what);
   const dim3 grid((s.dv + kCols - 1) / kCols, s.heads, static_cast<unsigned>(num_seqs));
-  kda_chunk_state_kernel<<<grid, kStateThreads, state_smem, stream_>>>(s, ct.work, fw);
+  kda_chunk_state_kernel<<<grid, kStateThreads, state_smem, be.stream()>>>(s, ct.work, fw);
   KL_LAUNCHED(what + " (chunk state)");
+}
+
+void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
+  kda_chunked_on(*this, kda_chunked_path_for(a), a, layout);
 }
 
 void CudaBackend::kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) {

@@ -100,11 +100,9 @@ struct TcWork {
   unsigned char* ws;  // [chunks, H, ChunkLayout(dk, dv).bytes]
 };
 
-// Whether the tensor-core path takes these tensors (BF16 activations, dk = dv in {16, 32, 64, 128}).
-bool kda_tc_fits(const KdaArgs& a, const KdaStep& s);
 // The workspace of a step: [max(chunks, 1), H, ChunkLayout(dk, dv).bytes] U8.
 Shape kda_tc_workspace_shape(const KdaStep& s, const ChunkTables& ct);
-// The two launches (kda_tc_fits true): prep fills tw for every chunk of ct; the state pass walks it
+// The two launches (KdaChunkedPath::kTensorCore fits): prep fills tw for every chunk of ct; the state pass walks it
 // from the states' slots (v: its columns and segments; 0 is the op's choice).
 void launch_tc_prep(CudaBackend& be, const KdaStep& s, const ChunkTables& ct, const TcWork& tw,
                     const std::string& what);

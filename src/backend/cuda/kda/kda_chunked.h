@@ -1,7 +1,9 @@
-// The CUDA KDA chunked prefill's bf16 tensor-core path with its choices fixed, and its two launches
+// The ways the CUDA backend runs the KDA chunked prefill (kda_chunked): CudaBackend::kda_chunked
+// picks one by the operands (kda_chunked_path_for); the tests and the benchmark name one
+// (kda_chunked_on). And the bf16 tensor-core path with its choices fixed, and its two launches
 // apart: for the tests (every state-pass width and split against the CPU) and bench/cuda/ops_bench.cc
-// (the launches timed one by one). The op (CudaBackend::kda_chunked) is the state pass over the
-// prep's workspace with the default variant.
+// (the launches timed one by one). The op on that path is the state pass over the prep's workspace
+// with the default variant.
 #pragma once
 
 #include "backend/backend.h"
@@ -9,6 +11,29 @@
 namespace klinear::cuda {
 
 class CudaBackend;
+
+// The kernels that run kda_chunked.
+enum class KdaChunkedPath {
+  // kda_tc_prep.cu's prep into a bf16 workspace, then kda_tc_state.cu's state pass (mma.sync; the
+  // sequence split where it predicts a gain): BF16 activations, dk = dv in {16, 32, 64, 128}.
+  kTensorCore,
+  // kda.cu's fp32 chunk prep and `kda_chunk_state_kernel` (CUDA cores): every step the op takes
+  // (the F32 exact mode's only kernel).
+  kFp32,
+};
+
+// "tensor-core" or "fp32".
+const char* kda_chunked_path_name(KdaChunkedPath path);
+
+// Whether `path` can run kda_chunked on these tensors.
+bool kda_chunked_path_fits(KdaChunkedPath path, const KdaArgs& a);
+
+// The path kda_chunked takes for these tensors: the tensor-core path where it fits, else fp32.
+KdaChunkedPath kda_chunked_path_for(const KdaArgs& a);
+
+// kda_chunked (Backend interface, same arguments) on the given path; aborts naming the operands when
+// the path does not fit them (kda_chunked_path_fits).
+void kda_chunked_on(CudaBackend& be, KdaChunkedPath path, const KdaArgs& a, const SeqLayout& layout);
 
 // The state pass's shape.
 struct KdaChunkedVariant {

@@ -28,7 +28,7 @@
 //   gaps (at one block per SM, 208 KB, the H200 profile showed 30% issue use, 6.3 cycles per
 //   instruction, the load latency at the start fully exposed).
 //
-// Contract: s and ct as kda_chunked checked them (kda_step, chunk_tables), kda_tc_fits true; tw
+// Contract: s and ct as kda_chunked checked them (kda_step, chunk_tables), KdaChunkedPath::kTensorCore fits; tw
 // holds [chunks, H, ChunkLayout(dk, dv).bytes] bytes (kda_chunk.cuh), every byte of it written for
 // each chunk. Reads q, k, v (bf16), g and β (fp32); writes only the workspace.
 #include <cstdint>

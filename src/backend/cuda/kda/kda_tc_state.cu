@@ -33,7 +33,7 @@
 // (measured: docs/perf-log.md, "Notes moved from the CUDA sources"). The plan is the one of least
 // predicted time (plan_cost: the launches' blocks list-scheduled onto the SMs).
 //
-// Contract: s, ct and layout as kda_chunked checked them, kda_tc_fits true, tw the workspace prep
+// Contract: s, ct and layout as kda_chunked checked them, KdaChunkedPath::kTensorCore fits, tw the workspace prep
 // wrote. Reads it, the states' slots, and writes out (bf16), the slots' new states and the layout's
 // snapshots (fp32); the split's scratch tiles live in the step arena. v.state_cols and v.segments
 // fix the state pass's shape for tests and benches (kda_chunked.h); 0 is the op's own choice.
@@ -468,7 +468,7 @@ void launch_state(CudaBackend& be, const KdaStep& s, const ChunkWork& cw, const 
               std::to_string(count) + " walks)");
 }
 
-// The state launch at the head dim (kda_tc_fits: 16, 32, 64 or 128), which fixes every shared-memory
+// The state launch at the head dim (KdaChunkedPath::kTensorCore: 16, 32, 64 or 128), which fixes every shared-memory
 // offset at compile time.
 template <int kWarps>
 void launch_walks(CudaBackend& be, const KdaStep& s, const ChunkWork& cw, const TcWork& tw, const StateRun* runs,
