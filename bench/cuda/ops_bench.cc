@@ -19,7 +19,9 @@
 #include <vector>
 
 #include "backend/cuda/backend.h"
+#include "backend/cuda/gemm/gemm.h"
 #include "backend/cuda/kda/kda_chunked.h"
+#include "backend/cuda/mla/mla.h"
 #include "backend/cuda/moe/moe.h"
 
 namespace klinear {
@@ -214,7 +216,8 @@ double graph_ms(cuda::CudaBackend& be, const std::function<void()>& fn, int reps
 // MLA at the Kimi-Linear shape (32 heads, q/k 128 + 64, v 128, latent 512 + 64, pages of 64).
 // Decode: batch × context, bytes = the latent cache read once + kv_b, FLOP = the absorbed products
 // (q'·k over 576, p·v over 512); eager (step rewind + the op) and replayed as a CUDA graph, with
-// each attention kernel (MlaDecodeKernel: FlashInfer's Hopper MLA kernel, mla.cu's mma.sync one).
+// each latent-512 attention kernel (MlaDecodePath: FlashInfer's Hopper MLA kernel, mla.cu's absorbed
+// mma.sync one).
 // Prefill: 8k new tokens, FLOP = the causal attention products of the expanded form (q·k over 192,
 // p·v over 128, half the square); the time also holds the page gather and the kv_b expansion GEMM.
 // Its rows take the default 3 warm-up calls and 10 timed ones: with 1 and 5 the 8k row measured
@@ -264,7 +267,7 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const Tensor kvb = random_tensor(be, {H * (n + vd), c}, gen, DType::kBF16, -0.05f, 0.05f);
   const float scale = 1.0f / std::sqrt(192.0f);
   // Small batches find where FlashInfer's kernel overtakes mla.cu's (kFlashInferDecodeMinSeqs in
-  // mla.cu); 256 × 4k / 8k are the 48B decode step's.
+  // mla.h); 256 × 4k / 8k are the 48B decode step's.
   const std::pair<int64_t, int> decode_shapes[] = {{1, 4096}, {1, 32768}, {2, 4096},  {4, 4096},    {8, 4096},
                                                    {16, 4096}, {64, 4096}, {64, 32768}, {256, 4096}, {256, 8192}};
   for (const auto& [batch, ctx] : decode_shapes) {
@@ -280,21 +283,20 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
     const MlaArgs args{q, pages, kvb, scale, o};
     const double bytes = double(batch) * ctx * (c + r) * 2 + H * (n + vd) * c * 2.0;
     const double flop = double(batch) * H * ctx * (2.0 * (c + r) + 2.0 * c);
-    for (const auto kernel : {cuda::MlaDecodeKernel::kFlashInfer, cuda::MlaDecodeKernel::kOwn}) {
+    for (const auto path : {cuda::MlaDecodePath::kFlashInfer, cuda::MlaDecodePath::kAbsorbed}) {
       auto step = [&] {
         be.begin_step();
-        be.mla_decode(args, layout, kernel);
+        cuda::mla_decode_on(be, path, args, layout);
       };
       char label[96];
-      std::snprintf(label, sizeof label, "%s %s", shape,
-                    kernel == cuda::MlaDecodeKernel::kFlashInfer ? "FlashInfer" : "mma.sync");
+      std::snprintf(label, sizeof label, "%s %s", shape, cuda::mla_decode_path_name(path));
       row("mla_decode eager", label, time_ms(be, step), flop, bytes);
       const double g = graph_ms(be, step);  // the layout does not change: the plan is made before the capture
       if (g > 0) row("mla_decode graph", label, g, flop, bytes);
     }
   }
   // The prefill (gather, kv_b GEMM and attention) of one sequence of T new tokens with each attention
-  // kernel: FlashInfer's Hopper kernel (kBest) and mla.cu's mma.sync one. FLOP: the causal attention's.
+  // kernel: FlashInfer's Hopper kernel and mla.cu's mma.sync one (expanded). FLOP: the causal attention's.
   for (const int t : {2048, 8192}) {
     SeqLayout layout = layout_for({t}, {0}, ps);
     persistent_layout(be, layout);
@@ -304,16 +306,15 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
     const MlaArgs args{q, pages, kvb, scale, o};
     const double flop = double(H) * t * (t + 1) / 2.0 * 2.0 * ((n + r) + vd);
     const double bytes = double(t) * (c + r) * 2 + double(t) * H * (n + r + vd) * 2 + H * (n + vd) * c * 2.0;
-    for (const auto kernel : {AttentionKernels::kBest, AttentionKernels::kOwn}) {
+    for (const auto path : {cuda::MlaPrefillPath::kFlashInfer, cuda::MlaPrefillPath::kExpanded}) {
       const double ms = time_ms(
           be,
           [&] {
             be.begin_step();
-            be.mla_prefill(args, layout, kernel);
+            cuda::mla_prefill_on(be, path, args, layout);
           });
       char shape[64];
-      std::snprintf(shape, sizeof shape, "T=%d H=32 qk=192 v=128 %s", t,
-                    kernel == AttentionKernels::kBest ? "FlashInfer" : "mma.sync");
+      std::snprintf(shape, sizeof shape, "T=%d H=32 qk=192 v=128 %s", t, cuda::mla_prefill_path_name(path));
       row("mla_prefill (causal)", shape, ms, flop, bytes);  // of floor × 770 = TFLOP/s
     }
   }
@@ -444,22 +445,22 @@ void bench_grouped_gemm(cuda::CudaBackend& be, std::mt19937_64& gen) {
     const auto gate_up = problems(x, D, w13, 2 * F, h), down = problems(act, F, w2, D, y);
     const double flop = 2.0 * rows * (2 * F * D + D * F);
     const double bytes = 2.0 * (E * 3.0 * D * F + rows * (D + 2 * F + F + D));
-    for (const auto kernel : {cuda::GemmKernel::kBest, cuda::GemmKernel::kCublas}) {
+    for (const auto path : {cuda::GemmGroupedPath::kCutlass, cuda::GemmGroupedPath::kCublas}) {
       const double ms = time_ms(be, [&] {
         be.begin_step();
-        be.gemm_grouped(gate_up, "bench gate_up", kernel);
-        be.gemm_grouped(down, "bench down", kernel);
+        cuda::gemm_grouped_on(be, path, gate_up, "bench gate_up");
+        cuda::gemm_grouped_on(be, path, down, "bench down");
       });
       char shape[96];
       std::snprintf(shape, sizeof shape, "N=%lld m~%lld max %lld %s", (long long)n, (long long)(rows / E),
-                    (long long)largest, kernel == cuda::GemmKernel::kBest ? "CUTLASS" : "cuBLAS");
+                    (long long)largest, cuda::gemm_grouped_path_name(path));
       row("gemm_grouped 48B layer", shape, ms, flop, bytes);
     }
   }
 }
 
 // The dense projections of a Kimi-Linear-48B batch-1 decode step (bf16 weights [n, k]), on the
-// small-row kernel (kBest) and on cuBLASLt, replayed as a CUDA graph. Each graph runs the
+// small-row kernel and on cuBLASLt (each GemmPath), replayed as a CUDA graph. Each graph runs the
 // projection over as many copies of the weight as make ≥ 256 MB (at most 1,024: the 147 KB β weight
 // stays partly in L2), so the weights come from memory as in a step (the H200's 50 MB L2 would hold
 // one small matrix between replays); the time is per projection. Bytes: the weight plus the rows
@@ -481,7 +482,7 @@ void bench_gemv(cuda::CudaBackend& be, std::mt19937_64& gen) {
     for (int i = 0; i < copies; ++i) w.push_back(random_tensor(be, {p.n, p.k}, gen, DType::kBF16, -0.05f, 0.05f));
     const Tensor x = random_tensor(be, {1, p.k}, gen, DType::kBF16);
     const Tensor y = be.alloc_persistent(DType::kBF16, {1, p.n});
-    for (const auto kernel : {cuda::GemmKernel::kBest, cuda::GemmKernel::kCublas}) {
+    for (const auto path : {cuda::GemmPath::kSmallRow, cuda::GemmPath::kCublasLt}) {
       const double ms = graph_ms(be, [&] {
         for (const Tensor& wi : w) {
           cuda::GemmArgs g;
@@ -490,12 +491,12 @@ void bench_gemv(cuda::CudaBackend& be, std::mt19937_64& gen) {
           g.b = wi.data(), g.ldb = p.k;
           g.c = y.data(), g.ldc = p.n;
           g.ab_dtype = g.c_dtype = DType::kBF16;
-          be.gemm(g, "bench gemv", kernel);
+          cuda::gemm_on(be, path, g, "bench gemv");
         }
       }, 5);
       char shape[96];
       std::snprintf(shape, sizeof shape, "%s n=%lld k=%lld %s", p.name, (long long)p.n, (long long)p.k,
-                    kernel == cuda::GemmKernel::kBest ? "small-row" : "cuBLASLt");
+                    cuda::gemm_path_name(path));
       row("gemm (1 row)", shape, ms / copies, 2.0 * p.n * p.k, wbytes + 2.0 * (p.n + p.k));
     }
   }

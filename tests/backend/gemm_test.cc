@@ -18,7 +18,7 @@
 #include "backend_cases.h"
 #include "test_util.h"
 #if KLINEAR_WITH_CUDA
-#include "backend/cuda/backend.h"
+#include "backend/cuda/gemm/gemm.h"
 #endif
 
 namespace klinear {
@@ -152,7 +152,7 @@ cuda::GemmArgs bf16_problem(int64_t m, int64_t n, int64_t k) {
 }
 
 // gemm's small-row kernel; the rows change the batch-1 decode's q/k/v projection of the 48B model.
-TEST(GemmKernel, SmallRowKernelTakesOneRowBf16Problems) {
+TEST(GemmPath, SmallRowKernelTakesOneRowBf16Problems) {
   const FitsRow rows[] = {
       {"the same shape", [](cuda::GemmArgs&) {}, true},
       {"an F32 C, odd n", [](cuda::GemmArgs& g) { g.c_dtype = DType::kF32, g.n = g.ldc = 37; }, true},
@@ -171,13 +171,13 @@ TEST(GemmKernel, SmallRowKernelTakesOneRowBf16Problems) {
   for (const FitsRow& r : rows) {
     cuda::GemmArgs g = bf16_problem(1, 12288, 2304);
     r.change(g);
-    EXPECT_EQ(cuda::CudaBackend::gemv_fits(g), r.fits) << r.name;
+    EXPECT_EQ(cuda::gemm_path_fits(cuda::GemmPath::kSmallRow, g), r.fits) << r.name;
   }
 }
 
 // gemm_grouped's CUTLASS kernel; the rows change the second problem of a list whose first is an
 // expert's gate/up GEMM of the 48B model.
-TEST(GemmGroupedKernel, CutlassTakesOnlyBf16ListsTmaCanAddress) {
+TEST(GemmGroupedPath, CutlassTakesOnlyBf16ListsTmaCanAddress) {
   const cuda::GemmArgs good = bf16_problem(64, 2048, 2304);
   const FitsRow rows[] = {
       {"the same shape", [](cuda::GemmArgs&) {}, true},
@@ -198,9 +198,9 @@ TEST(GemmGroupedKernel, CutlassTakesOnlyBf16ListsTmaCanAddress) {
   for (const FitsRow& r : rows) {
     std::vector<cuda::GemmArgs> list = {good, good};
     r.change(list[1]);
-    EXPECT_EQ(cuda::CudaBackend::cutlass_grouped_fits(list), r.fits) << r.name;
+    EXPECT_EQ(cuda::gemm_grouped_path_fits(cuda::GemmGroupedPath::kCutlass, list), r.fits) << r.name;
   }
-  EXPECT_FALSE(cuda::CudaBackend::cutlass_grouped_fits({})) << "an empty list";
+  EXPECT_FALSE(cuda::gemm_grouped_path_fits(cuda::GemmGroupedPath::kCutlass, {})) << "an empty list";
 }
 
 TEST_P(Gemm, GroupedMatchesLoop) {
@@ -232,11 +232,12 @@ TEST_P(Gemm, GroupedMatchesLoop) {
       g.ab_dtype = act(), g.c_dtype = act();
       keep.push_back(da), keep.push_back(db), expects.push_back(expect);
     }
-    EXPECT_EQ(cuda::CudaBackend::cutlass_grouped_fits(args), c.cutlass && act() == DType::kBF16);
-    for (const auto kernel : {cuda::GemmKernel::kBest, cuda::GemmKernel::kCublas}) {
-      SCOPED_TRACE(kernel == cuda::GemmKernel::kBest ? "best kernel" : "cuBLAS");
+    EXPECT_EQ(cuda::gemm_grouped_path_fits(cuda::GemmGroupedPath::kCutlass, args), c.cutlass && act() == DType::kBF16);
+    for (const auto path : {cuda::GemmGroupedPath::kCutlass, cuda::GemmGroupedPath::kCublas}) {
+      if (!cuda::gemm_grouped_path_fits(path, args)) continue;
+      SCOPED_TRACE(cuda::gemm_grouped_path_name(path));
       for (const Tensor& o : outs) be().fill(o, std::numeric_limits<float>::quiet_NaN());
-      cuda->gemm_grouped(args, "grouped test", kernel);
+      cuda::gemm_grouped_on(*cuda, path, args, "grouped test");
       for (size_t p = 0; p < args.size(); ++p) {
         const int64_t m = args[p].m, n = args[p].n, ldc = args[p].ldc;
         const Tensor got = host(outs[p]);

@@ -4,9 +4,9 @@
 // cached positions, several sequences with scattered pages, q-head widths with and without a rope
 // part, page sizes that do and do not divide the lengths, and the model's latent shape 512 + 64,
 // which the CUDA bf16 decode runs on tensor cores). Outputs are poisoned before each op.
-// CUDA rows run the prefill and the decode with each attention kernel (AttentionKernels for the
-// prefill, MlaDecodeKernel for the decode: FlashInfer's Hopper kernels where they fit, and mla.cu's
-// own; FlashInfer's decode serves the bf16 rows of latent 512 + 64), and check which rows FlashInfer's prefill
+// CUDA rows also run the prefill on mla.cu's own kernels (AttentionKernels::kOwn) and the decode on each
+// MlaDecodePath that fits (FlashInfer's Hopper kernel and mla.cu's absorbed one for the bf16 rows of
+// latent 512 + 64, `attend` for every row), and check which rows FlashInfer's prefill
 // takes: every bf16 row of the Kimi-Linear-48B head shape (H = 32, q/k 128 + 64, v 128, latent
 // 512 + 64), 1 to 1,000 new tokens with and without cached ones, several sequences of different
 // lengths in one step.
@@ -17,7 +17,7 @@
 #include "backend_cases.h"
 #include "test_util.h"
 #if KLINEAR_WITH_CUDA
-#include "backend/cuda/mla/mla_prefill_sm90.h"
+#include "backend/cuda/mla/mla.h"
 #endif
 
 namespace klinear {
@@ -177,17 +177,20 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
 #if KLINEAR_WITH_CUDA
     if (auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be())) {
       // bf16 rows of the head shape q/k 128 + 64, v 128 (the 48B rows among them) run FlashInfer's.
-      EXPECT_EQ(cuda::mla_prefill_sm90_fits(act(), c.nope, c.rope, c.v, layout),
+      EXPECT_EQ(cuda::mla_prefill_path_fits(cuda::MlaPrefillPath::kFlashInfer, act(), c.nope, c.rope, c.v, layout),
                 act() == DType::kBF16 && c.nope == 128 && c.rope == 64 && c.v == 128)
           << "which rows FlashInfer's kernel takes";
       Tensor own = poisoned({n, c.heads, c.v});
-      cuda->mla_prefill(MlaArgs{dq, dpages, dkv_b, scale, own}, layout, AttentionKernels::kOwn);
+      const auto own_path = cuda::mla_prefill_path_for(AttentionKernels::kOwn, act(), c.nope, c.rope, c.v, layout);
+      cuda::mla_prefill_on(*cuda, own_path, MlaArgs{dq, dpages, dkv_b, scale, own}, layout);
       EXPECT_TRUE(testing::all_close(host(own), expect, tol())) << "prefill (expanded), mla.cu's kernels forced";
-      for (const auto kernel : {cuda::MlaDecodeKernel::kFlashInfer, cuda::MlaDecodeKernel::kOwn}) {
+      for (const auto path :
+           {cuda::MlaDecodePath::kFlashInfer, cuda::MlaDecodePath::kAbsorbed, cuda::MlaDecodePath::kAttend}) {
+        if (!cuda::mla_decode_path_fits(path, act(), c.latent, c.rope)) continue;
         Tensor named = poisoned({n, c.heads, c.v});
-        cuda->mla_decode(MlaArgs{dq, dpages, dkv_b, scale, named}, layout, kernel);
+        cuda::mla_decode_on(*cuda, path, MlaArgs{dq, dpages, dkv_b, scale, named}, layout);
         EXPECT_TRUE(testing::all_close(host(named), expect, absorbed_tol))
-            << "decode (absorbed) on " << (kernel == cuda::MlaDecodeKernel::kFlashInfer ? "FlashInfer's" : "mla.cu's") << " kernel";
+            << "decode (absorbed) on the " << cuda::mla_decode_path_name(path) << " path";
       }
     }
 #endif
@@ -199,11 +202,14 @@ TEST_P(MlaOps, CacheWriteThenBothFormsMatchReference) {
 TEST(MlaPrefillSm90, FitsOnlyTheCompiledShape) {
   std::mt19937_64 rng(1);
   const SeqLayout step = testing::make_layout({8192}, {0}, {0}, 64, 130, rng);
-  EXPECT_TRUE(cuda::mla_prefill_sm90_fits(DType::kBF16, 128, 64, 128, step)) << "the 48B shape in bf16";
-  EXPECT_FALSE(cuda::mla_prefill_sm90_fits(DType::kF32, 128, 64, 128, step)) << "the F32 exact mode";
-  EXPECT_FALSE(cuda::mla_prefill_sm90_fits(DType::kBF16, 64, 64, 128, step)) << "q/k 64 + 64";
-  EXPECT_FALSE(cuda::mla_prefill_sm90_fits(DType::kBF16, 128, 0, 128, step)) << "no rope part";
-  EXPECT_FALSE(cuda::mla_prefill_sm90_fits(DType::kBF16, 128, 64, 64, step)) << "v 64";
+  const auto flashinfer_fits = [](const auto&... step_shape) {
+    return cuda::mla_prefill_path_fits(cuda::MlaPrefillPath::kFlashInfer, step_shape...);
+  };
+  EXPECT_TRUE(flashinfer_fits(DType::kBF16, 128, 64, 128, step)) << "the 48B shape in bf16";
+  EXPECT_FALSE(flashinfer_fits(DType::kF32, 128, 64, 128, step)) << "the F32 exact mode";
+  EXPECT_FALSE(flashinfer_fits(DType::kBF16, 64, 64, 128, step)) << "q/k 64 + 64";
+  EXPECT_FALSE(flashinfer_fits(DType::kBF16, 128, 0, 128, step)) << "no rope part";
+  EXPECT_FALSE(flashinfer_fits(DType::kBF16, 128, 64, 64, step)) << "v 64";
   // FlashInfer plans ceil(rows / 128) + B − 1 tiles per head; past 4,096 it picks a scheduler not
   // compiled here.
   // B one-row sequences: ceil(B / 128) + B − 1 tiles, 4,096 at B = 4,065.
@@ -211,8 +217,8 @@ TEST(MlaPrefillSm90, FitsOnlyTheCompiledShape) {
     return testing::make_layout(std::vector<int32_t>(seqs, 1), std::vector<int32_t>(seqs, 0),
                                 std::vector<int32_t>(seqs, 0), 64, seqs, rng);
   };
-  EXPECT_TRUE(cuda::mla_prefill_sm90_fits(DType::kBF16, 128, 64, 128, one_row_each(4065))) << "4,065 sequences";
-  EXPECT_FALSE(cuda::mla_prefill_sm90_fits(DType::kBF16, 128, 64, 128, one_row_each(4066))) << "4,066 sequences";
+  EXPECT_TRUE(flashinfer_fits(DType::kBF16, 128, 64, 128, one_row_each(4065))) << "4,065 sequences";
+  EXPECT_FALSE(flashinfer_fits(DType::kBF16, 128, 64, 128, one_row_each(4066))) << "4,066 sequences";
 }
 #endif
 

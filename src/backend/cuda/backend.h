@@ -62,22 +62,11 @@ struct GemmArgs {
   bool accumulate = false;
 };
 
-// Which kernel runs a GEMM (gemm) or a list of them (gemm_grouped).
-enum class GemmKernel {
-  kBest,    // gemm: gemm.cu's small-row kernel where gemv_fits (BF16, one row: the projections of a
-            // batch-1 decode step), else cuBLASLt; gemm_grouped: CUTLASS's sm90
-            // grouped GEMM (gemm_grouped.cu) when cutlass_grouped_fits(list), else as kCublas
-  kCublas,  // cuBLASLt; for a list cublasGemmGroupedBatchedEx, or cuBLASLt problem by problem where an
-            // address is not 16-byte aligned (the F32 exact mode's only kernel; the reference the
-            // tests and benchmarks compare the others against)
-};
-
-// Which kernel runs mla_decode's attention in the latent space (mla_decode(a, layout) picks one by the
-// backend's AttentionKernels and the step; the tests and benchmarks name one).
-enum class MlaDecodeKernel {
-  kFlashInfer,  // FlashInfer's Hopper MLA kernel (mla_decode_sm90.cu) for bf16 at latent 512 + 64, else as kOwn
-  kOwn,         // mla.cu's `absorbed` (mma.sync) for bf16 at latent 512 + 64, `attend` for the rest
-};
+// The kernels that can run a GEMM, a list of them and an MLA decode step's attention (declared
+// here for the friends below; gemm/gemm.h and mla/mla.h define them).
+enum class GemmPath;
+enum class GemmGroupedPath;
+enum class MlaDecodePath;
 
 class MlaDecodeSm90;
 
@@ -122,8 +111,8 @@ class CudaBackend final : public Backend {
   void glu(const Tensor& gate_up, const GluParams& p, const Tensor& out) override;
 
   void linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
-  // One row and up to four projections that each fit gemv_fits: one launch of the small-row kernel
-  // (gemm.cu); otherwise a GEMM each.
+  // One row and up to four projections that each fit GemmPath::kSmallRow: one launch of the
+  // small-row kernel (gemm.cu); otherwise a GEMM each.
   void linears(std::span<const Projection> projections) override;
 
   void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override;
@@ -141,15 +130,7 @@ class CudaBackend final : public Backend {
   void mla_cache_write(const Tensor& rows, const Tensor& norm, float eps, const Tensor& pages,
                        const SeqLayout& layout) override;
   void mla_prefill(const MlaArgs& a, const SeqLayout& layout) override;
-  // mla_prefill with its attention kernel picked by `kernels`: kBest runs FlashInfer's Hopper ragged
-  // prefill (mla_prefill_sm90.cu) where mla_prefill_sm90_fits (bf16, q/k 128 + 64, v 128); kOwn and
-  // the rest run mla.cu's `expanded` (mma.sync; bf16 at that shape) or `attend` (F32, other shapes).
-  void mla_prefill(const MlaArgs& a, const SeqLayout& layout, AttentionKernels kernels);
   void mla_decode(const MlaArgs& a, const SeqLayout& layout) override;
-  // mla_decode on the kernel named.
-  void mla_decode(const MlaArgs& a, const SeqLayout& layout, MlaDecodeKernel kernel);
-  // The kernel mla_decode(a, layout) runs for this step (by attention_ and the step's sequences).
-  MlaDecodeKernel mla_decode_kernel(const SeqLayout& layout) const;
 
   void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
                  const Tensor& weights) override;
@@ -163,21 +144,13 @@ class CudaBackend final : public Backend {
   // ---- for the op files
   cudaStream_t stream() const { return stream_; }
   int num_sms() const { return num_sms_; }
-  // Runs one (batched) GEMM on the stream (`kernel` picks the implementation); `what` names the op
-  // for errors.
-  void gemm(const GemmArgs& g, const char* what, GemmKernel kernel = GemmKernel::kBest);
-  // Whether kBest runs `g` on gemm.cu's small-row kernel: a single problem (batch 1) of one row,
-  // B stored [n, k], not accumulating, BF16 A and B, a BF16 or F32 C, A and B 16-byte aligned with k
-  // and ldb multiples of 8 elements, sizes in int.
-  static bool gemv_fits(const GemmArgs& g);
+  // Runs one (batched) GEMM on the stream on the path gemm_path_for picks (gemm/gemm.h); `what`
+  // names the op for errors.
+  void gemm(const GemmArgs& g, const char* what);
   // Runs many GEMMs of different shapes in one launch, each C[m, n] ← A[m, k] · Bᵀ with B stored
-  // [n, k]: single problems (batch 1), no accumulation, one A/B dtype and one C dtype for all.
-  // Not capturable (it uploads the problem list). `kernel` picks the implementation.
-  void gemm_grouped(std::span<const GemmArgs> problems, const char* what, GemmKernel kernel = GemmKernel::kBest);
-  // Whether kBest runs `problems` on CUTLASS's kernel: only when every problem is BF16·BF16→BF16
-  // with what TMA needs, 16-byte aligned A, B and C, and n, k, lda, ldb, ldc multiples of 8
-  // elements; any other list (F32, an F32 C, one odd shape or address) runs on cuBLAS whole.
-  static bool cutlass_grouped_fits(std::span<const GemmArgs> problems);
+  // [n, k]: single problems (batch 1), no accumulation, one A/B dtype and one C dtype for all, on the
+  // path gemm_grouped_path_for picks (gemm/gemm.h). Not capturable (it uploads the problem list).
+  void gemm_grouped(std::span<const GemmArgs> problems, const char* what);
   // Waits for the stream; `what` names the op for errors.
   void sync(const char* what);
   // True (and `what` recorded as the op that broke it) while a graph capture runs: the caller
@@ -187,7 +160,15 @@ class CudaBackend final : public Backend {
  private:
   CudaBackend(DType dtype, CudaGraphs graphs, AttentionKernels attention);
   struct GemmPlan;
-  // gemm_grouped's two kernels (CUTLASS's in gemm_grouped.cu).
+  // The paths that run on the backend's own state (the cuBLASLt plans and handles, the FlashInfer
+  // decode plan).
+  friend void gemm_on(CudaBackend& be, GemmPath path, const GemmArgs& g, const char* what);
+  friend void gemm_grouped_on(CudaBackend& be, GemmGroupedPath path, std::span<const GemmArgs> problems,
+                              const char* what);
+  friend void mla_decode_on(CudaBackend& be, MlaDecodePath path, const MlaArgs& a, const SeqLayout& layout);
+  // gemm's cuBLASLt kernel (GemmPath::kCublasLt) for a checked, non-empty problem; `shape` names it.
+  void gemm_cublaslt(const GemmArgs& g, const std::string& shape);
+  // gemm_grouped's two kernels for a checked list that fits them (CUTLASS's in gemm_grouped.cu).
   void gemm_grouped_cutlass(std::span<const GemmArgs> problems, const std::string& what);
   void gemm_grouped_cublas(std::span<const GemmArgs> problems, const std::string& what);
 

@@ -29,6 +29,7 @@
 #include <sstream>
 
 #include "backend/cuda/common/device.cuh"
+#include "backend/cuda/gemm/gemm.h"
 
 namespace klinear::cuda {
 
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   if (lane == 0) p.c.set(col, acc);
 }
 
-// One launch over `problems` (each gemv_fits).
+// One launch over `problems` (each fits GemmPath::kSmallRow).
 void launch_gemv(std::span<const GemmArgs> problems, cudaStream_t stream, const std::string& what) {
   KL_CHECK(!problems.empty() && problems.size() <= kGemvMaxProblems, what + ": gemv problem count");
   GemvProblems ps{};
@@ -117,29 +118,60 @@ struct CudaBackend::GemmPlan {
   }
 };
 
-bool CudaBackend::gemv_fits(const GemmArgs& g) {
-  return g.batch == 1 && g.m == 1 && g.b_transposed && !g.accumulate && g.ab_dtype == DType::kBF16 &&
-         (g.c_dtype == DType::kBF16 || g.c_dtype == DType::kF32) && g.n >= 1 && g.k >= 1 && g.n <= INT_MAX &&
-         g.k <= INT_MAX && g.ldb <= INT_MAX && g.k % 8 == 0 && g.ldb % 8 == 0 && g.ldb >= g.k && aligned16(g.a) &&
-         aligned16(g.b);
+const char* gemm_path_name(GemmPath path) {
+  switch (path) {
+    case GemmPath::kSmallRow:
+      return "small-row";
+    case GemmPath::kCublasLt:
+      return "cuBLASLt";
+  }
+  return "?";
 }
 
-void CudaBackend::gemm(const GemmArgs& g, const char* what, GemmKernel kernel) {
+bool gemm_path_fits(GemmPath path, const GemmArgs& g) {
+  switch (path) {
+    case GemmPath::kSmallRow:
+      return g.batch == 1 && g.m == 1 && g.b_transposed && !g.accumulate && g.ab_dtype == DType::kBF16 &&
+             (g.c_dtype == DType::kBF16 || g.c_dtype == DType::kF32) && g.n >= 1 && g.k >= 1 && g.n <= INT_MAX &&
+             g.k <= INT_MAX && g.ldb <= INT_MAX && g.k % 8 == 0 && g.ldb % 8 == 0 && g.ldb >= g.k && aligned16(g.a) &&
+             aligned16(g.b);
+    case GemmPath::kCublasLt:
+      return true;
+  }
+  return false;
+}
+
+GemmPath gemm_path_for(const GemmArgs& g) {
+  return gemm_path_fits(GemmPath::kSmallRow, g) ? GemmPath::kSmallRow : GemmPath::kCublasLt;
+}
+
+void gemm_on(CudaBackend& be, GemmPath path, const GemmArgs& g, const char* what) {
   KL_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, std::string(what) + ": bad gemm sizes");
-  if (g.m == 0 || g.n == 0) return;
   std::ostringstream shape;
   shape << what << " gemm m=" << g.m << " n=" << g.n << " k=" << g.k << " batch=" << g.batch;
+  KL_CHECK(gemm_path_fits(path, g), shape.str() + ": the " + gemm_path_name(path) +
+                                        " path cannot run this problem (dtypes, rows, widths or alignment)");
+  if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) {  // an empty product: C ← 0 (or unchanged when accumulating)
     if (!g.accumulate) {
       KL_CHECK(g.batch == 1 && g.ldc == g.n, shape.str() + ": empty product into a strided C");
-      KL_CUDA(cudaMemsetAsync(g.c, 0, g.m * g.n * dtype_size(g.c_dtype), stream_), shape.str());
+      KL_CUDA(cudaMemsetAsync(g.c, 0, g.m * g.n * dtype_size(g.c_dtype), be.stream_), shape.str());
     }
     return;
   }
-  if (kernel == GemmKernel::kBest && gemv_fits(g)) {
-    launch_gemv({&g, 1}, stream_, shape.str());
-    return;
+  switch (path) {
+    case GemmPath::kSmallRow:
+      launch_gemv({&g, 1}, be.stream_, shape.str());
+      break;
+    case GemmPath::kCublasLt:
+      be.gemm_cublaslt(g, shape.str());
+      break;
   }
+}
+
+void CudaBackend::gemm(const GemmArgs& g, const char* what) { gemm_on(*this, gemm_path_for(g), g, what); }
+
+void CudaBackend::gemm_cublaslt(const GemmArgs& g, const std::string& s) {
   std::ostringstream key;
   key << g.m << ',' << g.n << ',' << g.k << ',' << g.lda << ',' << g.stride_a << ',' << g.ldb << ',' << g.stride_b << ','
       << g.b_transposed << ',' << g.ldc << ',' << g.stride_c << ',' << g.batch << ',' << int(g.ab_dtype) << ','
@@ -147,7 +179,6 @@ void CudaBackend::gemm(const GemmArgs& g, const char* what, GemmKernel kernel) {
   std::shared_ptr<GemmPlan>& plan = gemm_plans_[key.str()];
   if (!plan) {
     auto p = std::make_shared<GemmPlan>();
-    const std::string s = shape.str();
     KL_CUBLAS(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), s);
     const cublasOperation_t ta = g.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
     KL_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), s);
@@ -188,7 +219,7 @@ void CudaBackend::gemm(const GemmArgs& g, const char* what, GemmKernel kernel) {
   const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
   KL_CUBLAS(cublasLtMatmul(lt_, plan->op, &alpha, g.b, plan->a, g.a, plan->b, &beta, g.c, plan->c, g.c, plan->c,
                            &plan->algo, lt_workspace_, lt_workspace_bytes_, stream_),
-            shape.str());
+            s);
 }
 
 namespace {
@@ -224,7 +255,8 @@ void CudaBackend::linears(std::span<const Projection> projections) {
   std::vector<GemmArgs> problems;
   for (const Projection& p : projections) problems.push_back(linear_args(p.x, p.w, p.y));
   const bool one_launch = problems.size() <= kGemvMaxProblems &&
-                          std::all_of(problems.begin(), problems.end(), [](const GemmArgs& g) { return gemv_fits(g); });
+                          std::all_of(problems.begin(), problems.end(),
+                                      [](const GemmArgs& g) { return gemm_path_fits(GemmPath::kSmallRow, g); });
   if (!one_launch) {
     for (const GemmArgs& g : problems) gemm(g, "linear");
     return;
@@ -233,7 +265,26 @@ void CudaBackend::linears(std::span<const Projection> projections) {
                                      " projections)");
 }
 
-void CudaBackend::gemm_grouped(std::span<const GemmArgs> problems, const char* what, GemmKernel kernel) {
+const char* gemm_grouped_path_name(GemmGroupedPath path) {
+  switch (path) {
+    case GemmGroupedPath::kCutlass:
+      return "CUTLASS";
+    case GemmGroupedPath::kCublas:
+      return "cuBLAS";
+  }
+  return "?";
+}
+
+GemmGroupedPath gemm_grouped_path_for(std::span<const GemmArgs> problems) {
+  return gemm_grouped_path_fits(GemmGroupedPath::kCutlass, problems) ? GemmGroupedPath::kCutlass
+                                                                      : GemmGroupedPath::kCublas;
+}
+
+void gemm_grouped_on(CudaBackend& be, GemmGroupedPath path, std::span<const GemmArgs> problems, const char* what) {
+  KL_CHECK(gemm_grouped_path_fits(path, problems), std::string(what) + ": the " + gemm_grouped_path_name(path) +
+                                                       " path cannot run this list of " +
+                                                       std::to_string(problems.size()) +
+                                                       " problems (dtypes, widths or alignment)");
   if (problems.empty()) return;
   const DType ab = problems[0].ab_dtype, c = problems[0].c_dtype;
   for (size_t i = 0; i < problems.size(); ++i) {
@@ -247,10 +298,18 @@ void CudaBackend::gemm_grouped(std::span<const GemmArgs> problems, const char* w
   }
   const std::string shape = std::string(what) + " grouped gemm of " + std::to_string(problems.size()) +
                             " problems, n=" + std::to_string(problems[0].n) + " k=" + std::to_string(problems[0].k);
-  if (kernel == GemmKernel::kBest && cutlass_grouped_fits(problems))
-    gemm_grouped_cutlass(problems, shape);
-  else
-    gemm_grouped_cublas(problems, shape);
+  switch (path) {
+    case GemmGroupedPath::kCutlass:
+      be.gemm_grouped_cutlass(problems, shape);
+      break;
+    case GemmGroupedPath::kCublas:
+      be.gemm_grouped_cublas(problems, shape);
+      break;
+  }
+}
+
+void CudaBackend::gemm_grouped(std::span<const GemmArgs> problems, const char* what) {
+  gemm_grouped_on(*this, gemm_grouped_path_for(problems), problems, what);
 }
 
 void CudaBackend::gemm_grouped_cublas(std::span<const GemmArgs> problems, const std::string& shape) {
@@ -261,7 +320,7 @@ void CudaBackend::gemm_grouped_cublas(std::span<const GemmArgs> problems, const 
     return aligned16(g.a) && aligned16(g.b) && aligned16(g.c);
   });
   if (!addresses_aligned) {
-    for (const GemmArgs& g : problems) gemm(g, shape.c_str(), GemmKernel::kCublas);
+    for (const GemmArgs& g : problems) gemm_on(*this, GemmPath::kCublasLt, g, shape.c_str());
     return;
   }
   const int groups = static_cast<int>(problems.size());

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "backend/cuda/gemm/cutlass_grouped.cuh"
+#include "backend/cuda/gemm/gemm.h"
 
 namespace klinear::cuda {
 
@@ -43,7 +44,8 @@ using Prefill = Config<cute::Shape<cute::_128, cute::_256, cute::_64>, cutlass::
 
 }  // namespace
 
-bool CudaBackend::cutlass_grouped_fits(std::span<const GemmArgs> problems) {
+bool gemm_grouped_path_fits(GemmGroupedPath path, std::span<const GemmArgs> problems) {
+  if (path == GemmGroupedPath::kCublas) return true;
   for (const GemmArgs& g : problems) {
     const bool fits = g.ab_dtype == DType::kBF16 && g.c_dtype == DType::kBF16 && g.n % kAlignment == 0 &&
                       g.k % kAlignment == 0 && g.lda % kAlignment == 0 && g.ldb % kAlignment == 0 &&
@@ -54,7 +56,6 @@ bool CudaBackend::cutlass_grouped_fits(std::span<const GemmArgs> problems) {
 }
 
 void CudaBackend::gemm_grouped_cutlass(std::span<const GemmArgs> problems, const std::string& what) {
-  KL_CHECK(cutlass_grouped_fits(problems), what + ": problems CUTLASS's grouped kernel cannot run");
   const size_t groups = problems.size();
   const Packing<Prefill> pack(groups);
   std::vector<int64_t> words((pack.bytes + 7) / 8, 0);

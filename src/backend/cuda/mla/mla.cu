@@ -35,6 +35,7 @@
 
 #include "backend/cuda/common/device.cuh"
 #include "backend/cuda/common/ptx.cuh"
+#include "backend/cuda/mla/mla.h"
 #include "backend/cuda/mla/mla_decode_sm90.h"
 #include "backend/cuda/mla/mla_prefill_sm90.h"
 
@@ -749,58 +750,81 @@ __global__ void __launch_bounds__(expanded::kThreads, 2) expanded_kernel(Expande
   }
 }
 
-// The fewest sequences in a decode step for which AttentionKernels::kBest runs FlashInfer's MLA
-// kernel. Below it mla.cu's absorbed kernel is faster
-// (measured: docs/perf-log.md, "Notes moved from the CUDA sources").
-constexpr int64_t kFlashInferDecodeMinSeqs = 4;
-
 }  // namespace
 
-void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout) {
-  mla_prefill(a, layout, attention_);
+const char* mla_prefill_path_name(MlaPrefillPath path) {
+  switch (path) {
+    case MlaPrefillPath::kFlashInfer:
+      return "FlashInfer";
+    case MlaPrefillPath::kExpanded:
+      return "expanded";
+    case MlaPrefillPath::kAttend:
+      return "attend";
+  }
+  return "?";
 }
 
-void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout, AttentionKernels kernels) {
+bool mla_prefill_path_fits(MlaPrefillPath path, DType dtype, int64_t nope, int64_t rope, int64_t v,
+                           const SeqLayout& layout) {
+  switch (path) {
+    case MlaPrefillPath::kFlashInfer:
+      return mla_prefill_sm90_fits(dtype, nope, rope, v, layout);
+    case MlaPrefillPath::kExpanded:
+      return dtype == DType::kBF16 && nope == expanded::kNope && rope == expanded::kRope && v == expanded::kV;
+    case MlaPrefillPath::kAttend:
+      return nope + rope <= 32 * kQPerLane && v <= 32 * kVPerLane;
+  }
+  return false;
+}
+
+MlaPrefillPath mla_prefill_path_for(AttentionKernels kernels, DType dtype, int64_t nope, int64_t rope, int64_t v,
+                                    const SeqLayout& layout) {
+  if (kernels == AttentionKernels::kBest &&
+      mla_prefill_path_fits(MlaPrefillPath::kFlashInfer, dtype, nope, rope, v, layout))
+    return MlaPrefillPath::kFlashInfer;
+  return mla_prefill_path_fits(MlaPrefillPath::kExpanded, dtype, nope, rope, v, layout) ? MlaPrefillPath::kExpanded
+                                                                                      : MlaPrefillPath::kAttend;
+}
+
+void mla_prefill_on(CudaBackend& be, MlaPrefillPath path, const MlaArgs& a, const SeqLayout& layout) {
   const MlaShape s = mla_shape(a, layout, "mla_prefill");
   if (s.n == 0) return;
+  const DType dtype = be.activation_dtype();
   const std::string what = "mla_prefill q " + shapes(a.q) + " seqs " + std::to_string(layout.num_seqs());
+  KL_CHECK(mla_prefill_path_fits(path, dtype, s.nope, s.r, s.vd, layout),
+           what + " kv_b " + shapes(a.kv_b) + " pages " + shapes(a.pages) + ": the " + mla_prefill_path_name(path) +
+               " path cannot run this step (dtype, head shape or length)");
   // Every sequence's positions 0 .. cached + new, gathered from the pages.
   std::vector<int32_t> base(layout.num_seqs() + 1, 0);
   for (int64_t b = 0; b < layout.num_seqs(); ++b) base[b + 1] = base[b] + layout.cached[b] + layout.new_tokens(b);
   const int64_t total = base.back(), width = s.c + s.r;
   const Tensor base_t =
-      to_device(Tensor::wrap(DType::kI32, {static_cast<int64_t>(base.size())}, base.data(), nullptr, Device::kCpu),
-                DType::kI32);
+      be.to_device(Tensor::wrap(DType::kI32, {static_cast<int64_t>(base.size())}, base.data(), nullptr, Device::kCpu),
+                   DType::kI32);
   const Rows paged{true, layout.dev.page_table.data_as<const int32_t>(), layout.max_pages, layout.page_size, nullptr};
-  const Tensor gathered = alloc(dtype_, {total, width});
-  gather_pages_kernel<<<blocks_for(total * width, 256), 256, 0, stream_>>>(
+  const Tensor gathered = be.alloc(dtype, {total, width});
+  gather_pages_kernel<<<blocks_for(total * width, 256), 256, 0, be.stream()>>>(
       in(a.pages, "mla_prefill"), width, base_t.data_as<const int32_t>(), static_cast<int>(layout.num_seqs()), paged,
       total, out(gathered, "mla_prefill"));
   KL_LAUNCHED(what + " (gather)");
-  const Tensor latent = alloc(dtype_, {total, s.c});
-  copy_columns(gathered, 0, latent, 0, s.c);
-  const Tensor kv = alloc(dtype_, {total, s.heads * (s.nope + s.vd)});
-  linear(latent, a.kv_b, kv);
+  const Tensor latent = be.alloc(dtype, {total, s.c});
+  be.copy_columns(gathered, 0, latent, 0, s.c);
+  const Tensor kv = be.alloc(dtype, {total, s.heads * (s.nope + s.vd)});
+  be.linear(latent, a.kv_b, kv);
 
-  // The one place the attention kernel is chosen: FlashInfer's (wgmma + TMA), then mla.cu's
-  // tensor-core kernel for the same head shape, then `attend` for everything else.
-  const bool sm90 =
-      kernels == AttentionKernels::kBest && mla_prefill_sm90_fits(dtype_, s.nope, s.r, s.vd, layout);
-  const bool mma =
-      dtype_ == DType::kBF16 && s.nope == expanded::kNope && s.r == expanded::kRope && s.vd == expanded::kV;
-  if (sm90 || mma) {
+  if (path != MlaPrefillPath::kAttend) {
     KL_CHECK(a.out.dtype() == DType::kBF16, what + ": out must have the activation dtype");
     for (const Tensor* t : {&a.q, &a.out, &kv, &gathered})
       KL_CHECK(reinterpret_cast<uintptr_t>(t->data()) % 16 == 0 && width % 8 == 0 && s.c % 8 == 0,
                what + ": the tensor-core path copies 16-byte pieces; pages " + shapes(a.pages) + " must have rows on them");
   }
-  if (sm90) {
+  if (path == MlaPrefillPath::kFlashInfer) {
     const MlaPrefillSm90Args f{a.q.data(), kv.data(), gathered.data_as<const __nv_bfloat16>() + s.c, width,
                                a.out.data(), s.heads, total, a.scale};
-    mla_prefill_sm90(*this, f, layout, base);
+    mla_prefill_sm90(be, f, layout, base);
     return;
   }
-  if (mma) {
+  if (path == MlaPrefillPath::kExpanded) {
     static const bool smem_set = [] {
       KL_CUDA(cudaFuncSetAttribute(expanded_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(expanded::kSmem)),
@@ -823,7 +847,7 @@ void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout, Attenti
     p.out = a.out.data_as<__nv_bfloat16>();
     expanded_kernel<<<dim3(static_cast<unsigned>((max_new + expanded::kRows - 1) / expanded::kRows),
                            static_cast<unsigned>(s.heads), static_cast<unsigned>(layout.num_seqs())),
-                      expanded::kThreads, expanded::kSmem, stream_>>>(p);
+                      expanded::kThreads, expanded::kSmem, be.stream()>>>(p);
     KL_LAUNCHED(what + " (expanded attention)");
     return;
   }
@@ -831,9 +855,9 @@ void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout, Attenti
   p.q = in(a.q, "mla_prefill");
   const In kvi = in(kv, "mla_prefill");
   p.a = Part{kvi, s.heads * (s.nope + s.vd), s.nope + s.vd, static_cast<int>(s.nope)};
-  p.b = Part{In{static_cast<const char*>(gathered.data()) + s.c * dtype_size(dtype_), kvi.bf16}, width, 0,
+  p.b = Part{In{static_cast<const char*>(gathered.data()) + s.c * dtype_size(dtype), kvi.bf16}, width, 0,
              static_cast<int>(s.r)};
-  p.v = Part{In{static_cast<const char*>(kv.data()) + s.nope * dtype_size(dtype_), kvi.bf16},
+  p.v = Part{In{static_cast<const char*>(kv.data()) + s.nope * dtype_size(dtype), kvi.bf16},
              s.heads * (s.nope + s.vd), s.nope + s.vd, static_cast<int>(s.vd)};
   p.rows = Rows{false, nullptr, 0, 1, base_t.data_as<const int32_t>()};
   p.cu = layout.dev.cu_seqlens.data_as<const int32_t>();
@@ -841,31 +865,68 @@ void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout, Attenti
   p.num_seqs = static_cast<int>(layout.num_seqs());
   p.heads = static_cast<int>(s.heads);
   p.scale = a.scale;
-  run_attend(*this, p, a.out, what);
+  run_attend(be, p, a.out, what);
 }
 
-MlaDecodeKernel CudaBackend::mla_decode_kernel(const SeqLayout& layout) const {
-  return attention_ == AttentionKernels::kBest && layout.num_seqs() >= kFlashInferDecodeMinSeqs
-             ? MlaDecodeKernel::kFlashInfer
-             : MlaDecodeKernel::kOwn;
+void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout) {
+  const MlaShape s = mla_shape(a, layout, "mla_prefill");
+  mla_prefill_on(*this, mla_prefill_path_for(attention_, dtype_, s.nope, s.r, s.vd, layout), a, layout);
+}
+
+const char* mla_decode_path_name(MlaDecodePath path) {
+  switch (path) {
+    case MlaDecodePath::kFlashInfer:
+      return "FlashInfer";
+    case MlaDecodePath::kAbsorbed:
+      return "absorbed";
+    case MlaDecodePath::kAttend:
+      return "attend";
+  }
+  return "?";
+}
+
+bool mla_decode_path_fits(MlaDecodePath path, DType dtype, int64_t latent, int64_t rope) {
+  switch (path) {
+    case MlaDecodePath::kFlashInfer:
+    case MlaDecodePath::kAbsorbed:
+      return dtype == DType::kBF16 && latent == kSm90Latent && rope == kSm90LatentRope;
+    case MlaDecodePath::kAttend:
+      return latent + rope <= 32 * kQPerLane && latent <= 32 * kVPerLane;
+  }
+  return false;
+}
+
+MlaDecodePath mla_decode_path_for(AttentionKernels kernels, DType dtype, int64_t latent, int64_t rope,
+                                  const SeqLayout& layout) {
+  if (!mla_decode_path_fits(MlaDecodePath::kAbsorbed, dtype, latent, rope)) return MlaDecodePath::kAttend;
+  return kernels == AttentionKernels::kBest && layout.num_seqs() >= kFlashInferDecodeMinSeqs
+             ? MlaDecodePath::kFlashInfer
+             : MlaDecodePath::kAbsorbed;
 }
 
 void CudaBackend::plan_step(const SeqLayout& layout) {
-  if (mla_decode_sm90_ && mla_decode_sm90_->heads() > 0 && mla_decode_kernel(layout) == MlaDecodeKernel::kFlashInfer)
+  // The FlashInfer decode exists once a step of its shape ran.
+  if (mla_decode_sm90_ && mla_decode_sm90_->heads() > 0 &&
+      mla_decode_path_for(attention_, dtype_, kSm90Latent, kSm90LatentRope, layout) == MlaDecodePath::kFlashInfer)
     mla_decode_sm90_->plan(layout, mla_decode_sm90_->heads());
 }
 
 void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout) {
-  mla_decode(a, layout, mla_decode_kernel(layout));
+  const MlaShape s = mla_shape(a, layout, "mla_decode");
+  mla_decode_on(*this, mla_decode_path_for(attention_, dtype_, s.c, s.r, layout), a, layout);
 }
 
-void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout, MlaDecodeKernel kernel) {
+void mla_decode_on(CudaBackend& be, MlaDecodePath path, const MlaArgs& a, const SeqLayout& layout) {
   const MlaShape s = mla_shape(a, layout, "mla_decode");
   if (s.n == 0) return;
+  const DType dtype = be.activation_dtype();
   const std::string what = "mla_decode q " + shapes(a.q) + " seqs " + std::to_string(layout.num_seqs());
-  const int64_t width = s.c + s.r, es = dtype_size(dtype_);
+  KL_CHECK(mla_decode_path_fits(path, dtype, s.c, s.r),
+           what + " pages " + shapes(a.pages) + ": the " + mla_decode_path_name(path) +
+               " path cannot run this step (dtype or latent shape)");
+  const int64_t width = s.c + s.r, es = dtype_size(dtype);
   // q' = [q_n·W_UK ‖ q_r] per head.
-  const Tensor qlat = alloc(dtype_, {s.n, s.heads, width});
+  const Tensor qlat = be.alloc(dtype, {s.n, s.heads, width});
   GemmArgs uk;
   uk.m = s.n;
   uk.n = s.c;
@@ -881,28 +942,27 @@ void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout, MlaDecod
   uk.ldc = s.heads * width;
   uk.stride_c = width;
   uk.batch = s.heads;
-  uk.ab_dtype = uk.c_dtype = dtype_;
-  gemm(uk, "mla_decode q·W_UK");
+  uk.ab_dtype = uk.c_dtype = dtype;
+  be.gemm(uk, "mla_decode q·W_UK");
 
-  const Tensor olat = alloc(dtype_, {s.n, s.heads, s.c});
-  const bool latent_512 = dtype_ == DType::kBF16 && s.c == kSm90Latent && s.r == kSm90LatentRope;
-  if (latent_512 && kernel == MlaDecodeKernel::kFlashInfer) {
+  const Tensor olat = be.alloc(dtype, {s.n, s.heads, s.c});
+  if (path == MlaDecodePath::kFlashInfer) {
     // FlashInfer's kernel on a plan for this layout: made here when the step runs eagerly, by
     // plan_step before a graph's capture and replays (the plan's upload cannot be captured).
-    if (!capturing_) {
-      if (!mla_decode_sm90_) mla_decode_sm90_ = std::make_unique<MlaDecodeSm90>(*this);
-      mla_decode_sm90_->plan(layout, s.heads);
-    } else if (!mla_decode_sm90_ || !mla_decode_sm90_->planned(layout, s.heads)) {
-      breaks_capture(what + " (no FlashInfer plan for this step: plan_step was not called before the capture)");
+    if (!be.capturing_) {
+      if (!be.mla_decode_sm90_) be.mla_decode_sm90_ = std::make_unique<MlaDecodeSm90>(be);
+      be.mla_decode_sm90_->plan(layout, s.heads);
+    } else if (!be.mla_decode_sm90_ || !be.mla_decode_sm90_->planned(layout, s.heads)) {
+      be.breaks_capture(what + " (no FlashInfer plan for this step: plan_step was not called before the capture)");
       return;
     }
-    mla_decode_sm90_->run(MlaDecodeSm90Args{qlat.data(), width, a.q.data(), s.qk, s.nope, a.pages.data(), olat.data(),
-                                            s.heads, a.scale},
-                          layout);
-  } else if (latent_512) {
-    run_absorbed(*this, a, qlat, layout, olat, what);  // reads q_r from q itself
+    be.mla_decode_sm90_->run(MlaDecodeSm90Args{qlat.data(), width, a.q.data(), s.qk, s.nope, a.pages.data(),
+                                               olat.data(), s.heads, a.scale},
+                             layout);
+  } else if (path == MlaDecodePath::kAbsorbed) {
+    run_absorbed(be, a, qlat, layout, olat, what);  // reads q_r from q itself
   } else {
-    copy_columns(a.q.view({s.n * s.heads, s.qk}), s.nope, qlat.view({s.n * s.heads, width}), s.c, s.r);
+    be.copy_columns(a.q.view({s.n * s.heads, s.qk}), s.nope, qlat.view({s.n * s.heads, width}), s.c, s.r);
     Attend p{};
     p.q = in(qlat, "mla_decode");
     const In pages = in(a.pages, "mla_decode");
@@ -915,7 +975,7 @@ void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout, MlaDecod
     p.num_seqs = static_cast<int>(layout.num_seqs());
     p.heads = static_cast<int>(s.heads);
     p.scale = a.scale;
-    run_attend(*this, p, olat, what);
+    run_attend(be, p, olat, what);
   }
 
   // out_h = o_lat_h · W_UV_hᵀ.
@@ -934,9 +994,9 @@ void CudaBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout, MlaDecod
   uv.ldc = s.heads * s.vd;
   uv.stride_c = s.vd;
   uv.batch = s.heads;
-  uv.ab_dtype = uv.c_dtype = dtype_;
-  KL_CHECK(a.out.dtype() == dtype_, what + ": out must have the activation dtype");
-  gemm(uv, "mla_decode o·W_UV");
+  uv.ab_dtype = uv.c_dtype = dtype;
+  KL_CHECK(a.out.dtype() == dtype, what + ": out must have the activation dtype");
+  be.gemm(uv, "mla_decode o·W_UV");
 }
 
 }  // namespace klinear::cuda

@@ -1,6 +1,6 @@
 // The bf16 absorbed MLA decode attention on FlashInfer 0.7.2's Hopper MLA kernel
 // (mla_decode_sm90.cu), called by CudaBackend::mla_decode (mla.cu) after the absorption
-// q_lat = q_n·W_UK, in place of mla.cu's absorbed_kernel when MlaDecodeKernel::kFlashInfer runs
+// q_lat = q_n·W_UK, in place of mla.cu's absorbed_kernel when MlaDecodePath::kFlashInfer runs (mla.h)
 // (AttentionKernels::kBest picks it for steps of several sequences).
 #pragma once
 
