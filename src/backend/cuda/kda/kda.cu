@@ -560,7 +560,7 @@ KdaStep tc_step(const KdaArgs& a, const SeqLayout& layout, const char* op) {
   const KdaStep s = kda_step(a, layout, "kda_chunked");
   KL_CHECK(kda_chunked_path_fits(KdaChunkedPath::kTensorCore, a),
            std::string(op) + ": the tensor-core path takes BF16 activations and dk = dv "
-                              "in {16, 32, 64, 128}; got q " + shapes(a.q) + " v " + shapes(a.v));
+                             "in {16, 32, 64, 128}; got q " + shapes(a.q) + " v " + shapes(a.v));
   return s;
 }
 

@@ -1,9 +1,8 @@
 // The ways the CUDA backend runs the KDA chunked prefill (kda_chunked): CudaBackend::kda_chunked
-// picks one by the operands (kda_chunked_path_for); the tests and the benchmark name one
-// (kda_chunked_on). And the bf16 tensor-core path with its choices fixed, and its two launches
-// apart: for the tests (every state-pass width and split against the CPU) and bench/cuda/ops_bench.cc
-// (the launches timed one by one). The op on that path is the state pass over the prep's workspace
-// with the default variant.
+// picks one by the operands (kda_chunked_path_for); kda_chunked_on runs a named one. And the bf16
+// tensor-core path with its choices fixed, and its two launches apart: for the tests (every
+// state-pass width and split against the CPU) and bench/cuda/ops_bench.cc (the launches timed one
+// by one). The op on that path is the state pass over the prep's workspace with the default variant.
 #pragma once
 
 #include "backend/backend.h"
