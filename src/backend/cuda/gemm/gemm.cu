@@ -155,13 +155,13 @@ void gemm_on(CudaBackend& be, GemmPath path, const GemmArgs& g, const char* what
   if (g.k == 0) {  // an empty product: C ← 0 (or unchanged when accumulating)
     if (!g.accumulate) {
       KL_CHECK(g.batch == 1 && g.ldc == g.n, shape.str() + ": empty product into a strided C");
-      KL_CUDA(cudaMemsetAsync(g.c, 0, g.m * g.n * dtype_size(g.c_dtype), be.stream_), shape.str());
+      KL_CUDA(cudaMemsetAsync(g.c, 0, g.m * g.n * dtype_size(g.c_dtype), be.stream()), shape.str());
     }
     return;
   }
   switch (path) {
     case GemmPath::kSmallRow:
-      launch_gemv({&g, 1}, be.stream_, shape.str());
+      launch_gemv({&g, 1}, be.stream(), shape.str());
       break;
     case GemmPath::kCublasLt:
       be.gemm_cublaslt(g, shape.str());
