@@ -135,6 +135,14 @@ void bench_kda(cuda::CudaBackend& be, std::mt19937_64& gen, bool decode) {
       const double flop = decode ? N * H * 4.0 * D * D : N * H * 2.0 * (4.0 * 64 * D + 3.0 * D * D);
       row(decode ? "kda_recurrent (decode)" : "kda_chunked (prefill)", shape, ms, flop, bytes);
       if (decode) continue;
+      // The paths the op did not pick, where they take these operands (the same FLOP and bytes).
+      for (cuda::KdaChunkedPath path : {cuda::KdaChunkedPath::kTensorCore, cuda::KdaChunkedPath::kFp32})
+        if (path != cuda::kda_chunked_path_for(args) && cuda::kda_chunked_path_fits(path, args))
+          row(std::string("  path ") + cuda::kda_chunked_path_name(path), shape, time_ms(be, [&] {
+                be.begin_step();
+                be.upload_layout(layout);
+                cuda::kda_chunked_on(be, path, args, layout);
+              }), flop, bytes);
       // The tensor-core prefill's launches apart (prep for each gate form: its diagonal blocks take
       // the tensor cores where the decay allows; the state pass at each width) over the same
       // inputs: prep writes the bf16 workspace (W, Qd, Kdᵀ, Aqk, Uᵀ per chunk and head) and the

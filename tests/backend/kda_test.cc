@@ -222,20 +222,29 @@ TEST_P(KdaCases, BothFormsMatchTheRecurrence) {
     // so the tolerance measures the op and not the rounding of its inputs (see FixtureBothForms).
     const Tensor o_ref = reference(host(dev(q)), host(dev(k)), host(dev(v)), g, beta, s_ref, layout);
     const double t = case_tol();
-    // Runs `op` on fresh states and a poisoned output and compares both with the reference.
+    // The op's operands on fresh states and a poisoned output.
+    auto fresh = [&] {
+      return KdaArgs{dev(q), dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), persistent(s0, DType::kF32),
+                     poisoned(nhd)};
+    };
+    // Runs `op` on fresh operands and compares its output and states with the reference.
     auto check = [&](const std::string& name, const std::function<void(const KdaArgs&)>& op) {
-      Tensor states = persistent(s0, DType::kF32);
-      Tensor out = poisoned(nhd);
-      op(KdaArgs{dev(q), dev(k), dev(v), dev(g, DType::kF32), dev(beta, DType::kF32), states, out});
-      EXPECT_TRUE(all_close(host(out), o_ref, t)) << name << " out";
-      EXPECT_TRUE(all_close(host(states), s_ref, t)) << name << " states (untouched slots included)";
+      const KdaArgs a = fresh();
+      op(a);
+      EXPECT_TRUE(all_close(host(a.out), o_ref, t)) << name << " out";
+      EXPECT_TRUE(all_close(host(a.states), s_ref, t)) << name << " states (untouched slots included)";
     };
     for (Form form : {Form::kChunked, Form::kRecurrent})
       check(form_name(form), [&](const KdaArgs& a) { run(form, a, layout); });
 #if KLINEAR_WITH_CUDA
+    // Every path that takes these operands, named (the op runs one of them: kda_chunked_path_for).
+    auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be());
+    for (cuda::KdaChunkedPath path : {cuda::KdaChunkedPath::kTensorCore, cuda::KdaChunkedPath::kFp32})
+      if (cuda != nullptr && cuda::kda_chunked_path_fits(path, fresh()))
+        check(std::string("path ") + cuda::kda_chunked_path_name(path) + ":",
+              [&](const KdaArgs& a) { cuda::kda_chunked_on(*cuda, path, a, layout); });
     // The tensor-core prefill at every state-pass width (the op picks one by the grid's size), and
     // with every sequence of enough chunks split into segments (the op splits by the grid's cost).
-    auto* cuda = dynamic_cast<cuda::CudaBackend*>(&be());
     if (cuda != nullptr && act() == DType::kBF16 && (d == 16 || d == 32 || d == 64 || d == 128)) {
       for (int cols : {16, 32, 64})
         check(std::to_string(cols) + " state columns, unsplit:", [&](const KdaArgs& a) {
