@@ -3,14 +3,15 @@
 // dtype pair; values rounded once, to nearest even, where BF16 is stored), warp and block
 // reductions (fp32), the scalar functions more than one family computes (sigmoid, softplus, the GLU,
 // the KDA gate: MODEL.md's formulas), the row-chunk loads and stores of the row-wise kernels, the
-// programmatic dependent launch (PDL, KLINEAR_PDL), the held-block frees around a graph capture, and
-// launch sizes. Ownership: nothing here allocates; views borrow the tensors' device memory for a
+// programmatic dependent launch (PDL, KLINEAR_PDL), the held-block frees around a graph capture,
+// launch sizes, and the names of a family's kernel paths (path_name). Ownership: nothing here allocates; views borrow the tensors' device memory for a
 // launch. Host-side checks abort with the op's name and the file and line (KL_CHECK).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -19,6 +20,14 @@
 #include "backend/cuda/backend.h"
 
 namespace klinear::cuda {
+
+// The name of a kernel path (a family's path enum, DESIGN.md's kernel dispatch): names[path], the
+// names in the enum's order.
+template <class Path, std::size_t N>
+constexpr const char* path_name(Path path, const char* const (&names)[N]) {
+  const auto i = static_cast<std::size_t>(path);
+  return i < N ? names[i] : "?";
+}
 
 // A float tensor's data read as float whatever its dtype (F32 or BF16).
 struct In {

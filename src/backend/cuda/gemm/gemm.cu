@@ -118,15 +118,7 @@ struct CudaBackend::GemmPlan {
   }
 };
 
-const char* gemm_path_name(GemmPath path) {
-  switch (path) {
-    case GemmPath::kSmallRow:
-      return "small-row";
-    case GemmPath::kCublasLt:
-      return "cuBLASLt";
-  }
-  return "?";
-}
+const char* gemm_path_name(GemmPath path) { return path_name(path, {"small-row", "cuBLASLt"}); }
 
 bool gemm_path_fits(GemmPath path, const GemmArgs& g) {
   switch (path) {
@@ -265,15 +257,7 @@ void CudaBackend::linears(std::span<const Projection> projections) {
                                      " projections)");
 }
 
-const char* gemm_grouped_path_name(GemmGroupedPath path) {
-  switch (path) {
-    case GemmGroupedPath::kCutlass:
-      return "CUTLASS";
-    case GemmGroupedPath::kCublas:
-      return "cuBLAS";
-  }
-  return "?";
-}
+const char* gemm_grouped_path_name(GemmGroupedPath path) { return path_name(path, {"CUTLASS", "cuBLAS"}); }
 
 GemmGroupedPath gemm_grouped_path_for(std::span<const GemmArgs> problems) {
   return gemm_grouped_path_fits(GemmGroupedPath::kCutlass, problems) ? GemmGroupedPath::kCutlass

@@ -300,6 +300,23 @@ __device__ __forceinline__ void block_load(float* dst, const float* src, int n) 
   for (int e = threadIdx.x; e < n; e += blockDim.x) dst[e] = src[e];
 }
 
+// The residual a chunk's state step takes: vn[i][cc] ← rhs(i, column) − (W·X)[i][cc] over the tile
+// (column = blockIdx.x·32 + cc), W [64][dk] loaded from the chunk's factors `ws` into buf. Loads the
+// caller issued before it are complete on return.
+template <class Rhs>
+__device__ __forceinline__ void chunk_residual(const float* ws, const WsLayout& wl, int dk,
+                                               const float (&reg)[kRowsPerWarp], float* buf, float* part,
+                                               const Rhs& rhs, float* vn) {
+  block_load(buf, ws + wl.w, kChunk * dk);
+  __syncthreads();
+  rows_times_state(buf, dk, reg, part);
+  __syncthreads();
+  for (int e = threadIdx.x; e < kChunk * kCols; e += blockDim.x) {
+    const int i = e / kCols, cc = e % kCols;
+    vn[e] = rhs(i, blockIdx.x * kCols + cc) - rows_times_state_at(part, i, cc);
+  }
+}
+
 __global__ void __launch_bounds__(kStateThreads) kda_chunk_state_kernel(KdaStep s, ChunkWork cw, Fp32Ws fw) {
   extern __shared__ float sm[];
   const int dk = s.dk;
@@ -323,16 +340,12 @@ __global__ void __launch_bounds__(kStateThreads) kda_chunk_state_kernel(KdaStep 
     const float* ws = fw.ws + (static_cast<int64_t>(c) * s.heads + h) * fw.per_head;
     const int64_t row0 = cw.chunk_row[c];
     const int L = cw.chunk_len[c];
-    block_load(buf, ws + wl.w, kChunk * dk);
     block_load(aqk, ws + wl.aqk, kChunk * kChunk);
     block_load(dl, ws + wl.dl, dk);
-    __syncthreads();
-    rows_times_state(buf, dk, reg, part);  // W·S
-    __syncthreads();
-    for (int e = tid; e < kChunk * kCols; e += blockDim.x) {
-      const int i = e / kCols, cc = e % kCols, gc = blockIdx.x * kCols + cc;
-      vn[e] = gc < s.dv ? ws[wl.u + static_cast<int64_t>(i) * s.dv + gc] - rows_times_state_at(part, i, cc) : 0.0f;
-    }
+    // U − W·S (the state's columns past dv are zero, and so is their residual).
+    chunk_residual(ws, wl, dk, reg, buf, part, [&](int i, int gc) {
+      return gc < s.dv ? ws[wl.u + static_cast<int64_t>(i) * s.dv + gc] : 0.0f;
+    }, vn);
     block_load(buf, ws + wl.qd, kChunk * dk);
     __syncthreads();
     rows_times_state(buf, dk, reg, part);  // Qd·S
@@ -376,7 +389,7 @@ __global__ void __launch_bounds__(kStateThreads) kda_summary_state_kernel(KdaSte
   float* vn = buf + kChunk * dk;          // [64][32]
   float* part = vn + kChunk * kCols;      // [4][64][32]
   float* gamma = part + 4 * kChunk * kCols;  // [dk]
-  const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32, tid = threadIdx.x;
+  const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int col = blockIdx.x * kCols + lane;
   const WsLayout wl(dk, dv);
   float reg[kRowsPerWarp];
@@ -384,16 +397,11 @@ __global__ void __launch_bounds__(kStateThreads) kda_summary_state_kernel(KdaSte
   for (int r = 0; r < kRowsPerWarp; ++r) reg[r] = warp * kRowsPerWarp + r == col ? 1.0f : 0.0f;
   for (int c = cw.seq_chunk[b]; c < cw.seq_chunk[b + 1]; ++c) {
     const float* ws = fw.ws + (static_cast<int64_t>(c) * s.heads + h) * fw.per_head;
-    block_load(buf, ws + wl.w, kChunk * dk);
     block_load(gamma, ws + wl.dl, dk);
-    __syncthreads();
-    rows_times_state(buf, dk, reg, part);  // W·X
-    __syncthreads();
-    for (int e = tid; e < kChunk * kCols; e += blockDim.x) {
-      const int i = e / kCols, cc = e % kCols, gc = blockIdx.x * kCols + cc;
-      const float rhs = gc >= dk && gc < dk + dv ? ws[wl.u + static_cast<int64_t>(i) * dv + (gc - dk)] : 0.0f;
-      vn[e] = rhs - rows_times_state_at(part, i, cc);
-    }
+    // [0 | U] − W·X.
+    chunk_residual(ws, wl, dk, reg, buf, part, [&](int i, int gc) {
+      return gc >= dk && gc < dk + dv ? ws[wl.u + static_cast<int64_t>(i) * dv + (gc - dk)] : 0.0f;
+    }, vn);
     block_load(buf, ws + wl.kd, kChunk * dk);
     __syncthreads();
     chunk_state_step(buf, gamma, vn, cw.chunk_len[c], dk, reg);
@@ -512,15 +520,7 @@ ChunkTables chunk_tables(CudaBackend& be, const SeqLayout& layout, int64_t slots
   return t;
 }
 
-const char* kda_chunked_path_name(KdaChunkedPath path) {
-  switch (path) {
-    case KdaChunkedPath::kTensorCore:
-      return "tensor-core";
-    case KdaChunkedPath::kFp32:
-      return "fp32";
-  }
-  return "?";
-}
+const char* kda_chunked_path_name(KdaChunkedPath path) { return path_name(path, {"tensor-core", "fp32"}); }
 
 bool kda_chunked_path_fits(KdaChunkedPath path, const KdaArgs& a) {
   switch (path) {

@@ -752,17 +752,7 @@ __global__ void __launch_bounds__(expanded::kThreads, 2) expanded_kernel(Expande
 
 }  // namespace
 
-const char* mla_prefill_path_name(MlaPrefillPath path) {
-  switch (path) {
-    case MlaPrefillPath::kFlashInfer:
-      return "FlashInfer";
-    case MlaPrefillPath::kExpanded:
-      return "expanded";
-    case MlaPrefillPath::kAttend:
-      return "attend";
-  }
-  return "?";
-}
+const char* mla_prefill_path_name(MlaPrefillPath path) { return path_name(path, {"FlashInfer", "expanded", "attend"}); }
 
 bool mla_prefill_path_fits(MlaPrefillPath path, DType dtype, int64_t nope, int64_t rope, int64_t v,
                            const SeqLayout& layout) {
@@ -873,17 +863,7 @@ void CudaBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout) {
   mla_prefill_on(*this, mla_prefill_path_for(attention_, dtype_, s.nope, s.r, s.vd, layout), a, layout);
 }
 
-const char* mla_decode_path_name(MlaDecodePath path) {
-  switch (path) {
-    case MlaDecodePath::kFlashInfer:
-      return "FlashInfer";
-    case MlaDecodePath::kAbsorbed:
-      return "absorbed";
-    case MlaDecodePath::kAttend:
-      return "attend";
-  }
-  return "?";
-}
+const char* mla_decode_path_name(MlaDecodePath path) { return path_name(path, {"FlashInfer", "absorbed", "attend"}); }
 
 bool mla_decode_path_fits(MlaDecodePath path, DType dtype, int64_t latent, int64_t rope) {
   switch (path) {

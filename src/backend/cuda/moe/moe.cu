@@ -945,17 +945,7 @@ std::string checked_moe_args(const Tensor& x, const Tensor& idx, const Tensor& w
 }  // namespace
 
 const char* moe_path_name(MoePath path) {
-  switch (path) {
-    case MoePath::kGrouped:
-      return "grouped";
-    case MoePath::kSwappedGemm:
-      return "swapped GEMM";
-    case MoePath::kRows:
-      return "rows";
-    case MoePath::kPerExpertGemm:
-      return "per-expert GEMM";
-  }
-  return "?";
+  return path_name(path, {"grouped", "swapped GEMM", "rows", "per-expert GEMM"});
 }
 
 bool moe_path_fits(MoePath path, const Tensor& x, const Tensor& w13, const Tensor& w2) {
