@@ -1,5 +1,11 @@
-// CUDA elementwise ops: embedding lookup, residual add, sigmoid gates and the GLU activations
-// (MODEL.md 3.2). Math in fp32; each output rounded once to its dtype.
+// CUDA elementwise ops (backend.h, "elementwise and small ops"): the embedding lookup
+// out[n] = table[ids[n]], the residual add acc ← acc + x, the sigmoid gate x ← x ⊙ σ(gate), y = σ(x),
+// and the GLU activations out = act(gate)·up over gate_up = [gate | up] (MODEL.md 3.2).
+// Shapes and dtypes: as backend.h declares each op; values F32 or BF16 in any mix (In / Out: one
+// instantiation per op), ids I32 (checked by the caller). Math in fp32; each output rounded once.
+// Ownership: reads the inputs, writes the outputs (in place where the op says so); no workspace.
+// Cost and floor: no reuse, each element read and written once (the GLU reads 2F values a row and
+// writes F), so the floor is those bytes at the copy rate (~4.2 TB/s); grid-stride launches.
 #include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {

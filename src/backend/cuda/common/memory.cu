@@ -1,5 +1,14 @@
 // CUDA memory ops: the backend's life cycle, the step arena, persistent allocations, host<->device
-// copies with dtype conversion, fills, column and row copies, and MXFP4 dequantization at upload.
+// copies with dtype conversion, fills, column and row copies (copy_columns: dst[:, dst_col + j] ←
+// src[:, src_col + j]; gather_rows: out[r] = src[rows[r]]), and MXFP4 dequantization at upload
+// (w = e2m1(nibble)·2^(scale − 127) per 32-column block, MODEL.md 2.3).
+// Shapes and dtypes: as backend.h declares each op; values F32 or BF16 (In / Out), MXFP4 packed U8
+// [..., out, in/2] with scales U8 [..., out, in/32].
+// Ownership: the backend owns the arena (rewound by begin_step; a step's tensors live until the
+// next) and the persistent blocks (freed with the backend); uploads return device tensors the
+// caller keeps; copies read src and write dst, nothing else.
+// Cost and floor: copies and fills are bound by bytes moved (~4.2 TB/s device to device; host
+// copies by PCIe, pageable); the MXFP4 widening runs once per weight at load.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 

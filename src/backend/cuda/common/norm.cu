@@ -1,6 +1,14 @@
-// CUDA norms: RMSNorm (MODEL.md 3.1), the gated RMSNorm of the KDA output (MODEL.md 4.7, FLA's
-// FusedRMSNormGated with a sigmoid gate) and the residual add fused with the next sublayer's
-// RMSNorm (MODEL.md 6). One block per row; the mean square in fp32, each output rounded once.
+// CUDA norms: RMSNorm y = x·rsqrt(mean(x²) + eps)·w (MODEL.md 3.1), the gated RMSNorm of the KDA
+// output (the same · σ(gate), MODEL.md 4.7, FLA's FusedRMSNormGated with a sigmoid gate) and the
+// residual add fused with the next sublayer's RMSNorm (h ← h + x, y = RMSNorm(h)·w; MODEL.md 6).
+// Shapes and dtypes: rows x, gate, h, y [N, C] F32 or BF16 in any mix (In / Out), w [C].
+// Ownership: reads x, gate and w, writes y (rms_norm's y may alias x); add_rms_norm also writes h
+// in place (AddNormArgs); no workspace.
+// One block per row; the mean square in fp32 (block_sum), each output rounded once.
+// Cost and floor: memory-bound; a row is read twice by rms_norm (the mean square, then the scaling;
+// the second read mostly from L1/L2) and written once; add_rms_norm reads h and x once and writes
+// h and y once. The floor is the rows' bytes at the copy rate (~4.2 TB/s); small decode batches
+// are bound by the launch and one block reduction instead.
 #include "backend/cuda/common/device.cuh"
 
 namespace klinear::cuda {
