@@ -38,7 +38,8 @@ struct Engine::Request {
 
 Engine::Engine(StepRunner& runner, const Tokenizer* tokenizer, EngineOptions options)
     : runner_(runner), tokenizer_(tokenizer), options_(std::move(options)), scheduler_(options_.scheduler) {
-  KL_CHECK(options_.scheduler.max_num_tokens >= 1 && options_.scheduler.max_num_seqs >= 1, "bad scheduler options");
+  const SchedulerOptions& so = options_.scheduler;
+  KL_CHECK(so.max_num_tokens >= 1 && so.max_num_seqs >= 1 && so.max_step_attention >= 0, "bad scheduler options");
   const int64_t capacity = sequence_capacity(runner_);
   KL_CHECK(options_.max_model_len >= 0 && options_.max_model_len <= capacity, "max_model_len over the capacity");
   max_sequence_tokens_ = options_.max_model_len > 0 ? options_.max_model_len : capacity;

@@ -1,6 +1,8 @@
 #include "runtime/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <unordered_set>
 
 namespace klinear {
@@ -12,10 +14,30 @@ void Scheduler::remove(Sequence* seq) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq), waiting_.end());
 }
 
-// Tokens of s to run from `from` within `budget`, ended at the first snapshot point (grid or prompt
-// end) the step could not snapshot at.
-int64_t Scheduler::chunk(const Sequence* s, int64_t from, int64_t budget) const {
-  const int64_t n = std::min(static_cast<int64_t>(s->tokens.size()) - from, budget);
+namespace {
+
+// Query-key pairs a chunk of n tokens from position `from` attends over (causal: token from + i sees
+// from + i + 1 positions).
+int64_t chunk_pairs(int64_t from, int64_t n) { return n * from + n * (n + 1) / 2; }
+
+// The most tokens from `from` whose chunk attends over at most `pairs` pairs, at most 2³¹ − 1 (a
+// sequence's length; the products stay inside int64).
+int64_t tokens_within(int64_t from, int64_t pairs) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (pairs < from + 1) return 0;
+  const double b = 2.0 * static_cast<double>(from) + 1.0;
+  int64_t n = std::min(kMax, static_cast<int64_t>((std::sqrt(b * b + 8.0 * static_cast<double>(pairs)) - b) / 2.0));
+  while (n > 0 && chunk_pairs(from, n) > pairs) --n;
+  while (n < kMax && chunk_pairs(from, n + 1) <= pairs) ++n;
+  return n;
+}
+
+}  // namespace
+
+// Tokens of s to run from `from` within `budget` tokens and `pairs` query-key pairs, ended at the
+// first snapshot point (grid or prompt end) the step could not snapshot at.
+int64_t Scheduler::chunk(const Sequence* s, int64_t from, int64_t budget, int64_t pairs) const {
+  const int64_t n = std::min({static_cast<int64_t>(s->tokens.size()) - from, budget, tokens_within(from, pairs)});
   const int64_t iv = options_.snapshot_interval;
   if (iv == 0 || n <= 1) return n;
   int64_t cut = from + n;
@@ -28,6 +50,11 @@ int64_t Scheduler::chunk(const Sequence* s, int64_t from, int64_t budget) const 
 StepPlan Scheduler::schedule(StepRunner& runner, Admitter* admitter) {
   StepPlan plan;
   int64_t budget = options_.max_num_tokens;
+  int64_t attention = options_.max_step_attention > 0 ? options_.max_step_attention : std::numeric_limits<int64_t>::max();
+  bool prefilled = false;  // a prefill chunk is in the step (later ones may get no pairs)
+  // The pairs a prefill chunk from `from` may take: what is left, and one token's worth for the
+  // step's first prefill, so a sequence at any context moves.
+  auto pairs_for = [&](int64_t from, int64_t left) { return prefilled ? left : std::max(left, chunk_pairs(from, 1)); };
   std::unordered_set<const Sequence*> scheduled, preempted;
   auto preempt = [&](Sequence* v) {
     runner.close(*v->slot);
@@ -47,12 +74,21 @@ StepPlan Scheduler::schedule(StepRunner& runner, Admitter* admitter) {
   };
 
   const std::vector<Sequence*> snapshot = running_;
+  const CacheUsage before = runner.usage();
+  // Whether a waiting sequence could take a slot in this step (running prefills then leave it room).
+  const bool admissible = !waiting_.empty() && before.slots_free > 0 &&
+                          static_cast<int64_t>(running_.size()) < options_.max_num_seqs;
   for (const bool decode_pass : {true, false}) {
     for (Sequence* s : snapshot) {
       if (budget == 0) break;
       if (preempted.count(s) || (s->remaining() == 1) != decode_pass) continue;
       KL_CHECK(s->remaining() >= 1, "running sequence " + std::to_string(s->id) + " has no token to run");
-      const int64_t n = chunk(s, s->computed, budget);
+      int64_t n = 1;  // a decode, whatever its context
+      if (!decode_pass) {
+        const int64_t share = admissible ? (budget + 1) / 2 : budget;
+        n = chunk(s, s->computed, share, pairs_for(s->computed, admissible ? attention / 2 : attention));
+        if (n == 0) continue;  // no pairs left in this step
+      }
       while (!runner.reserve(*s->slot, s->computed + n)) {
         Sequence* v = victim_for(s);
         preempt(v ? v : s);
@@ -60,6 +96,10 @@ StepPlan Scheduler::schedule(StepRunner& runner, Admitter* admitter) {
       }
       if (preempted.count(s)) continue;
       budget -= n;
+      if (!decode_pass) {
+        attention -= chunk_pairs(s->computed, n);
+        prefilled = true;
+      }
       scheduled.insert(s);
       plan.seqs.push_back({s, n, false});
     }
@@ -75,14 +115,15 @@ StepPlan Scheduler::schedule(StepRunner& runner, Admitter* admitter) {
     // Pages and slots an open from `hit` takes: the pinned cached pages, the pages from the hit's
     // last full page to the chunk's end, its slot (and the snapshot's, kept while it is copied).
     auto cost = [&](const PrefixHit& hit, int64_t& n, int64_t& pages, int64_t& slots) {
-      n = chunk(s, hit.tokens, budget);
+      n = chunk(s, hit.tokens, budget, pairs_for(hit.tokens, attention));
       pages = usage.paged() ? hit.pinned_pages + pages_for(hit.tokens + n, ps) - hit.tokens / ps : 0;
       slots = hit.tokens > 0 ? 2 : 1;
-      return pages <= pages_free && slots <= slots_free;
+      return n > 0 && pages <= pages_free && slots <= slots_free;
     };
     PrefixHit hit = admitter ? admitter->lookup(*s) : PrefixHit{};
     int64_t n = 0, pages = 0, slots = 0;
     if (!cost(hit, n, pages, slots)) {
+      if (n == 0) break;  // no pairs left in this step: the cached prefix waits for the next
       hit = PrefixHit{};
       if (!cost(hit, n, pages, slots)) break;
     }
@@ -106,6 +147,8 @@ StepPlan Scheduler::schedule(StepRunner& runner, Admitter* admitter) {
     --slots_free;
     pages_free -= pages;
     budget -= n;
+    attention -= chunk_pairs(s->computed, n);
+    prefilled = true;
     plan.seqs.push_back({s, n, true});
   }
   return plan;

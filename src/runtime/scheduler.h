@@ -5,11 +5,19 @@
 // long prompt is prefilled in pieces. Decodes go first (they are latency), then running prefills,
 // then waiting sequences are admitted in arrival order while a slot, the pages of their first
 // chunk and the budget allow (the head of the queue is never skipped, so a large request cannot
-// starve). The step's pages are decided here and nowhere else: each scheduled sequence's chunk is
-// reserved in the runner (StepRunner::reserve, the CacheManager) as it is scheduled. When a
-// running sequence's pages cannot be reserved, the most recently admitted running sequence is
-// preempted: it is closed at once (its slot and pages given back) and returns to the front of the
-// queue, to be recomputed from its tokens later (prompt and generated so far).
+// starve). While a sequence waits for a free slot, each running prefill takes at most half of what
+// is left of the step's budgets, so a long prompt's chunks leave room for the requests behind it
+// (it took the whole budget, step after step, and a short request waited for all of its prefill).
+// A step's time is bounded at long contexts too: its prefill chunks attend over at most
+// max_step_attention query-key pairs (a chunk of n tokens from position p attends over
+// n·p + n(n+1)/2), the first prefill chunk of a step running at least one token whatever its
+// context (a 1M-token prompt in 2,048-token chunks made each step attend over up to 2·10⁹ pairs,
+// stalling every other sequence's next token behind it). The step's pages are decided here and
+// nowhere else: each scheduled sequence's chunk is reserved in the runner (StepRunner::reserve, the
+// CacheManager) as it is scheduled. When a running sequence's pages cannot be reserved, the most
+// recently admitted running sequence is preempted: it is closed at once (its slot and pages given
+// back) and returns to the front of the queue, to be recomputed from its tokens later (prompt and
+// generated so far).
 //
 // Admission goes through an Admitter (the engine): the scheduler asks it for the sequence's cached
 // prefix (StepRunner::lookup), counts the pages that opening from it pins, and has it open the
@@ -37,10 +45,19 @@ namespace klinear {
 // being far slower.
 constexpr int64_t default_max_num_tokens(Device device) { return device == Device::kCuda ? 8192 : 2048; }
 
+// The default bound on a step's prefill attention (--max-step-attention, query-key pairs): a full
+// step's tokens at a context of 128k on CUDA (2³⁰ pairs: ~2·10¹³ FLOP in each MLA layer of the 48B
+// model, ~40 ms at 500 TFLOP/s), at 2k on the CPU. Prefills below those contexts are not cut; past
+// them the chunks shrink as the context grows.
+constexpr int64_t default_max_step_attention(Device device) {
+  return device == Device::kCuda ? int64_t{8192} * 131072 : int64_t{2048} * 2048;
+}
+
 struct SchedulerOptions {
   int64_t max_num_tokens = 2048;  // tokens per step (decode + prefill), >= 1
   int64_t max_num_seqs = 256;     // running sequences at most, >= 1
   int64_t snapshot_interval = 0;  // prefix-cache KDA snapshot grid in tokens (a multiple of 64), 0 = none
+  int64_t max_step_attention = 0; // query-key pairs a step's prefill chunks attend over, 0 = no bound
 };
 
 // The scheduler's view of one sequence (owned by the engine).
@@ -92,7 +109,7 @@ class Scheduler {
   int64_t num_preemptions() const { return preemptions_; }
 
  private:
-  int64_t chunk(const Sequence* s, int64_t from, int64_t budget) const;
+  int64_t chunk(const Sequence* s, int64_t from, int64_t budget, int64_t pairs) const;
 
   SchedulerOptions options_;
   std::vector<Sequence*> running_;  // admission order

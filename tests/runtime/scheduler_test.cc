@@ -2,7 +2,8 @@
 // go first, prefill chunks fill the token budget and have their pages reserved as they are
 // scheduled, admission waits behind the queue head, a sequence short of pages preempts (itself
 // when no other running sequence is left to give way) and its pages are back at once, and with a
-// snapshot grid a chunk ends where the step could not snapshot.
+// snapshot grid a chunk ends where the step could not snapshot; a long prompt's chunks stay within
+// the step's attention bound and leave room for the sequences waiting behind it.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -45,7 +46,8 @@ TEST(Scheduler, DecodesFirstThenChunksUnderTheBudget) {
   EXPECT_EQ(runner.usage().pages_free, 1) << "b's chunk of 9 reserved 3 pages";
   // b's next chunk needs 2 more pages and 1 is free; the only other running sequence (a) already
   // has its decode in this step, so b preempts itself back to the front of the queue, closed in
-  // the runner at once.
+  // the runner at once. (c leaves first: while it waits, b's chunk would take half the budget.)
+  s.remove(&c);
   a.computed = 6;
   a.tokens.push_back(8);
   b.computed = 9;
@@ -58,8 +60,55 @@ TEST(Scheduler, DecodesFirstThenChunksUnderTheBudget) {
   EXPECT_EQ(runner.usage().slots_free, 3);
   ASSERT_EQ(p.seqs.size(), 1u);
   EXPECT_EQ(p.seqs[0].seq, &a);
-  EXPECT_EQ(s.num_waiting(), 2u);
+  EXPECT_EQ(s.num_waiting(), 1u);
   EXPECT_EQ(s.num_preemptions(), 1);
+}
+
+// A long prompt's chunks: at most max_step_attention query-key pairs a step (a chunk of n tokens
+// from position p attends over n·p + n(n+1)/2), one token whatever the context when it is the
+// step's only prefill, and half the step's tokens and pairs while a sequence waits for a slot, the
+// rest going to that sequence's admission. Before, the long prompt took the whole budget step after
+// step and a short request waited for all of its prefill (a 1M-token prompt froze the server).
+TEST(Scheduler, LongPrefillsStayWithinTheAttentionBoundAndLeaveRoomForAdmission) {
+  struct Case {
+    const char* what;
+    int64_t attention, computed;
+    bool waiting;
+    int64_t want_long, want_short;  // tokens of the long prompt's chunk and the waiting one's admission
+  };
+  const std::vector<Case> cases{
+      {"no bound, alone", 0, 44, false, 64, 0},
+      {"from 0: 44 tokens (990 pairs)", 1000, 0, false, 44, 0},
+      {"from 44: 18 tokens (963 pairs)", 1000, 44, false, 18, 0},
+      {"one token's 5,001 pairs over the bound still runs", 1000, 5000, false, 1, 0},
+      {"half the pairs while one waits: 10 tokens (495), its 5 (15)", 1000, 44, true, 10, 5},
+      {"no bound: half the tokens while one waits", 0, 44, true, 32, 5},
+      {"the pairs left are too few for the waiting one's chunk", 1000, 5000, true, 1, 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Scheduler s(SchedulerOptions{64, 8, 0, c.attention});
+    Sequence lng, shrt;
+    lng.id = 1, shrt.id = 2;
+    lng.tokens.assign(10000, 1);
+    lng.prompt = 10000;
+    shrt.tokens.assign(5, 1);
+    shrt.prompt = 5;
+    FakeRunner runner(4, 0, 1);  // no pages
+    s.add(&lng);
+    ASSERT_EQ(s.schedule(runner).seqs.size(), 1u);  // admitted
+    lng.computed = c.computed;
+    if (c.waiting) s.add(&shrt);
+    const StepPlan p = s.schedule(runner);
+    ASSERT_EQ(p.seqs.size(), c.want_short > 0 ? 2u : 1u);
+    EXPECT_EQ(p.seqs[0].seq, &lng);
+    EXPECT_EQ(p.seqs[0].tokens, c.want_long);
+    if (c.want_short > 0) {
+      EXPECT_EQ(p.seqs[1].seq, &shrt);
+      EXPECT_TRUE(p.seqs[1].admit);
+      EXPECT_EQ(p.seqs[1].tokens, c.want_short);
+    }
+  }
 }
 
 // With a snapshot grid, a prefill chunk ends where the step could not snapshot: at a grid point or

@@ -17,6 +17,9 @@ with the server still answering afterwards:
   drain            SIGTERM with a request running that has no max_tokens (the rest of a ~1M-token
                    context): /health is 503 while draining, the server exits after
                    --shutdown-timeout with the stream ended; a second signal exits at once
+  long prompt      a 1M-id prompt (the cache holds it) beside short requests: each short one answered
+                   within 15 s (they waited for its whole prefill, hours: each chunk took the step's whole
+                   budget, and each step attended over up to 2·10⁹ query-key pairs)
 
 usage: hostile_server_test.py --klinear BIN --source REPO
 """
@@ -198,6 +201,28 @@ def test_drain(serve):
     conn.close()
 
 
+def test_long_prompt(bare):
+    """A 1M-id prompt admitted beside short requests: each short one is answered within a bounded time."""
+    s = Server(bare + ["--port", "0", "--cache-memory", "256M", "--shutdown-timeout", "1"], PORT_LINE, key=KEY)
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+    try:
+        long_prompt = json.dumps({"model": MODEL, "prompt": [5] * 1000000, "max_tokens": 1})
+        conn.request("POST", "/v1/completions", body=long_prompt,
+                     headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
+        time.sleep(3)  # parsed, admitted, its prefill under way
+        worst = 0.0
+        for _ in range(3):
+            t0 = time.time()
+            status, data = s.raw("POST", "/v1/completions",
+                                 json.dumps({"model": MODEL, "prompt": "hello there", "max_tokens": 4}), timeout=60)
+            worst = max(worst, time.time() - t0)
+            check(status == 200, f"a short request beside the long prompt: HTTP {status} {data[:200]!r}")
+        check(worst < 15, f"a short request beside a 1M-id prompt took {worst:.1f} s")
+    finally:
+        conn.close()
+        s.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--klinear", required=True)
@@ -224,7 +249,9 @@ def main():
                  ("port_in_use", lambda: test_port_in_use(server, keyed + ["--cache-memory", "16M"])),
                  ("api_key_sources", lambda: test_api_key_sources(server, serve + ["--cache-memory", "16M"], tmp)),
                  ("no_nagle", lambda: test_no_nagle(server)),
-                 ("drain", lambda: test_drain(keyed))]
+                 ("drain", lambda: test_drain(keyed)),
+                 ("long_prompt", lambda: test_long_prompt([a.klinear, "serve", "--model", model, "--api-key-file",
+                                                           key_file]))]
         failures += run_checks(tests)
     finally:
         if server and server.proc.poll() is None:

@@ -84,6 +84,7 @@ constexpr int64_t kMaxQueue = 16384;
 struct EngineArgs {
   std::string model_dir, device = "cpu", dtype, tokenizer, load_format = "safetensors";
   std::optional<int64_t> max_num_tokens;           // not given: default_max_num_tokens(device)
+  std::optional<int64_t> max_step_attention;       // not given: default_max_step_attention(device)
   int64_t max_num_seqs = 16, page_size = 64;
   std::string cache_memory;                        // empty: by memory fraction on CUDA, else the Cache's default
   std::optional<double> gpu_memory_utilization;    // the fraction (0.9 on CUDA when not given)
@@ -108,6 +109,12 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
                   "tokens per engine step (decodes + prefill chunks; default " +
                       std::to_string(default_max_num_tokens(Device::kCuda)) + " on CUDA, " +
                       std::to_string(default_max_num_tokens(Device::kCpu)) + " on the CPU)");
+  sub->add_option("--max-step-attention", a.max_step_attention,
+                  "query-key pairs a step's prefill chunks attend over in each attention layer, so a long "
+                  "context's chunks shrink and every step stays short (0: no bound; default " +
+                      std::to_string(default_max_step_attention(Device::kCuda)) + " on CUDA, " +
+                      std::to_string(default_max_step_attention(Device::kCpu)) + " on the CPU)")
+      ->check(int_in({0, INT64_MAX}));
   sub->add_option(max_seqs_flag, a.max_num_seqs, "sequences running at once (state slots)")
       ->check(int_in({1, kMaxFlagCount}))
       ->capture_default_str();
@@ -196,7 +203,8 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   const int64_t slots = a.max_num_seqs + snapshot_slots;
   KL_ASSIGN_OR_RETURN(s.runner, ModelRunner::create(*s.model, CacheOptions{slots, a.page_size, memory}, prefix));
   EngineOptions eo;
-  eo.scheduler = {max_num_tokens, a.max_num_seqs, prefix.mode == PrefixCaching::kOn ? prefix.snapshot_interval : 0};
+  eo.scheduler = {max_num_tokens, a.max_num_seqs, prefix.mode == PrefixCaching::kOn ? prefix.snapshot_interval : 0,
+                  a.max_step_attention.value_or(default_max_step_attention(bo.device))};
   eo.max_queue = max_queue;
   const int64_t capacity = Engine::sequence_capacity(*s.runner);
   if (a.max_model_len && *a.max_model_len > capacity)
