@@ -56,19 +56,22 @@ void install_signal_handlers() {
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not a dead server
 }
 
-// "1073741824", "512M", "4G", "4GiB" (binary units) -> bytes.
+// "1073741824", "512M", "4G", "4GiB" (binary units) -> bytes, at most 2^63 - 1 (a larger one wrapped,
+// or threw out of std::stoull).
 Result<uint64_t> parse_bytes(const std::string& text, const std::string& flag) {
-  size_t used = 0;
-  unsigned long long v = 0;
-  bool ok = !text.empty() && std::isdigit(static_cast<unsigned char>(text[0]));
-  if (ok) v = std::stoull(text, &used);
-  std::string unit = text.substr(used);
+  const size_t digits = std::min(text.find_first_not_of("0123456789"), text.size());
+  std::string unit = text.substr(digits);
   if (unit.size() == 3 && unit.substr(1) == "iB") unit = unit.substr(0, 1);
   const std::map<std::string, int> shifts{{"", 0}, {"K", 10}, {"M", 20}, {"G", 30}, {"T", 40}};
   const auto it = shifts.find(unit);
-  if (!ok || it == shifts.end())
+  if (digits == 0 || it == shifts.end())
     return Status::InvalidArgument(flag + ": '" + text + "' is not a size; expected bytes with an optional K, M, G or T");
-  return static_cast<uint64_t>(v) << it->second;
+  const int64_t most = INT64_MAX >> it->second;
+  auto v = parse_int(std::string_view(text).substr(0, digits), IntRange{0, most}, flag);
+  if (!v.ok())
+    return Status::InvalidArgument(flag + ": '" + text + "' is more than the largest size, " + std::to_string(most) +
+                                   unit + " (2^63 - 1 bytes)");
+  return static_cast<uint64_t>(*v) << it->second;
 }
 
 // ---- shared engine set-up
@@ -82,6 +85,10 @@ int64_t default_snapshot_slots(int64_t max_num_seqs) { return (max_num_seqs + 3)
 
 // Largest --max-queue (the HTTP thread pool is the queue plus the running sequences).
 constexpr int64_t kMaxQueue = 16384;
+// Largest --max-num-tokens: a step of a whole 1M-token context (the step arena grows with it).
+constexpr int64_t kMaxNumTokens = int64_t{1} << 20;
+// --max-body-bytes: from a small chat request to a 1M-token prompt as JSON ids (~8 MB) many times over.
+constexpr IntRange kBodyBytes{1 << 10, 1 << 30};
 
 struct EngineArgs {
   std::string model_dir, device = "cpu", dtype, tokenizer, load_format = "safetensors";
@@ -100,16 +107,17 @@ struct EngineArgs {
 
 void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
   sub->add_option("--model", a.model_dir, "checkpoint directory (config.json + safetensors)")->required();
-  sub->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
-  sub->add_option("--dtype", a.dtype, "float32 or bfloat16 (default: float32 on the CPU, bfloat16 on CUDA)");
+  add_device_options(sub, a.device, a.dtype);
   sub->add_option("--tokenizer", a.tokenizer, "tokenizer directory (default: the model directory, if it has one)");
   sub->add_option("--load-format", a.load_format,
                   "safetensors, or dummy: seeded random weights made on the device from config.json alone")
+      ->check(parsed_by(parse_load_format, "safetensors|dummy"))
       ->capture_default_str();
   sub->add_option("--max-num-tokens", a.max_num_tokens,
                   "tokens per engine step (decodes + prefill chunks; default " +
                       std::to_string(default_max_num_tokens(Device::kCuda)) + " on CUDA, " +
-                      std::to_string(default_max_num_tokens(Device::kCpu)) + " on the CPU)");
+                      std::to_string(default_max_num_tokens(Device::kCpu)) + " on the CPU)")
+      ->check(int_in({1, kMaxNumTokens}));
   sub->add_option(max_seqs_flag, a.max_num_seqs, "sequences running at once (state slots)")
       ->check(int_in({1, kMaxFlagCount}))
       ->capture_default_str();
@@ -160,7 +168,6 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   BackendOptions bo;
   KL_ASSIGN_OR_RETURN(bo.device, parse_device(a.device));
   const int64_t max_num_tokens = a.max_num_tokens.value_or(default_max_num_tokens(bo.device));
-  if (max_num_tokens < 1) return Status::InvalidArgument("--max-num-tokens must be >= 1");
   KL_RETURN_IF_ERROR(check_page_size(a.page_size));
   KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(a.dtype, bo.device));
   KL_ASSIGN_OR_RETURN(bo.graphs, parse_cuda_graphs(a.cuda_graphs));
@@ -515,7 +522,9 @@ void add_serve_commands(CLI::App& app, int& exit_code) {
         ->check(int_in({1, kMaxQueue}))
         ->capture_default_str();
     sub->add_option("--served-model-name", a->server.model_name, "model id in the API (default: the model directory's name)");
-    sub->add_option("--max-body-bytes", a->server.max_body_bytes, "largest request body (413 above)")->capture_default_str();
+    sub->add_option("--max-body-bytes", a->server.max_body_bytes, "largest request body (413 above)")
+        ->check(int_in(kBodyBytes))
+        ->capture_default_str();
     sub->callback([a, &exit_code] { exit_code = run_serve(*a); });
   }
   {
@@ -527,10 +536,19 @@ void add_serve_commands(CLI::App& app, int& exit_code) {
                                              "gets an error record")->required();
     sub->add_option("--output", a->output, "output JSONL file (id, text, ids, finish_reason, token counts)")->required();
     add_generate_options(sub, a->defaults);
-    sub->add_option("--min-p", a->min_p, "drop ids less likely than min-p times the most likely")->capture_default_str();
-    sub->add_option("--presence-penalty", a->presence_penalty, "penalty on ids already generated")->capture_default_str();
-    sub->add_option("--frequency-penalty", a->frequency_penalty, "penalty per repetition of a generated id")->capture_default_str();
+    // Checked here, in the ranges of the request fields they default (parse_api_request): unchecked,
+    // a bad value failed every line, each naming the JSON field.
+    sub->add_option("--min-p", a->min_p, "drop ids less likely than min-p times the most likely")
+        ->check(number_in(0, 1))
+        ->capture_default_str();
+    sub->add_option("--presence-penalty", a->presence_penalty, "penalty on ids already generated")
+        ->check(number_in(-2, 2))
+        ->capture_default_str();
+    sub->add_option("--frequency-penalty", a->frequency_penalty, "penalty per repetition of a generated id")
+        ->check(number_in(-2, 2))
+        ->capture_default_str();
     sub->add_option("--repetition-penalty", a->repetition_penalty, "divides the logits of ids seen in prompt or output")
+        ->check(number_in(1e-3, 100))
         ->capture_default_str();
     sub->callback([a, &exit_code] { exit_code = run_run(*a); });
   }
