@@ -23,13 +23,13 @@ Result<DType> parse_compute_dtype(const std::string& name, Device device) {
 Result<CudaGraphs> parse_cuda_graphs(const std::string& name) {
   if (name == "on") return CudaGraphs::kOn;
   if (name == "off") return CudaGraphs::kOff;
-  return Status::InvalidArgument("--cuda-graphs '" + name + "' is not one of: on, off");
+  return Status::InvalidArgument("CUDA graphs '" + name + "' is not one of: on, off");
 }
 
 Result<AttentionKernels> parse_attention_kernels(const std::string& name) {
   if (name == "best") return AttentionKernels::kBest;
   if (name == "own") return AttentionKernels::kOwn;
-  return Status::InvalidArgument("--attention-kernels '" + name + "' is not one of: best, own");
+  return Status::InvalidArgument("attention kernels '" + name + "' is not one of: best, own");
 }
 
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& o) {

@@ -3,15 +3,17 @@
 // reported by number on stderr and as an error record in their place in the output, and
 // greedy lines equal `klinear generate` of the same prompt (the engine adds no numerical drift).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
 #include <set>
 
+#include "hostile_util.h"
 #include "io/json.h"
-#include "test_util.h"
 
 namespace klinear {
 namespace {
@@ -118,6 +120,55 @@ TEST(CliRun, OutputNeverDestroysTheInput) {
                                                 " --output /dev/full --max-tokens 2");
   EXPECT_EQ(full.exit_code, 1) << full.all();
   EXPECT_NE(full.err.find("/dev/full: writing the results failed"), std::string::npos) << full.err;
+}
+
+// run reads its input as it runs (issue 34 item 9; inputs over 256 MiB were refused): 1.1 GiB
+// (a request, one line of 1.1 GiB of NUL bytes from a sparse file, a request) under a 1 GiB
+// address-space limit answers both requests, writes the long line's error record naming its
+// number, its length and the 64 MiB limit, and finishes in bounded time. The same requests
+// come through stdin as well.
+TEST(CliRun, InputIsStreamedInBoundedMemory) {
+  const testing::ScratchDir dir;
+  const std::string model = testing::fixture_path("kimi-linear-tiny/model");
+  const std::string input = dir.file("in.jsonl"), first = R"({"id": "first", "prompt_ids": [1, 2]})" "\n",
+                    last = R"({"id": "last", "prompt_ids": [3]})" "\n";
+  const int64_t long_line = (1ll << 30) + (100ll << 20);
+  testing::write_file(input, first);
+  ASSERT_EQ(::truncate(input.c_str(), static_cast<off_t>(first.size() + long_line)), 0);
+  std::ofstream(input, std::ios::app) << "\n" << last;
+  const std::string limits = testing::kAsan ? "timeout 120 " : "ulimit -v 1048576; timeout 120 ";
+  const std::string run = "run --model " + model + " --output " + dir.file("out.jsonl") + " --max-tokens 2 --ignore-eos";
+  auto read_output = [&] {
+    std::vector<Json> lines;
+    std::ifstream out(dir.file("out.jsonl"));
+    for (std::string text; std::getline(out, text);) lines.push_back(parse_json(text, "output").value());
+    return lines;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const testing::CliRun r = testing::run_cli_prefixed(limits, run + " --input " + input);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 2) << r.all();  // the long line was refused: bad input
+  EXPECT_NE(r.err.find("2 requests (1 lines refused"), std::string::npos) << r.err;
+  std::vector<Json> out = read_output();
+  ASSERT_EQ(out.size(), 3u) << r.all();
+  EXPECT_EQ(out[0]["id"], "first");
+  EXPECT_EQ(out[0]["ids"].size(), 2u) << out[0].dump();
+  EXPECT_EQ(out[1]["line"], 2);
+  EXPECT_NE(out[1]["error"].get<std::string>().find("line 2 is " + std::to_string(long_line) +
+                                                    " bytes long, more than the limit of 67108864 bytes"),
+            std::string::npos)
+      << out[1].dump();
+  EXPECT_EQ(out[2]["id"], "last");
+  EXPECT_EQ(out[2]["ids"].size(), 2u) << out[2].dump();
+  std::printf("1.1 GiB input under ulimit -v 1 GiB: %.1f s\n", seconds);
+
+  testing::write_file(dir.file("small.jsonl"), first + "\n" + last);
+  const testing::CliRun piped = testing::run_cli_prefixed(limits, run + " --input - < " + dir.file("small.jsonl"));
+  EXPECT_EQ(piped.exit_code, 0) << piped.all();
+  out = read_output();
+  ASSERT_EQ(out.size(), 2u) << piped.all();
+  EXPECT_EQ(out[0]["id"], "first");
+  EXPECT_EQ(out[1]["id"], "last");
 }
 
 TEST(CliRun, CacheBudgetByMemoryFraction) {

@@ -62,6 +62,19 @@ inline CLI::Validator uint64_any() {
       "UINT64");
 }
 
+// A validator for a flag naming one of a few choices, running the same `parse` (text -> Result<T>)
+// that later converts it, so the choices are written once: "--device: device 'gpu' is not one of:
+// cpu, cuda" when the command line is parsed, before anything loads.
+template <typename Parse>
+CLI::Validator parsed_by(Parse parse, const std::string& choices) {
+  return CLI::Validator(
+      [parse](std::string& text) {
+        auto v = parse(text);
+        return v.ok() ? std::string() : v.status().message();
+      },
+      choices);
+}
+
 inline CLI::Validator number_in(double min, double max) {
   return CLI::Validator(
       [min, max](std::string& text) {

@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "backend/backend.h"
 #include "cli_parse.h"
 #include "core/status.h"
 #include "io/json.h"
@@ -37,14 +38,24 @@ inline void add_cuda_options(CLI::App* sub, std::string& graphs, std::string& at
   sub->add_option("--cuda-graphs", graphs,
                   "on or off: run decode steps as CUDA graphs captured per batch bucket (cuda only; "
                   "the results are the same either way)")
+      ->check(parsed_by(parse_cuda_graphs, "on|off"))
       ->capture_default_str();
   sub->add_option("--attention-kernels", attention,
                   "best or own: MLA attention on FlashInfer's Hopper kernels where they fit and are the faster, "
                   "or on klinear's own everywhere (cuda only; the same results within bfloat16 rounding)")
+      ->check(parsed_by(parse_attention_kernels, "best|own"))
       ->capture_default_str();
 }
 
 inline constexpr int64_t kMaxFlagCount = int64_t{1} << 30;
+
+// --device and --dtype of every command that loads a model, checked when the command line is parsed.
+inline void add_device_options(CLI::App* sub, std::string& device, std::string& dtype) {
+  sub->add_option("--device", device, "cpu or cuda")->check(parsed_by(parse_device, "cpu|cuda"))->capture_default_str();
+  sub->add_option("--dtype", dtype, "float32 or bfloat16 (default: float32 on the CPU, bfloat16 on CUDA)")
+      ->check(parsed_by([](const std::string& name) { return parse_compute_dtype(name, Device::kCpu); },
+                        "float32|bfloat16"));
+}
 
 inline void add_generate_options(CLI::App* sub, GenerateOptions& o) {
   sub->add_option("--max-tokens", o.max_tokens, "maximum number of tokens to generate")

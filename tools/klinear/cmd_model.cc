@@ -40,11 +40,11 @@ struct ModelArgs {
 
 void add_model_args(CLI::App* sub, ModelArgs& a) {
   sub->add_option("--model", a.model_dir, "checkpoint directory (config.json + safetensors)")->required();
-  sub->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
-  sub->add_option("--dtype", a.dtype, "float32 or bfloat16 (default: float32 on cpu, bfloat16 on cuda)");
+  add_device_options(sub, a.device, a.dtype);
   sub->add_option("--page-size", a.page_size, "positions per page of the MLA latent cache")->capture_default_str();
   sub->add_option("--load-format", a.load_format,
                   "safetensors, or dummy: seeded random weights from config.json alone (real shapes, no download)")
+      ->check(parsed_by(parse_load_format, "safetensors|dummy"))
       ->capture_default_str();
   sub->add_flag("--check-finite", a.check_finite,
                 "check every layer's output and name the first one that is not finite (slower)");
@@ -283,8 +283,11 @@ Result<std::vector<int32_t>> prompt_ids(const GenerateArgs& a, const Tokenizer* 
 int run_generate(const GenerateArgs& a) {
   if (Status s = validate_generate_options(a.options); !s.ok()) return fail("generate", s);
   if (a.prompt_ids.empty() == a.prompt.empty())
-    return fail("generate", Status::InvalidArgument("give exactly one of --prompt-ids and --prompt"));
-  if (a.chat && a.prompt.empty()) return fail("generate", Status::InvalidArgument("--chat renders --prompt text"));
+    return fail("generate", Status::InvalidArgument(std::string("--prompt-ids and --prompt: expected exactly one, got ") +
+                                                    (a.prompt.empty() ? "neither" : "both")));
+  if (a.chat && a.prompt.empty())
+    return fail("generate", Status::InvalidArgument("--chat: expected --prompt text to render as a user message, got "
+                                                    "--prompt-ids"));
   auto m = load(a.model);
   if (!m.ok()) return fail("generate", m.status());
   std::optional<Tokenizer> tok;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <csignal>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +19,7 @@
 
 #include "backend/backend.h"
 #include "io/file.h"
+#include "io/line_reader.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "chat/chat_format.h"
@@ -54,19 +56,22 @@ void install_signal_handlers() {
   std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is a failed write, not a dead server
 }
 
-// "1073741824", "512M", "4G", "4GiB" (binary units) -> bytes.
+// "1073741824", "512M", "4G", "4GiB" (binary units) -> bytes, at most 2^63 - 1 (a larger one wrapped,
+// or threw out of std::stoull).
 Result<uint64_t> parse_bytes(const std::string& text, const std::string& flag) {
-  size_t used = 0;
-  unsigned long long v = 0;
-  bool ok = !text.empty() && std::isdigit(static_cast<unsigned char>(text[0]));
-  if (ok) v = std::stoull(text, &used);
-  std::string unit = text.substr(used);
+  const size_t digits = std::min(text.find_first_not_of("0123456789"), text.size());
+  std::string unit = text.substr(digits);
   if (unit.size() == 3 && unit.substr(1) == "iB") unit = unit.substr(0, 1);
   const std::map<std::string, int> shifts{{"", 0}, {"K", 10}, {"M", 20}, {"G", 30}, {"T", 40}};
   const auto it = shifts.find(unit);
-  if (!ok || it == shifts.end())
+  if (digits == 0 || it == shifts.end())
     return Status::InvalidArgument(flag + ": '" + text + "' is not a size; expected bytes with an optional K, M, G or T");
-  return static_cast<uint64_t>(v) << it->second;
+  const int64_t most = INT64_MAX >> it->second;
+  auto v = parse_int(std::string_view(text).substr(0, digits), IntRange{0, most}, flag);
+  if (!v.ok())
+    return Status::InvalidArgument(flag + ": '" + text + "' is more than the largest size, " + std::to_string(most) +
+                                   unit + " (2^63 - 1 bytes)");
+  return static_cast<uint64_t>(*v) << it->second;
 }
 
 // ---- shared engine set-up
@@ -80,6 +85,10 @@ int64_t default_snapshot_slots(int64_t max_num_seqs) { return (max_num_seqs + 3)
 
 // Largest --max-queue (the HTTP thread pool is the queue plus the running sequences).
 constexpr int64_t kMaxQueue = 16384;
+// Largest --max-num-tokens: a step of a whole 1M-token context (the step arena grows with it).
+constexpr int64_t kMaxNumTokens = int64_t{1} << 20;
+// --max-body-bytes: from a small chat request to a 1M-token prompt as JSON ids (~8 MB) many times over.
+constexpr IntRange kBodyBytes{1 << 10, 1 << 30};
 
 struct EngineArgs {
   std::string model_dir, device = "cpu", dtype, tokenizer, load_format = "safetensors";
@@ -99,16 +108,17 @@ struct EngineArgs {
 
 void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
   sub->add_option("--model", a.model_dir, "checkpoint directory (config.json + safetensors)")->required();
-  sub->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
-  sub->add_option("--dtype", a.dtype, "float32 or bfloat16 (default: float32 on the CPU, bfloat16 on CUDA)");
+  add_device_options(sub, a.device, a.dtype);
   sub->add_option("--tokenizer", a.tokenizer, "tokenizer directory (default: the model directory, if it has one)");
   sub->add_option("--load-format", a.load_format,
                   "safetensors, or dummy: seeded random weights made on the device from config.json alone")
+      ->check(parsed_by(parse_load_format, "safetensors|dummy"))
       ->capture_default_str();
   sub->add_option("--max-num-tokens", a.max_num_tokens,
                   "tokens per engine step (decodes + prefill chunks; default " +
                       std::to_string(default_max_num_tokens(Device::kCuda)) + " on CUDA, " +
-                      std::to_string(default_max_num_tokens(Device::kCpu)) + " on the CPU)");
+                      std::to_string(default_max_num_tokens(Device::kCpu)) + " on the CPU)")
+      ->check(int_in({1, kMaxNumTokens}));
   sub->add_option("--max-step-attention", a.max_step_attention,
                   "query-key pairs a step's prefill chunks attend over in each attention layer, so a long "
                   "context's chunks shrink and every step stays short (0: no bound; default " +
@@ -165,7 +175,6 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   BackendOptions bo;
   KL_ASSIGN_OR_RETURN(bo.device, parse_device(a.device));
   const int64_t max_num_tokens = a.max_num_tokens.value_or(default_max_num_tokens(bo.device));
-  if (max_num_tokens < 1) return Status::InvalidArgument("--max-num-tokens must be >= 1");
   KL_RETURN_IF_ERROR(check_page_size(a.page_size));
   KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(a.dtype, bo.device));
   KL_ASSIGN_OR_RETURN(bo.graphs, parse_cuda_graphs(a.cuda_graphs));
@@ -309,157 +318,175 @@ struct RunArgs {
   float min_p = 0, presence_penalty = 0, frequency_penalty = 0, repetition_penalty = 1;
 };
 
+// Lines read ahead of the first one not yet written: enough to keep --max-batch sequences running
+// while earlier lines finish, few enough that memory does not grow with the input (issue 34 item 9).
+int64_t read_ahead_lines(int64_t max_batch) { return std::clamp<int64_t>(8 * max_batch, 64, 16384); }
+
+// One input line on its way to the output, where it is written in input order once done.
 struct LineResult {
-  bool done = false, skipped = false, refused = false;  // skipped: a blank line; refused: an error record
+  int64_t line = 0;
+  Json id;                                              // the line's "id", else its number
+  bool done = false, blank = false, refused = false;  // blank: nothing written; refused: an error record
   Json out;
 };
 
-int run_run(const RunArgs& a) {
-  auto text = read_text_file(a.input);
-  if (!text.ok()) return fail("run", text.status());
-  std::vector<std::string> lines;
-  for (size_t pos = 0; pos < text->size();) {
-    const size_t nl = std::min(text->find('\n', pos), text->size());
-    lines.push_back(text->substr(pos, nl - pos));
-    pos = nl + 1;
+// What the lines add up to over the run.
+struct RunTotals {
+  int64_t refused = 0, submitted = 0, finished = 0, in_tokens = 0, out_tokens = 0;
+  std::vector<double> ttft_s;
+};
+
+struct RunContext {
+  const RunArgs& args;
+  Serving& serving;
+  Json defaults;  // the CLI's sampling flags; each line's fields override them
+  RunTotals totals;
+};
+
+// Submits the request of one line with a sink that fills `res` (a blank line is only marked done).
+// An error is the line's own: the caller writes it as the line's error record.
+Status submit_line(const std::string& text, RunContext& ctx, LineResult& res) {
+  if (text.find_first_not_of(" \t\r") == std::string::npos) {
+    res.blank = res.done = true;
+    return {};
   }
+  KL_ASSIGN_OR_RETURN(const Json line, parse_json(text, "line"));
+  if (!line.is_object()) return Status::InvalidArgument("expected a JSON object");
+  if (line.contains("id")) res.id = line["id"];
+  Json merged = ctx.defaults;
+  merged.update(line);
+  if (merged.contains("prompt_ids")) merged["prompt"] = merged["prompt_ids"];
+  const ApiKind kind = merged.contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
+  Serving& s = ctx.serving;
+  std::string param;
+  KL_ASSIGN_OR_RETURN(const auto req, parse_api_request(kind, s.format, merged, &param));
+  if (req.spec.n != 1 || req.stream) return Status::InvalidArgument("n > 1 and stream are not supported by klinear run");
+  RequestSpec spec = req.spec;
+  KL_ASSIGN_OR_RETURN(spec.prompt, request_prompt_ids(req, s.tokenizer.get(), s.format));
+  KL_RETURN_IF_ERROR(fit_prompt(req, ctx.args.engine.truncate_prompt ? std::optional<int64_t>(-1) : std::nullopt,
+                                s.engine->max_sequence_tokens(), spec.prompt).status());
+  spec.stop.max_tokens = req.max_tokens.value_or(ctx.args.defaults.max_tokens);
+  if (kind == ApiKind::kChat && s.tokenizer)
+    if (auto marker = s.tokenizer->special_id(chat_stop_marker(s.format))) spec.stop.stop_ids.push_back(*marker);
+  res.out = Json{{"id", res.id}, {"text", ""}, {"ids", Json::array()}};
+  RunTotals& totals = ctx.totals;
+  KL_RETURN_IF_ERROR(s.engine->submit(std::move(spec), [&res, &totals](const EngineEvent& e) {
+    res.out["text"] = res.out["text"].get<std::string>() + e.text;
+    for (const TokenOutput& t : e.tokens) res.out["ids"].push_back(t.id);
+    if (e.finish) res.out["finish_reason"] = *e.finish == FinishReason::kStop ? "stop" : "length";
+    if (e.end == RequestEnd::kRunning) return;
+    res.done = true;
+    res.out["prompt_tokens"] = e.stats.prompt_tokens;
+    res.out["completion_tokens"] = e.stats.completion_tokens;
+    if (e.end == RequestEnd::kFailed) res.out["error"] = e.error.to_string();
+    totals.ttft_s.push_back(e.stats.ttft_s);
+    totals.in_tokens += e.stats.prompt_tokens;
+    totals.out_tokens += e.stats.completion_tokens;
+  }).status());
+  ++totals.submitted;
+  return {};
+}
+
+int run_run(const RunArgs& a) {
+  auto reader = LineReader::open(a.input);
+  if (!reader.ok()) return fail("run", reader.status());
   // The output is truncated when opened: never the input itself (under any name), and only once the
   // model has loaded, so a run that fails before it leaves an existing output as it was.
   std::error_code ec;
-  if (std::filesystem::equivalent(a.input, a.output, ec))
+  if (std::filesystem::equivalent(a.input == "-" ? "/dev/stdin" : a.input, a.output, ec))
     return fail("run", Status::InvalidArgument("--output " + a.output + " is the input file " + a.input +
                                                ": writing results would destroy it"));
-  auto s = make_serving(a.engine, static_cast<int64_t>(lines.size()) + 1, "run");
+  // The engine's queue holds every line of the read-ahead window, so a submit never finds it full.
+  const int64_t read_ahead = read_ahead_lines(a.engine.max_num_seqs);
+  auto s = make_serving(a.engine, read_ahead + 1, "run");
   if (!s.ok()) return fail("run", s.status());
   std::ofstream out(a.output, std::ios::trunc);
   if (!out) return fail("run", Status::IOError(a.output + ": cannot open for writing"));
-  const Tokenizer* tok = s->tokenizer.get();
 
-  // CLI sampling flags are the defaults; each line's fields override them.
-  const Json defaults{{"max_tokens", a.defaults.max_tokens},   {"temperature", a.defaults.sampling.temperature},
+  RunContext ctx{a, *s,
+                 Json{{"max_tokens", a.defaults.max_tokens},   {"temperature", a.defaults.sampling.temperature},
                       {"top_k", a.defaults.sampling.top_k},    {"top_p", a.defaults.sampling.top_p},
                       {"seed", a.defaults.sampling.seed},      {"ignore_eos", a.defaults.ignore_eos},
                       {"min_p", a.min_p},                      {"presence_penalty", a.presence_penalty},
-                      {"frequency_penalty", a.frequency_penalty}, {"repetition_penalty", a.repetition_penalty}};
-  std::vector<LineResult> results(lines.size());
-  int64_t skipped = 0, submitted = 0;
-  std::vector<double> ttft;
-  int64_t in_tokens = 0, out_tokens = 0;
-  for (size_t i = 0; i < lines.size(); ++i) {
-    LineResult& res = results[i];
-    // A line that cannot run gets an error record in its place in the output (and a line on
-    // stderr): nothing the user gave is dropped without a trace.
-    Json line_id = i + 1;  // the line's own id once it parsed
-    auto skip = [&](const Status& st) {
-      std::fprintf(stderr, "klinear run: %s line %zu: %s (an error record written)\n", a.input.c_str(), i + 1,
-                   st.to_string().c_str());
-      res.out = Json{{"id", line_id}, {"line", i + 1}, {"error", st.to_string()}};
+                      {"frequency_penalty", a.frequency_penalty}, {"repetition_penalty", a.repetition_penalty}},
+                 {}};
+  RunTotals& totals = ctx.totals;
+  // Lines read and not yet written, in input order. A deque: the sinks hold references to its
+  // elements, which pushing at the back and popping at the front leave valid.
+  std::deque<LineResult> window;
+  // A line that cannot run gets an error record in its place in the output (and a line on stderr):
+  // nothing the user gave is dropped without a trace.
+  auto read_line = [&]() -> Result<bool> {
+    KL_ASSIGN_OR_RETURN(std::optional<Line> line, reader->next());
+    if (!line) return false;
+    LineResult& res = window.emplace_back();
+    res.line = line->number;
+    res.id = line->number;
+    const Status st = line->error.ok() ? submit_line(line->text, ctx, res) : line->error;
+    if (!st.ok()) {
+      std::fprintf(stderr, "klinear run: %s line %lld: %s (an error record written)\n", reader->name().c_str(),
+                   (long long)res.line, st.to_string().c_str());
+      res.out = Json{{"id", res.id}, {"line", res.line}, {"error", st.to_string()}};
       res.refused = res.done = true;
-      ++skipped;
-    };
-    if (lines[i].find_first_not_of(" \t\r") == std::string::npos) {
-      res.skipped = res.done = true;
-      continue;
+      ++totals.refused;
     }
-    auto line = parse_json(lines[i], "line");
-    if (!line.ok() || !line->is_object()) {
-      skip(line.ok() ? Status::InvalidArgument("expected a JSON object") : line.status());
-      continue;
-    }
-    if (line->contains("id")) line_id = (*line)["id"];
-    Json merged = defaults;
-    merged.update(*line);
-    if (merged.contains("prompt_ids")) merged["prompt"] = merged["prompt_ids"];
-    const ApiKind kind = merged.contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
-    std::string param;
-    auto req = parse_api_request(kind, s->format, merged, &param);
-    if (!req.ok()) {
-      skip(req.status());
-      continue;
-    }
-    if (req->spec.n != 1 || req->stream) {
-      skip(Status::InvalidArgument("n > 1 and stream are not supported by klinear run"));
-      continue;
-    }
-    auto ids = request_prompt_ids(*req, tok, s->format);
-    if (!ids.ok()) {
-      skip(ids.status());
-      continue;
-    }
-    RequestSpec spec = req->spec;
-    spec.prompt = std::move(ids).value();
-    auto fitted = fit_prompt(*req, a.engine.truncate_prompt ? std::optional<int64_t>(-1) : std::nullopt,
-                             s->engine->max_sequence_tokens(), spec.prompt);
-    if (!fitted.ok()) {
-      skip(fitted.status());
-      continue;
-    }
-    spec.stop.max_tokens = req->max_tokens.value_or(a.defaults.max_tokens);
-    if (kind == ApiKind::kChat && tok)
-      if (auto marker = tok->special_id(chat_stop_marker(s->format))) spec.stop.stop_ids.push_back(*marker);
-    res.out = Json{{"id", line_id}, {"text", ""}, {"ids", Json::array()}};
-    auto id = s->engine->submit(std::move(spec), [&res, &ttft, &in_tokens, &out_tokens](const EngineEvent& e) {
-      res.out["text"] = res.out["text"].get<std::string>() + e.text;
-      for (const TokenOutput& t : e.tokens) res.out["ids"].push_back(t.id);
-      if (e.finish) res.out["finish_reason"] = *e.finish == FinishReason::kStop ? "stop" : "length";
-      if (e.end == RequestEnd::kRunning) return;
-      res.done = true;
-      res.out["prompt_tokens"] = e.stats.prompt_tokens;
-      res.out["completion_tokens"] = e.stats.completion_tokens;
-      if (e.end == RequestEnd::kFailed) res.out["error"] = e.error.to_string();
-      ttft.push_back(e.stats.ttft_s);
-      in_tokens += e.stats.prompt_tokens;
-      out_tokens += e.stats.completion_tokens;
-    });
-    if (!id.ok()) {
-      skip(id.status());
-      continue;
-    }
-    ++submitted;
-  }
-
-  install_signal_handlers();
-  const bool bar = isatty(STDERR_FILENO);
-  const auto start = std::chrono::steady_clock::now();
-  size_t written = 0;
-  int64_t finished = 0;
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    return true;
+  };
   auto flush_ready = [&] {
-    for (; written < results.size() && results[written].done; ++written) {
-      if (results[written].skipped) continue;
-      out << results[written].out.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
-      if (!results[written].refused) ++finished;
+    for (; !window.empty() && window.front().done; window.pop_front()) {
+      const LineResult& res = window.front();
+      if (res.blank) continue;
+      out << res.out.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
+      if (!res.refused) ++totals.finished;
     }
     out.flush();
   };
-  while (!g_signal && s->engine->has_work()) {
+
+  install_signal_handlers();
+  const bool progress = isatty(STDERR_FILENO);
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  bool input_done = false;
+  Status read_error;
+  while (!g_signal) {
+    while (!input_done && static_cast<int64_t>(window.size()) < read_ahead) {
+      auto more = read_line();
+      if (!more.ok()) read_error = more.status();
+      input_done = !more.ok() || !*more;
+    }
+    flush_ready();
+    if (!s->engine->has_work()) {
+      if (input_done) break;
+      continue;  // every line read so far is written: read on
+    }
     s->engine->step();
     flush_ready();
-    if (bar) {
-      const int width = 30, filled = submitted ? static_cast<int>(width * finished / submitted) : width;
-      std::fprintf(stderr, "\r[%s%s] %lld/%lld requests, %lld tokens out, %.1f tokens/s ", std::string(filled, '#').c_str(),
-                   std::string(width - filled, ' ').c_str(), (long long)finished, (long long)submitted, (long long)out_tokens,
-                   out_tokens / std::max(elapsed(), 1e-9));
-    }
+    if (progress)
+      std::fprintf(stderr, "\r%lld/%lld requests done, %lld tokens out, %.1f tokens/s ", (long long)totals.finished,
+                   (long long)totals.submitted, (long long)totals.out_tokens, totals.out_tokens / std::max(elapsed(), 1e-9));
   }
   flush_ready();
-  if (bar) std::fputs("\n", stderr);
+  if (progress) std::fputs("\n", stderr);
   if (!out.good())  // a full disk (or /dev/full): the results did not reach the file
     return fail("run", Status::ResourceExhausted(a.output + ": writing the results failed (" +
-                                                 std::to_string(finished) + " lines counted as written)"));
+                                                 std::to_string(totals.finished) + " lines counted as written)"));
   const double secs = elapsed();
+  std::vector<double>& ttft = totals.ttft_s;
   std::sort(ttft.begin(), ttft.end());
   auto pct = [&](double p) { return ttft.empty() ? 0.0 : 1e3 * ttft[std::min(ttft.size() - 1, size_t(p * ttft.size()))]; };
   std::fprintf(stderr,
                "klinear run: %lld requests (%lld lines refused, an error record each), %lld input and %lld output tokens in %.2f s: %.1f output "
                "tokens/s, %.1f total tokens/s; time to first token p50 %.1f ms, p90 %.1f ms, p99 %.1f ms\n",
-               (long long)finished, (long long)skipped, (long long)in_tokens, (long long)out_tokens, secs,
-               out_tokens / std::max(secs, 1e-9), (in_tokens + out_tokens) / std::max(secs, 1e-9), pct(0.5), pct(0.9), pct(0.99));
+               (long long)totals.finished, (long long)totals.refused, (long long)totals.in_tokens, (long long)totals.out_tokens,
+               secs, totals.out_tokens / std::max(secs, 1e-9), (totals.in_tokens + totals.out_tokens) / std::max(secs, 1e-9),
+               pct(0.5), pct(0.9), pct(0.99));
+  if (!read_error.ok()) return fail("run", read_error);  // the lines read before it ran and are written
   if (g_signal) {
-    std::fprintf(stderr, "klinear run: interrupted; %lld finished lines are in %s\n", (long long)finished, a.output.c_str());
+    std::fprintf(stderr, "klinear run: interrupted; %lld finished lines are in %s\n", (long long)totals.finished,
+                 a.output.c_str());
     return 130;
   }
-  return skipped ? 2 : 0;
+  return totals.refused ? 2 : 0;
 }
 
 // ---- bench-serve
@@ -503,7 +530,9 @@ void add_serve_commands(CLI::App& app, int& exit_code) {
         ->check(int_in({1, kMaxQueue}))
         ->capture_default_str();
     sub->add_option("--served-model-name", a->server.model_name, "model id in the API (default: the model directory's name)");
-    sub->add_option("--max-body-bytes", a->server.max_body_bytes, "largest request body (413 above)")->capture_default_str();
+    sub->add_option("--max-body-bytes", a->server.max_body_bytes, "largest request body (413 above)")
+        ->check(int_in(kBodyBytes))
+        ->capture_default_str();
     sub->callback([a, &exit_code] { exit_code = run_serve(*a); });
   }
   {
@@ -511,13 +540,23 @@ void add_serve_commands(CLI::App& app, int& exit_code) {
     CLI::App* sub = app.add_subcommand("run", "offline batch generation: one JSON request per input line (prompt, "
                                               "prompt_ids or messages, optional sampling fields), results in input order");
     add_engine_args(sub, a->engine, "--max-batch");
-    sub->add_option("--input", a->input, "input JSONL file")->required();
+    sub->add_option("--input", a->input, "input JSONL file (-: stdin), read as it runs; a line over 64 MiB "
+                                             "gets an error record")->required();
     sub->add_option("--output", a->output, "output JSONL file (id, text, ids, finish_reason, token counts)")->required();
     add_generate_options(sub, a->defaults);
-    sub->add_option("--min-p", a->min_p, "drop ids less likely than min-p times the most likely")->capture_default_str();
-    sub->add_option("--presence-penalty", a->presence_penalty, "penalty on ids already generated")->capture_default_str();
-    sub->add_option("--frequency-penalty", a->frequency_penalty, "penalty per repetition of a generated id")->capture_default_str();
+    // Checked here, in the ranges of the request fields they default (parse_api_request): unchecked,
+    // a bad value failed every line, each naming the JSON field.
+    sub->add_option("--min-p", a->min_p, "drop ids less likely than min-p times the most likely")
+        ->check(number_in(0, 1))
+        ->capture_default_str();
+    sub->add_option("--presence-penalty", a->presence_penalty, "penalty on ids already generated")
+        ->check(number_in(-2, 2))
+        ->capture_default_str();
+    sub->add_option("--frequency-penalty", a->frequency_penalty, "penalty per repetition of a generated id")
+        ->check(number_in(-2, 2))
+        ->capture_default_str();
     sub->add_option("--repetition-penalty", a->repetition_penalty, "divides the logits of ids seen in prompt or output")
+        ->check(number_in(1e-3, 100))
         ->capture_default_str();
     sub->callback([a, &exit_code] { exit_code = run_run(*a); });
   }

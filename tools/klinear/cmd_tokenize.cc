@@ -30,15 +30,17 @@ struct TokenizeArgs {
 };
 
 Status run_tokenize(const TokenizeArgs& a) {
-  if (a.text_option->count() == 0 && a.file_option->count() == 0)
-    return Status::InvalidArgument("expected one of --text or --file");
+  const bool file = a.file_option->count() > 0;  // --text excludes --file (CLI11 refuses both)
+  if (!file && a.text_option->count() == 0) return Status::InvalidArgument("--text or --file: expected one, got neither");
   KL_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(a.dir));
-  std::string text = a.text;
-  if (a.file_option->count() > 0) {
-    KL_ASSIGN_OR_RETURN(text, read_text_file(a.file));
+  std::string input = a.text;
+  if (file) {
+    auto bytes = read_text_file(a.file);
+    if (!bytes.ok()) return bytes.status().with_context("--file");
+    input = std::move(bytes).value();
   }
   std::vector<int32_t> ids =
-      tok.encode(text, a.allow_special ? Tokenizer::Specials::kParse : Tokenizer::Specials::kAsText);
+      tok.encode(input, a.allow_special ? Tokenizer::Specials::kParse : Tokenizer::Specials::kAsText);
   std::string out = "[";
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i) out += ',';
