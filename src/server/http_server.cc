@@ -1,9 +1,5 @@
 #include "server/http_server.h"
 
-#include <dirent.h>
-#include <httplib.h>
-#include <netdb.h>
-#include <poll.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -16,6 +12,7 @@
 #include <deque>
 #include <random>
 
+#include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 
@@ -108,43 +105,6 @@ void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.st
 
 std::string sse(const Json& j) { return "data: " + dump(j) + "\n\n"; }
 
-// A socket address as cpp-httplib writes it into a Request (numeric host, port).
-bool address_of(int fd, bool peer, std::string& host, int& port) {
-  sockaddr_storage a{};
-  socklen_t len = sizeof(a);
-  const int rc = peer ? getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) : getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  if (rc != 0 || (a.ss_family != AF_INET && a.ss_family != AF_INET6)) return false;
-  char h[NI_MAXHOST], p[NI_MAXSERV];
-  if (getnameinfo(reinterpret_cast<sockaddr*>(&a), len, h, sizeof(h), p, sizeof(p), NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return false;
-  host = h;
-  port = std::atoi(p);
-  return true;
-}
-
-// The socket `req` arrived on, or -1. cpp-httplib 0.11 gives a handler neither its socket nor
-// is_connection_closed(), so this finds the process's socket whose local and peer addresses are
-// the request's (a TCP connection's four addresses are unique); it stays open until the handler
-// returns.
-int connection_socket(const httplib::Request& req) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (const dirent* entry = readdir(dir)) {
-    if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
-    const int fd = std::atoi(entry->d_name);
-    std::string local_host, peer_host;
-    int local_port = 0, peer_port = 0;
-    if (address_of(fd, false, local_host, local_port) && local_port == req.local_port && address_of(fd, true, peer_host, peer_port) &&
-        peer_port == req.remote_port && peer_host == req.remote_addr && local_host == req.local_addr) {
-      found = fd;
-      break;
-    }
-  }
-  closedir(dir);
-  return found;
-}
-
 // The listening socket's options: SO_REUSEADDR (a restart binds while old connections linger in
 // TIME_WAIT) but not cpp-httplib's default SO_REUSEPORT, with which a second server on a busy port
 // started and the kernel split the connections between the two.
@@ -166,7 +126,7 @@ bool bearer_matches(const std::string& header, const std::string& key) {
 // inflated to 200 MB; a chunked body had no limit). The error to send when it cannot: 413 over
 // the limit (httplib's own Content-Length check sets 413 too), 400 for a body that cannot be read.
 std::optional<ApiError> read_body(const httplib::ContentReader& reader, const httplib::Response& res, size_t limit,
-                                  std::string& body) {
+                                  double timeout_s, std::string& body) {
   bool over = false;
   const bool read = reader([&](const char* data, size_t n) {
     over = n > limit - body.size();
@@ -176,23 +136,28 @@ std::optional<ApiError> read_body(const httplib::ContentReader& reader, const ht
   if (over || (!read && res.status == 413))
     return ApiError{413, "the request body is over the limit of " + std::to_string(limit) + " bytes (after decoding)",
                     "invalid_request_error", "", ""};
+  const Connection* connection = HttpTransport::current();
+  if (!read && connection && connection->timed_out()) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%g", timeout_s);
+    return ApiError{408, std::string("the request body did not arrive within --body-timeout (") + seconds + " s)",
+                    "invalid_request_error", "", ""};
+  }
   if (!read)
     return ApiError{400, "the request body could not be read (a broken chunked or compressed encoding?)",
                     "invalid_request_error", "", ""};
   return std::nullopt;
 }
 
-// Whether the client closed (or reset) its end of the connection.
-bool peer_closed(int fd) {
-  pollfd p{fd, POLLRDHUP, 0};
-  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-}
-
 }  // namespace
 
 HttpServer::HttpServer(Engine& engine, const Tokenizer* tokenizer, ChatFormat format, ServerOptions options)
     : engine_(engine), tokenizer_(tokenizer), format_(format), options_(std::move(options)),
-      http_(std::make_unique<httplib::Server>()), waker_(std::make_shared<Waker>()) {
+      waker_(std::make_shared<Waker>()) {
+  auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1e3)); };
+  http_ = std::make_unique<HttpTransport>(TransportOptions{ms(options_.header_timeout_s), ms(options_.body_timeout_s),
+                                                           options_.max_slow_connections_per_client, options_.http_threads,
+                                                           {"/health", "/metrics"}, [this](int status) { count(status); }});
   routes();
 }
 
@@ -238,8 +203,6 @@ void HttpServer::stop() {
 
 void HttpServer::routes() {
   httplib::Server& s = *http_;
-  const int threads = options_.http_threads;
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   s.set_payload_max_length(options_.max_body_bytes);
   s.set_keep_alive_max_count(1000);
   s.set_tcp_nodelay(true);  // a reply's header and body writes go out at once (Nagle held the body ~40 ms)
@@ -262,6 +225,21 @@ void HttpServer::routes() {
     else send_error(res, ApiError{res.status, "HTTP error " + std::to_string(res.status), "invalid_request_error", "", ""});
   });
   s.set_logger([this](const httplib::Request&, const httplib::Response& res) { count(res.status); });
+  // An exception out of a handler (a failed allocation: the request asked for more than there is)
+  // fails that request alone.
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "the request failed";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::bad_alloc&) {
+      what = "the server ran out of memory serving this request";
+    } catch (const std::exception& e) {
+      what = std::string("the request failed: ") + e.what();
+    } catch (...) {
+    }
+    res.body.clear();
+    send_error(res, ApiError{500, what, "server_error", "", ""});
+  });
 
   // While draining /health is 503, so a load balancer stops sending before the server goes.
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -291,7 +269,7 @@ void HttpServer::routes() {
     http_->Post(path, [this, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
                                                           const httplib::ContentReader& reader) {
       std::string body;
-      if (auto e = read_body(reader, res, options_.max_body_bytes, body)) return send_error(res, *e);
+      if (auto e = read_body(reader, res, options_.max_body_bytes, options_.body_timeout_s, body)) return send_error(res, *e);
       handler(req, res, body);
     });
   };
@@ -330,7 +308,7 @@ void HttpServer::routes() {
   });
 
   auto generate = [this](ApiKind kind) {
-    return [this, kind](const httplib::Request& req, httplib::Response& res, const std::string& text) {
+    return [this, kind](const httplib::Request&, httplib::Response& res, const std::string& text) {
       auto body = parse_json(text, "request body");
       if (!body.ok()) return send_error(res, api_error(body.status()));
       std::string param;
@@ -361,7 +339,7 @@ void HttpServer::routes() {
       ++in_flight_;
       if (!r.stream) {
         // While waiting, a client that hangs up has its request cancelled (its end event follows).
-        const int sock = connection_socket(req);
+        Connection* connection = HttpTransport::current();
         RequestStats stats;
         Status failure;
         bool cancelled = false;
@@ -373,7 +351,7 @@ void HttpServer::routes() {
             stats = e.stats;
             if (e.end == RequestEnd::kFailed) failure = e.error;
           }
-          if (!ended && !cancelled && sock >= 0 && peer_closed(sock)) {
+          if (!ended && !cancelled && connection && connection->client_gone()) {
             engine_.cancel(*id);
             cancelled = true;
           }

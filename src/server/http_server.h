@@ -5,7 +5,8 @@
 // to the engine with a sink that feeds a per-request channel, and its handler (or its SSE content
 // provider) drains the channel. A client that disconnects has its request cancelled, so its slot
 // and pages return: a streaming one when a write fails, a waiting non-streaming one when its
-// socket reports the hang-up. Routes: POST /v1/chat/completions, /v1/completions, /tokenize,
+// connection reports the hang-up (Connection::client_gone: a half-close is not one). Connections,
+// deadlines and threads are http_transport.h's. Routes: POST /v1/chat/completions, /v1/completions, /tokenize,
 // /detokenize; GET /v1/models, /health, /metrics. With an API key, /v1/* and the tokenizer routes
 // need "Authorization: Bearer KEY" (401 otherwise); unknown paths are 404, bodies over the limit
 // 413 (the limit holds on the decoded body: gzip, chunked), a full queue or a draining server 503, all as
@@ -26,11 +27,9 @@
 #include "io/tokenizer.h"
 #include "runtime/engine.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace klinear {
+
+class HttpTransport;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -39,7 +38,10 @@ struct ServerOptions {
   std::string model_name;                  // the id /v1/models lists and requests must name
   size_t max_body_bytes = 8u << 20;        // larger bodies get 413
   std::optional<int64_t> truncate_prompt;  // requests without truncate_prompt_tokens: -1 truncates, none refuses
-  int http_threads = 64;                   // concurrent connections served
+  int http_threads = 64;                   // requests served at once (/health and /metrics have 2 more)
+  double header_timeout_s = 10;            // a request's line and headers must arrive within this (408)
+  double body_timeout_s = 60;              // and its body within this of the headers (408)
+  int max_slow_connections_per_client = 16;  // connections of one client with a head partly sent (429 above)
 };
 
 class HttpServer {
@@ -67,7 +69,7 @@ class HttpServer {
   const Tokenizer* tokenizer_;
   ChatFormat format_;
   ServerOptions options_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpTransport> http_;
   std::thread listener_;
   int port_ = 0;
   std::atomic<int> in_flight_{0};

@@ -20,6 +20,17 @@ with the server still answering afterwards:
   long prompt      a 1M-id prompt (the cache holds it) beside short requests: each short one answered
                    within 15 s (they waited for its whole prefill, hours: each chunk took the step's whole
                    budget, and each step attended over up to 2·10⁹ query-key pairs)
+  slowloris        300 connections each holding a head partly sent: /health answered within 1 s and
+                   a completion served; past 16 per client they get 429, the rest 408 at
+                   --header-timeout (they held every HTTP thread; /health went unanswered)
+  slow body        a body trickled a byte at a time gets 408 at --body-timeout (each byte restarted
+                   the read timeout)
+  busy threads     every request thread reading a slow body: /health and /metrics answered within
+                   1 s (they waited for a free thread)
+  pipelining       three requests in one write on a keep-alive connection: three replies in order
+                   (the second and third were dropped)
+  half-close       a request followed by shutdown(SHUT_WR) gets its whole reply (the hang-up check
+                   cancelled it)
 
 usage: hostile_server_test.py --klinear BIN --source REPO
 """
@@ -223,6 +234,139 @@ def test_long_prompt(bare):
         s.stop()
 
 
+def read_reply(f):
+    """One HTTP response from the file `f` of a socket, skipping interim 1xx replies: (status, body)."""
+    while True:
+        line = f.readline()
+        if not line:
+            return None, b""
+        status = int(line.split()[1])
+        headers = {}
+        for h in iter(f.readline, b"\r\n"):
+            if not h:
+                return status, b""
+            k, _, v = h.decode().partition(":")
+            headers[k.strip().lower()] = v.strip()
+        if status >= 200:
+            return status, f.read(int(headers.get("content-length", "0")))
+
+
+def request_bytes(method, path, body=b"", extra=""):
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n{extra}"
+    if method == "POST":
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+def timed_health(s, what):
+    t0 = time.perf_counter()
+    status, _ = s.raw("GET", "/health", timeout=10)
+    took = time.perf_counter() - t0
+    check(status == 200 and took < 1, f"/health with {what}: HTTP {status} after {took:.2f} s")
+    status, _ = s.raw("GET", "/metrics", timeout=10)
+    check(status == 200, f"/metrics with {what}: HTTP {status}")
+
+
+def test_slowloris(s):
+    # 300 connections that each send part of a head and then nothing: they held all the HTTP
+    # threads (the socket's read timeout restarts with every byte), so /health went unanswered.
+    socks = []
+    for _ in range(300):
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        socks.append(c)
+    time.sleep(0.3)
+    timed_health(s, "300 slow heads open")
+    still_serving(s)
+    # Past the cap of 16 slow heads per client the server answers 429; the rest get 408 at
+    # --header-timeout (2 s here).
+    replies = []
+    for c in socks:
+        c.settimeout(8)
+        try:
+            replies.append(c.recv(64)[:12])
+        except OSError:
+            replies.append(b"")
+        c.close()
+    check(replies.count(b"HTTP/1.1 429") >= 300 - 16, f"429 for {replies.count(b'HTTP/1.1 429')} of 300 slow heads")
+    check(replies.count(b"HTTP/1.1 408") + replies.count(b"HTTP/1.1 429") == 300,
+          f"slow heads not all answered 408 or 429: {sorted(set(replies))}")
+
+
+def test_slow_body(s):
+    # A body trickled a byte at a time: the read timeout restarted with each byte. The body must
+    # arrive within --body-timeout (2 s here), else 408.
+    c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    c.sendall(request_bytes("POST", "/v1/completions", b"")[:-2].replace(b"Content-Length: 0", b"Content-Length: 1000")
+              + b"\r\n{")
+    t0 = time.time()
+    c.setblocking(False)
+    reply = b""
+    while time.time() - t0 < 8 and not reply:
+        try:
+            c.send(b" ")
+            reply = c.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            break
+        time.sleep(0.2)
+    took = time.time() - t0
+    c.close()
+    check(reply.startswith(b"HTTP/1.1 408") and took < 5, f"a trickled body: {reply[:40]!r} after {took:.1f} s")
+    still_serving(s)
+
+
+def test_busy_threads(serve):
+    # Every request thread (64 here) reading a slow body: /health and /metrics still answer.
+    s = Server(serve + ["--port", "0", "--cache-memory", "16M", "--max-queue", "1", "--max-num-seqs", "1",
+                        "--body-timeout", "30"], PORT_LINE, key=KEY)
+    socks = []
+    try:
+        for _ in range(80):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            c.sendall(request_bytes("POST", "/v1/completions", b"")[:-2].replace(b"Content-Length: 0",
+                                                                                   b"Content-Length: 1000") + b"\r\n{")
+            socks.append(c)
+        time.sleep(0.5)
+        timed_health(s, "every request thread busy")
+    finally:
+        for c in socks:
+            c.close()
+        s.stop()
+
+
+def test_pipelining(s):
+    # Three requests in one write on a keep-alive connection: all three answered, in order (the
+    # ones after the first were dropped).
+    c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+    body = json.dumps({"model": MODEL, "prompt": "pipelined", "max_tokens": 2}).encode()
+    c.sendall(request_bytes("GET", "/v1/models") + request_bytes("POST", "/v1/completions", body) +
+              request_bytes("GET", "/health"))
+    f = c.makefile("rb")
+    replies = [read_reply(f) for _ in range(3)]
+    c.close()
+    check([r[0] for r in replies] == [200, 200, 200], f"pipelined replies: {[r[0] for r in replies]}")
+    check(json.loads(replies[0][1])["object"] == "list" and json.loads(replies[1][1])["object"] == "text_completion",
+          f"pipelined replies out of order: {[r[1][:60] for r in replies]}")
+
+
+def test_half_close(s):
+    # A client that sends its request and shuts down its write side still gets the whole reply
+    # (the hang-up check took the half-close for a disconnect and cancelled the request).
+    for body in (None, {"model": MODEL, "prompt": "half", "max_tokens": 4, "ignore_eos": True}):
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        c.sendall(request_bytes("POST", "/v1/completions", json.dumps(body).encode()) if body
+                  else request_bytes("GET", "/health"))
+        c.shutdown(socket.SHUT_WR)
+        status, data = read_reply(c.makefile("rb"))
+        c.close()
+        check(status == 200, f"half-closed {'completion' if body else '/health'}: HTTP {status} {data[:200]!r}")
+        if body:
+            usage = json.loads(data)["usage"]
+            check(usage["completion_tokens"] == 4, f"half-closed completion cut short: {usage}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--klinear", required=True)
@@ -240,7 +384,8 @@ def main():
             f.write(KEY + "\n")
         max_body = 300000  # room for 100,000 levels of nesting (200 KB), not for the bombs
         serve = [a.klinear, "serve", "--model", model, "--max-body-bytes", str(max_body)]
-        server = Server(serve + ["--port", "0", "--cache-memory", "16M", "--api-key-file", key_file], PORT_LINE, key=KEY)
+        server = Server(serve + ["--port", "0", "--cache-memory", "16M", "--api-key-file", key_file,
+                                 "--header-timeout", "2", "--body-timeout", "2"], PORT_LINE, key=KEY)
         server.max_body = max_body
         keyed = serve + ["--api-key-file", key_file]
         tests = [("nested_json", lambda: test_nested_json(server)),
@@ -251,7 +396,12 @@ def main():
                  ("no_nagle", lambda: test_no_nagle(server)),
                  ("drain", lambda: test_drain(keyed)),
                  ("long_prompt", lambda: test_long_prompt([a.klinear, "serve", "--model", model, "--api-key-file",
-                                                           key_file]))]
+                                                           key_file])),
+                 ("slowloris", lambda: test_slowloris(server)),
+                 ("slow_body", lambda: test_slow_body(server)),
+                 ("busy_threads", lambda: test_busy_threads(keyed)),
+                 ("pipelining", lambda: test_pipelining(server)),
+                 ("half_close", lambda: test_half_close(server))]
         failures += run_checks(tests)
     finally:
         if server and server.proc.poll() is None:

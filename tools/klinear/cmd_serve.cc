@@ -533,6 +533,21 @@ void add_serve_commands(CLI::App& app, int& exit_code) {
     sub->add_option("--max-body-bytes", a->server.max_body_bytes, "largest request body (413 above)")
         ->check(int_in(kBodyBytes))
         ->capture_default_str();
+    // Slow clients (issue 34): totals, not per read, so a trickle cannot stretch them.
+    sub->add_option("--header-timeout", a->server.header_timeout_s,
+                    "seconds a request's line and headers may take to arrive, from the connection's open or its "
+                    "previous response (408 after; an idle keep-alive connection closes)")
+        ->check(number_in(0.01, 86400))
+        ->capture_default_str();
+    sub->add_option("--body-timeout", a->server.body_timeout_s,
+                    "seconds a request's body may take to arrive after its headers (408 after)")
+        ->check(number_in(0.01, 86400))
+        ->capture_default_str();
+    sub->add_option("--max-slow-connections-per-client", a->server.max_slow_connections_per_client,
+                    "connections of one client address that may be partway through sending their headers at once "
+                    "(429 for the next)")
+        ->check(int_in({1, 65536}))
+        ->capture_default_str();
     sub->callback([a, &exit_code] { exit_code = run_serve(*a); });
   }
   {
