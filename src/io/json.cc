@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <new>
 
 namespace klinear {
 
@@ -36,22 +37,46 @@ std::string json_excerpt(const Json& v) {
   return s;
 }
 
-Result<Json> parse_json(std::string_view text, const std::string& what) {
-  KL_RETURN_IF_ERROR(check_depth(text, what));
-  try {
-    return Json::parse(text.begin(), text.end());
-  } catch (const Json::exception& e) {
-    return Status::InvalidArgument(what + ": invalid JSON: " + e.what());
+namespace {
+template <class J>
+void release(J& j) noexcept {
+  if (j.is_array()) {
+    auto& a = j.template get_ref<typename J::array_t&>();
+    for (J& e : a) release(e);
+    a.clear();
+  } else if (j.is_object()) {
+    auto& o = j.template get_ref<typename J::object_t&>();
+    for (auto& kv : o) release(kv.second);
+    o.clear();
   }
 }
 
-Result<OrderedJson> parse_ordered_json(std::string_view text, const std::string& what) {
+// nlohmann's own parse keeps the document it builds to itself, so a std::bad_alloc partway would
+// destroy it with the allocating destructor (see release_json); here the document is ours.
+template <class J>
+Result<J> parse_as(std::string_view text, const std::string& what) {
   KL_RETURN_IF_ERROR(check_depth(text, what));
+  J doc;
   try {
-    return OrderedJson::parse(text.begin(), text.end());
-  } catch (const OrderedJson::exception& e) {
+    nlohmann::detail::json_sax_dom_parser<J> builder(doc);
+    J::sax_parse(text.begin(), text.end(), &builder);
+    return doc;
+  } catch (const typename J::exception& e) {
+    release(doc);
     return Status::InvalidArgument(what + ": invalid JSON: " + e.what());
+  } catch (const std::bad_alloc&) {
+    release(doc);
+    return Status::ResourceExhausted(what + ": out of memory parsing " + std::to_string(text.size()) + " bytes of JSON");
   }
+}
+}  // namespace
+
+void release_json(Json& j) noexcept { release(j); }
+
+Result<Json> parse_json(std::string_view text, const std::string& what) { return parse_as<Json>(text, what); }
+
+Result<OrderedJson> parse_ordered_json(std::string_view text, const std::string& what) {
+  return parse_as<OrderedJson>(text, what);
 }
 
 Result<Json> read_json_file(const std::string& path) {

@@ -24,11 +24,23 @@ using OrderedJson = nlohmann::ordered_json;
 // request of 100k nested brackets would otherwise overflow the stack.
 inline constexpr int kMaxJsonDepth = 512;
 
-// Parses `text`; `what` names the document in error messages ("config.json").
+// Parses `text`; `what` names the document in error messages ("config.json"). Running out of
+// memory partway is ResourceExhausted, the partial document freed (see release_json).
 Result<Json> parse_json(std::string_view text, const std::string& what);
 Result<OrderedJson> parse_ordered_json(std::string_view text, const std::string& what);
 // Reads (a regular file of at most kMaxJsonFileBytes, see io/file.h) and parses a whole file.
 Result<Json> read_json_file(const std::string& path);
+// Frees `j`'s contents without allocating, leaving it empty. nlohmann's destructor first moves a
+// container's children into a vector as large as the container (so that deep documents do not
+// recurse), and when memory has run out that allocation throws from a destructor, which ends the
+// process. A server request's body is released this way (ReleaseJsonOnExit) so that a failed
+// allocation fails the request alone. Recurses once per level (parsed documents: kMaxJsonDepth).
+void release_json(Json& j) noexcept;
+struct ReleaseJsonOnExit {
+  Json& doc;
+  ~ReleaseJsonOnExit() { release_json(doc); }
+};
+
 // A value for an error message: its JSON text, cut after 80 bytes (an error never echoes a whole
 // request).
 std::string json_excerpt(const Json& v);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <new>
 #include <tuple>
 
 namespace klinear {
@@ -10,6 +11,16 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// A failed allocation inside a step (host memory under a limit, a huge batch) fails that step's
+// requests, as an error the runner returns does; the other requests and the server go on.
+Result<SampledStep> run_guarded(StepRunner& runner, std::span<const RunnerStep> steps) {
+  try {
+    return runner.run(steps);
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted("out of memory in a step of " + std::to_string(steps.size()) + " sequences");
+  }
+}
 }  // namespace
 
 struct Engine::Choice {
@@ -290,7 +301,7 @@ bool Engine::step() {
   double forward_s = 0;
   if (!steps.empty()) {
     const Clock::time_point forward_start = Clock::now();
-    const Result<SampledStep> logits = runner_.run(steps);
+    const Result<SampledStep> logits = run_guarded(runner_, steps);
     forward_s = seconds(forward_start, Clock::now());
     if (!logits.ok()) {
       std::vector<uint64_t> failed;

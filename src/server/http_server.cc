@@ -277,6 +277,7 @@ void HttpServer::routes() {
   post("/tokenize", [this](const httplib::Request&, httplib::Response& res, const std::string& text) {
     auto body = parse_json(text, "request body");
     if (!body.ok()) return send_error(res, api_error(body.status()));
+    ReleaseJsonOnExit release{*body};
     std::string param;
     ApiRequest r;
     r.kind = body->contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
@@ -297,6 +298,7 @@ void HttpServer::routes() {
   post("/detokenize", [this](const httplib::Request&, httplib::Response& res, const std::string& text) {
     auto body = parse_json(text, "request body");
     if (!body.ok()) return send_error(res, api_error(body.status()));
+    ReleaseJsonOnExit release{*body};
     auto ids = json_opt_int_list(*body, "tokens", "request");
     if (!ids.ok() || !ids->has_value())
       return send_error(res, api_error(Status::InvalidArgument("field 'tokens' must be a list of token ids"), "tokens"));
@@ -311,6 +313,7 @@ void HttpServer::routes() {
     return [this, kind](const httplib::Request&, httplib::Response& res, const std::string& text) {
       auto body = parse_json(text, "request body");
       if (!body.ok()) return send_error(res, api_error(body.status()));
+      ReleaseJsonOnExit release{*body};
       std::string param;
       auto parsed = parse_api_request(kind, format_, *body, &param);
       if (!parsed.ok()) return send_error(res, api_error(parsed.status(), param));

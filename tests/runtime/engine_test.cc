@@ -16,6 +16,7 @@ namespace {
 
 using testing::FakeRunner;
 using testing::StepRecord;
+using testing::kOutOfMemory;
 using testing::kPoison;
 using testing::kVocab;
 using testing::fake_logits;
@@ -55,7 +56,7 @@ std::vector<RequestSpec> random_specs(std::mt19937_64& rng, int count) {
   for (int i = 0; i < count; ++i) {
     RequestSpec s;
     const int len = 1 + static_cast<int>(rng() % 40);
-    for (int t = 0; t < len; ++t) s.prompt.push_back(static_cast<int32_t>(rng() % (kVocab - 1)));
+    for (int t = 0; t < len; ++t) s.prompt.push_back(static_cast<int32_t>(rng() % kOutOfMemory));
     s.stop.max_tokens = 1 + static_cast<int64_t>(rng() % 12);
     s.stop.ignore_eos = true;
     if (i % 3 == 1) {  // some sampled, seeded: must reproduce too
@@ -240,20 +241,31 @@ TEST(Engine, CancelFreesEverythingAndOthersFinish) {
   EXPECT_EQ(engine.metrics().requests.at("cancelled"), 1u);
 }
 
+// A step that fails (an error the runner returns, or a failed allocation it throws: issue 34)
+// fails the requests of that step; the engine frees their slots and serves the next request.
 TEST(Engine, RunnerErrorFailsOnlyItsStep) {
-  FakeRunner runner(4, 100, 16);
-  Engine engine(runner, nullptr, EngineOptions{{2048, 256}, 1024, {}});
-  RequestSpec good, bad;
-  good.prompt = {1, 2};
-  good.stop.max_tokens = 4;
-  bad.prompt = {1, kPoison};
-  bad.stop.max_tokens = 4;
-  std::vector<Collected> first = run_all(engine, {bad});
-  EXPECT_EQ(first[0].end, RequestEnd::kFailed);
-  EXPECT_NE(first[0].error.message().find("poisoned"), std::string::npos);
-  std::vector<Collected> second = run_all(engine, {good});
-  EXPECT_EQ(second[0].end, RequestEnd::kFinished);
-  EXPECT_EQ(runner.usage().slots_free, 4);
+  struct Case {
+    int32_t id;
+    StatusCode code;
+    const char* message;
+  };
+  for (const Case& c : {Case{kPoison, StatusCode::kInvalidArgument, "poisoned"},
+                        Case{kOutOfMemory, StatusCode::kResourceExhausted, "out of memory in a step of 1 sequences"}}) {
+    FakeRunner runner(4, 100, 16);
+    Engine engine(runner, nullptr, EngineOptions{{2048, 256}, 1024, {}});
+    RequestSpec good, bad;
+    good.prompt = {1, 2};
+    good.stop.max_tokens = 4;
+    bad.prompt = {1, c.id};
+    bad.stop.max_tokens = 4;
+    std::vector<Collected> first = run_all(engine, {bad});
+    EXPECT_EQ(first[0].end, RequestEnd::kFailed) << c.message;
+    EXPECT_EQ(first[0].error.code(), c.code) << first[0].error.to_string();
+    EXPECT_NE(first[0].error.message().find(c.message), std::string::npos) << first[0].error.to_string();
+    std::vector<Collected> second = run_all(engine, {good});
+    EXPECT_EQ(second[0].end, RequestEnd::kFinished) << c.message;
+    EXPECT_EQ(runner.usage().slots_free, 4) << c.message;
+  }
 }
 
 TEST(Engine, RefusesRequestsThatCannotRun) {

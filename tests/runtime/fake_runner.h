@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <new>
 #include <set>
 #include <vector>
 
@@ -16,14 +17,15 @@
 namespace klinear::testing {
 
 constexpr int64_t kVocab = 64;
-constexpr int32_t kPoison = 63;  // the fake runner fails a step that feeds this id
+constexpr int32_t kPoison = 63;       // the fake runner fails a step that feeds this id,
+constexpr int32_t kOutOfMemory = 62;  // throws std::bad_alloc from one that feeds this (ids below are fine)
 
 inline uint64_t mix(uint64_t h, int32_t id) { return (h ^ (static_cast<uint64_t>(id) + 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull; }
 
-// Logits of a state: pseudo-random per (state, id), in [-4, 4); the poison id is never generated.
+// Logits of a state: pseudo-random per (state, id), in [-4, 4); the two failing ids are never generated.
 inline void fake_logits(uint64_t h, float* row) {
   for (int64_t j = 0; j < kVocab; ++j) row[j] = static_cast<float>((mix(h, static_cast<int32_t>(j)) >> 40) % 8192) / 1024.0f - 4.0f;
-  row[kPoison] = -1e30f;
+  row[kPoison] = row[kOutOfMemory] = -1e30f;
 }
 
 struct StepRecord {
@@ -68,8 +70,10 @@ class FakeRunner final : public StepRunner {
       rows += s.want_logits;
       rec.tokens += static_cast<int64_t>(s.ids.size());
       (seqs_[s.seq].tokens > 0 && s.ids.size() == 1 ? rec.decodes : rec.prefills) += 1;
-      for (int32_t id : s.ids)
+      for (int32_t id : s.ids) {
         if (id == kPoison) return Status::InvalidArgument("poisoned token");
+        if (id == kOutOfMemory) throw std::bad_alloc();
+      }
     }
     Tensor out = Tensor::empty(DType::kF32, {rows, kVocab});
     int64_t row = 0;

@@ -31,6 +31,10 @@ with the server still answering afterwards:
                    (the second and third were dropped)
   half-close       a request followed by shutdown(SHUT_WR) gets its whole reply (the hang-up check
                    cancelled it)
+  out of memory    a 72 MB prompt list whose parse runs out of memory (the address space capped at
+                   the server's size + 512 MiB) fails that request alone (SIGABRT: nlohmann's
+                   destructor allocates, and threw while unwinding); skipped under the sanitizers,
+                   whose allocators end the process on a failed allocation by design
 
 usage: hostile_server_test.py --klinear BIN --source REPO
 """
@@ -39,6 +43,7 @@ import gzip
 import http.client
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -367,6 +372,23 @@ def test_half_close(s):
             check(usage["completion_tokens"] == 4, f"half-closed completion cut short: {usage}")
 
 
+def test_out_of_memory(bare):
+    s = Server(bare + ["--port", "0", "--cache-memory", "16M", "--max-body-bytes", "100000000"], PORT_LINE, key=KEY)
+    try:
+        with open(f"/proc/{s.proc.pid}/status") as f:
+            size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+        cap = size + (512 << 20)
+        resource.prlimit(s.proc.pid, resource.RLIMIT_AS, (cap, cap))
+        # 24M ids: ~400 MB as parsed JSON values, more than the cap leaves.
+        body = '{"model": "%s", "max_tokens": 1, "prompt": [%s5]}' % (MODEL, "5," * 24000000)
+        status, data = s.raw("POST", "/v1/completions", body)
+        check(status in (413, 500, 503), f"a request that ran out of memory: HTTP {status} {data[:200]!r}")
+        check(b"memory" in data, f"the error does not say memory ran out: {data[:200]!r}")
+        still_serving(s)
+    finally:
+        s.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--klinear", required=True)
@@ -402,6 +424,11 @@ def main():
                  ("busy_threads", lambda: test_busy_threads(keyed)),
                  ("pipelining", lambda: test_pipelining(server)),
                  ("half_close", lambda: test_half_close(server))]
+        if "ASAN_OPTIONS" in os.environ:
+            print("[SKIP] out_of_memory (a sanitizer's allocator ends the process when an allocation fails)")
+        else:
+            tests.append(("out_of_memory", lambda: test_out_of_memory([a.klinear, "serve", "--model", model,
+                                                                        "--api-key-file", key_file])))
         failures += run_checks(tests)
     finally:
         if server and server.proc.poll() is None:

@@ -14,11 +14,13 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <new>
 #include <optional>
 #include <thread>
 
 #include "backend/backend.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "io/line_reader.h"
 #include "cli_util.h"
 #include "commands.h"
@@ -350,10 +352,12 @@ Status submit_line(const std::string& text, RunContext& ctx, LineResult& res) {
     res.blank = res.done = true;
     return {};
   }
-  KL_ASSIGN_OR_RETURN(const Json line, parse_json(text, "line"));
+  KL_ASSIGN_OR_RETURN(Json line, parse_json(text, "line"));
+  const ReleaseJsonOnExit release_line{line};
   if (!line.is_object()) return Status::InvalidArgument("expected a JSON object");
   if (line.contains("id")) res.id = line["id"];
   Json merged = ctx.defaults;
+  const ReleaseJsonOnExit release_merged{merged};
   merged.update(line);
   if (merged.contains("prompt_ids")) merged["prompt"] = merged["prompt_ids"];
   const ApiKind kind = merged.contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
@@ -422,7 +426,12 @@ int run_run(const RunArgs& a) {
     LineResult& res = window.emplace_back();
     res.line = line->number;
     res.id = line->number;
-    const Status st = line->error.ok() ? submit_line(line->text, ctx, res) : line->error;
+    Status st = line->error;
+    try {
+      if (st.ok()) st = submit_line(line->text, ctx, res);
+    } catch (const std::bad_alloc&) {  // a failed allocation refuses this line; the run goes on
+      st = Status::ResourceExhausted("out of memory reading a line of " + std::to_string(line->text.size()) + " bytes");
+    }
     if (!st.ok()) {
       std::fprintf(stderr, "klinear run: %s line %lld: %s (an error record written)\n", reader->name().c_str(),
                    (long long)res.line, st.to_string().c_str());
