@@ -210,9 +210,28 @@ PY
 }
 step generate generate_e2e
 
+# The Kimi-Linear-48B-A3B config.json (dummy weights: 91.4 GiB in bf16, an H200's size) in $1.
+# KLINEAR_GPU_CHECK_48B_LAYERS=N keeps its first N layers (one MLA layer in four, as the model
+# has), so that the 48B steps fit an 80 GB H100: 16 layers, about 55 GiB. Rows measured so are
+# comparable only with rows of the same N.
+init_48b() {
+  build-gpu/klinear init --preset kimi-linear-48b-a3b --config-only --out "$1" >/dev/null || return 1
+  [ -z "${KLINEAR_GPU_CHECK_48B_LAYERS:-}" ] && return 0
+  python3 - "$1/config.json" "$KLINEAR_GPU_CHECK_48B_LAYERS" <<'PY'
+import json, sys
+path, n = sys.argv[1], int(sys.argv[2])
+c = json.load(open(path))
+la = c["linear_attn_config"]  # layer numbers from 1
+la["full_attn_layers"] = [i for i in range(1, n + 1) if i % 4 == 0]
+la["kda_layers"] = [i for i in range(1, n + 1) if i % 4 != 0]
+c["num_hidden_layers"] = n
+json.dump(c, open(path, "w"), indent=2)
+PY
+}
+
 e2e_48b() {  # the Kimi-Linear-48B-A3B config with dummy weights made on the GPU, bf16
   local dir=/tmp/klinear-48b
-  build-gpu/klinear init --preset kimi-linear-48b-a3b --config-only --out "$dir" || return 1
+  init_48b "$dir" || return 1
   build-gpu/klinear info --model "$dir" --load-format dummy || return 1
   build-gpu/klinear generate --model "$dir" --load-format dummy --device cuda --prompt-ids 1,2,3,4,5,6,7 \
     --max-tokens 16 --ignore-eos --json || return 1
@@ -234,7 +253,7 @@ baseline_48b() {
   cmake -S "$base" -B "$base/build" -DCMAKE_BUILD_TYPE=Release -DKLINEAR_CUDA=ON -DKLINEAR_DEPS_ROOT="$deps" \
     -DCMAKE_PREFIX_PATH="$deps/usr" -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" >/dev/null || return 1
   cmake --build "$base/build" -j "$(nproc)" --target model_bench >/dev/null || return 1
-  build-gpu/klinear init --preset kimi-linear-48b-a3b --config-only --out "$dir" >/dev/null || return 1
+  init_48b "$dir" || return 1
   local round bench
   for round in 1 2; do
     for bench in build-gpu/model_bench "$base/build/model_bench"; do
@@ -249,7 +268,7 @@ baseline_48b() {
 profile_48b() {  # where a 48B step's GPU time goes: ncu's duration of each kernel of one prefill step
   # (2,048 tokens) and of one decode step at batch 64 (4k context), summed by kernel
   local dir=/tmp/klinear-48b range csv rc=0
-  [ -f "$dir/config.json" ] || build-gpu/klinear init --preset kimi-linear-48b-a3b --config-only --out "$dir" || return 1
+  [ -f "$dir/config.json" ] || init_48b "$dir" || return 1
   for range in "prefill" "decode b64"; do
     csv="$out/profile_48b_${range// /_}.csv"
     timeout 300 ncu --nvtx --nvtx-include "$range/" --metrics gpu__time_duration.sum --csv --print-kernel-base function \
@@ -264,7 +283,7 @@ step profile_48b profile_48b
 
 serve_48b() {  # issue 8 on the 48B dummy: `klinear run` over 1,000 lines, then bench-serve against `klinear serve`
   local dir=/tmp/klinear-48b port=18080 rc=0
-  [ -f "$dir/config.json" ] || build-gpu/klinear init --preset kimi-linear-48b-a3b --config-only --out "$dir" || return 1
+  [ -f "$dir/config.json" ] || init_48b "$dir" || return 1
   python3 -c "
 import json, random
 r = random.Random(7)
