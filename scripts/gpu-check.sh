@@ -23,6 +23,8 @@
 # The CPU suite is CI's (scripts/test.sh); KLINEAR_GPU_CHECK_CPU=1 runs it here too.
 # KLINEAR_GPU_CHECK_BASELINE=TAR adds the step baseline_48b: the 48B rows of this tree and of an
 # older one (the tar) in turns, before and after side by side.
+# KLINEAR_GPU_CHECK_48B_LAYERS=N runs every 48B step on the config's first N layers (16 fit an 80 GB
+# H100; the whole model needs an H200).
 # KLINEAR_GPU_CHECK_SKIP names steps to leave out (space-separated: e.g. "fla_bench memcheck").
 # Every step runs even when an earlier one fails; the exit status is non-zero if any failed.
 # On the H200 (2026-12-01): build 80-117 s, GPU tests 49-92 s (the bf16 consistency rows redraw
