@@ -214,7 +214,7 @@ step generate generate_e2e
 
 # The Kimi-Linear-48B-A3B config.json (dummy weights: 91.4 GiB in bf16, an H200's size) in $1.
 # KLINEAR_GPU_CHECK_48B_LAYERS=N keeps its first N layers (one MLA layer in four, as the model
-# has), so that the 48B steps fit an 80 GB H100: 16 layers, about 55 GiB. Rows measured so are
+# has), so that the 48B steps fit an 80 GB H100: 16 layers, 53.5 GiB. Rows measured so are
 # comparable only with rows of the same N.
 init_48b() {
   build-gpu/klinear init --preset kimi-linear-48b-a3b --config-only --out "$1" >/dev/null || return 1
