@@ -33,6 +33,7 @@
 #include <utility>
 
 #include "backend/cuda/common/device.cuh"
+#include "backend/cuda/mla/flashinfer_plan.h"
 #include "backend/cuda/mla/mla_decode_sm90.h"
 
 namespace klinear::cuda {
@@ -119,7 +120,6 @@ void MlaDecodeSm90::run(const MlaDecodeSm90Args& a, const SeqLayout& layout) {
              what + ": the kernel copies 16-byte pieces of aligned rows");
   flashinfer::MLAPlanInfo info;
   info.FromVector(info_);
-  auto ints = [&](int64_t offset) { return reinterpret_cast<int32_t*>(static_cast<char*>(int_dev_.data()) + offset); };
   auto* pages = static_cast<__nv_bfloat16*>(const_cast<void*>(a.pages));
   Params p{};
   p.q_nope = static_cast<__nv_bfloat16*>(const_cast<void*>(a.q_lat));
@@ -130,21 +130,19 @@ void MlaDecodeSm90::run(const MlaDecodeSm90Args& a, const SeqLayout& layout) {
   p.partial_lse = reinterpret_cast<float*>(static_cast<char*>(float_dev_.data()) + info.partial_lse_offset);
   p.final_o = static_cast<__nv_bfloat16*>(a.out);
   p.final_lse = nullptr;
-  p.q_indptr = ints(info.q_indptr_offset);
-  p.kv_indptr = ints(info.kv_indptr_offset);
-  p.partial_indptr = ints(info.partial_indptr_offset);
-  p.merge_packed_offset_start = ints(info.merge_packed_offset_start_offset);
-  p.merge_packed_offset_end = ints(info.merge_packed_offset_end_offset);
-  p.merge_partial_packed_offset_start = ints(info.merge_partial_packed_offset_start_offset);
-  p.merge_partial_packed_offset_end = ints(info.merge_partial_packed_offset_end_offset);
-  p.merge_partial_stride = ints(info.merge_partial_stride_offset);
   p.kv_indices = const_cast<int32_t*>(layout.dev.page_table.data_as<const int32_t>());
-  p.q_len = ints(info.q_len_offset);
-  p.kv_len = ints(info.kv_len_offset);
-  p.q_start = ints(info.q_start_offset);
-  p.kv_start = ints(info.kv_start_offset);
-  p.kv_end = ints(info.kv_end_offset);
-  p.work_indptr = ints(info.work_indptr_offset);
+  using A = PlanArray<Params>;
+  point_at_plan(p, int_dev_.data(),
+                {A{&Params::q_indptr, info.q_indptr_offset}, A{&Params::kv_indptr, info.kv_indptr_offset},
+                 A{&Params::partial_indptr, info.partial_indptr_offset}, A{&Params::q_len, info.q_len_offset},
+                 A{&Params::merge_packed_offset_start, info.merge_packed_offset_start_offset},
+                 A{&Params::merge_packed_offset_end, info.merge_packed_offset_end_offset},
+                 A{&Params::merge_partial_packed_offset_start, info.merge_partial_packed_offset_start_offset},
+                 A{&Params::merge_partial_packed_offset_end, info.merge_partial_packed_offset_end_offset},
+                 A{&Params::merge_partial_stride, info.merge_partial_stride_offset},
+                 A{&Params::kv_len, info.kv_len_offset}, A{&Params::q_start, info.q_start_offset},
+                 A{&Params::kv_start, info.kv_start_offset}, A{&Params::kv_end, info.kv_end_offset},
+                 A{&Params::work_indptr, info.work_indptr_offset}});
   p.block_size = flashinfer::uint_fastdiv(static_cast<uint32_t>(layout.page_size));
   p.num_heads = flashinfer::uint_fastdiv(static_cast<uint32_t>(a.heads));
   p.q_nope_stride_n = static_cast<uint32_t>(a.heads * a.lat_stride);

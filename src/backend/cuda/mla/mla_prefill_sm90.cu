@@ -47,6 +47,7 @@
 #include <algorithm>
 
 #include "backend/cuda/common/device.cuh"
+#include "backend/cuda/mla/flashinfer_plan.h"
 #include "backend/cuda/mla/mla_prefill_sm90.h"
 
 namespace klinear::cuda {
@@ -222,20 +223,17 @@ void mla_prefill_sm90(CudaBackend& be, const MlaPrefillSm90Args& a, const SeqLay
 
   // 3. The kernel.
   Params p{};
-  auto at = [&](int64_t offset) { return reinterpret_cast<int32_t*>(static_cast<char*>(plan_dev.data()) + offset); };
   p.q_ptr = static_cast<Element*>(const_cast<void*>(a.q));
   p.k_ptr = keys.data_as<Element>();
   p.v_ptr = static_cast<Element*>(const_cast<void*>(a.kv)) + kSm90Nope;
   p.o_ptr = static_cast<Element*>(a.out);
   p.lse_ptr = nullptr;
-  p.qo_tile_indices = at(plan.qo_tile_indices_offset);
-  p.qo_indptr = at(plan.qo_indptr_offset);
-  p.kv_indptr = at(plan.kv_indptr_offset);
-  p.qo_lens = at(plan.qo_len_offset);
-  p.kv_lens = at(plan.kv_len_offset);
-  p.head_indices = at(plan.head_indices_offset);
-  p.work_indptr = at(plan.work_indptr_offset);
-  p.batch_indices = at(plan.batch_indices_offset);
+  using A = PlanArray<Params>;
+  point_at_plan(p, plan_dev.data(),
+                {A{&Params::qo_tile_indices, plan.qo_tile_indices_offset}, A{&Params::qo_lens, plan.qo_len_offset},
+                 A{&Params::qo_indptr, plan.qo_indptr_offset}, A{&Params::kv_indptr, plan.kv_indptr_offset},
+                 A{&Params::kv_lens, plan.kv_len_offset}, A{&Params::head_indices, plan.head_indices_offset},
+                 A{&Params::work_indptr, plan.work_indptr_offset}, A{&Params::batch_indices, plan.batch_indices_offset}});
   p.additional_params.logits_soft_cap = 0.0f;
   p.additional_params.sm_scale = a.scale;
   p.q_stride_n = heads * kQk;
