@@ -754,9 +754,10 @@ std::optional<int32_t> Tokenizer::eos_id() const { return t_->eos; }
 
 // ---- StreamDecoder ----------------------------------------------------------------------------
 
-StreamDecoder::StreamDecoder(const Tokenizer& tokenizer) : t_(tokenizer.t_) {}
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, SpecialText specials) : t_(tokenizer.t_), specials_(specials) {}
 
 std::string StreamDecoder::push(int32_t id) {
+  if (specials_ == SpecialText::kSkip && id >= t_->num_bpe && id < t_->vocab()) return std::string();
   if (id >= 0 && id < t_->vocab()) {
     pending_ += t_->token(id);
   } else {

@@ -84,9 +84,13 @@ bool is_python_blank(std::string_view text);
 // concatenation of every push() and the final finish() equals decode() of all the ids.
 // Holds a reference to the tokenizer's tables (it stays valid if the Tokenizer is destroyed).
 // Not thread-safe: one decoder per stream.
+// What a special id adds to the text: its name (decode()'s way), or nothing (vLLM's
+// skip_special_tokens, its default).
+enum class SpecialText { kShow, kSkip };
+
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tokenizer);
+  explicit StreamDecoder(const Tokenizer& tokenizer, SpecialText specials = SpecialText::kShow);
   // Adds one id; returns the newly completed text (possibly empty). Out-of-range ids -> U+FFFD.
   std::string push(int32_t id);
   // Flushes the held-back tail (an incomplete sequence becomes U+FFFD) and resets the decoder.
@@ -94,6 +98,7 @@ class StreamDecoder {
 
  private:
   std::shared_ptr<const Tokenizer::Tables> t_;
+  SpecialText specials_;
   std::string pending_;  // bytes not yet returned: at most an incomplete UTF-8 sequence
 };
 

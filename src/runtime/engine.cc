@@ -72,12 +72,19 @@ Engine::~Engine() {
 Result<uint64_t> Engine::submit(RequestSpec spec, EventSink sink) {
   const int64_t prompt = static_cast<int64_t>(spec.prompt.size());
   if (prompt == 0) return Status::InvalidArgument("prompt is empty, expected at least one token");
+  const int64_t vocab = runner_.vocab_size();
   for (size_t i = 0; i < spec.prompt.size(); ++i)
-    if (spec.prompt[i] < 0 || spec.prompt[i] >= runner_.vocab_size())
+    if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab)
       return Status::InvalidArgument("prompt token " + std::to_string(i) + " is " + std::to_string(spec.prompt[i]) +
-                                     ", expected an id in [0, " + std::to_string(runner_.vocab_size()) + ")");
+                                     ", expected an id in [0, " + std::to_string(vocab) + ")");
   KL_RETURN_IF_ERROR(validate_sampling(spec.sampling));
   KL_RETURN_IF_ERROR(validate_stop(spec.stop));
+  for (const TokenBias& b : spec.sampling.logit_bias)
+    if (b.id >= vocab)
+      return Status::InvalidArgument("logit_bias: token id " + std::to_string(b.id) + " is not in [0, " + std::to_string(vocab) + ")");
+  for (int32_t id : spec.stop.stop_ids)
+    if (id < 0 || id >= vocab)
+      return Status::InvalidArgument("stop_token_ids: token id " + std::to_string(id) + " is not in [0, " + std::to_string(vocab) + ")");
   if (spec.n < 1 || spec.n > 128) return Status::InvalidArgument("n must be in [1, 128], got " + std::to_string(spec.n));
   if (spec.top_logprobs < -1 || spec.top_logprobs > 20)
     return Status::InvalidArgument("top_logprobs must be in [0, 20], got " + std::to_string(spec.top_logprobs));
@@ -149,6 +156,8 @@ void Engine::take_inbox() {
     for (int i = 0; i < r->spec.n; ++i) {
       SamplingParams p = r->spec.sampling;
       p.seed += static_cast<uint64_t>(i);
+      p.min_tokens = r->spec.stop.min_tokens;
+      p.min_tokens_ids = stop_ids_of(r->spec.stop, options_.eos_ids);
       auto c = std::make_unique<Choice>(p, r->spec.stop, options_.eos_ids);
       c->request = r.get();
       c->index = i;
@@ -156,7 +165,7 @@ void Engine::take_inbox() {
       c->seq.tokens = r->spec.prompt;
       c->seq.prompt = static_cast<int64_t>(r->spec.prompt.size());
       c->sampler.set_prompt(r->spec.prompt);
-      if (tokenizer_) c->decoder.emplace(*tokenizer_);
+      if (tokenizer_) c->decoder.emplace(*tokenizer_, r->spec.special_text);
       choice_of_[&c->seq] = c.get();
       scheduler_.add(&c->seq);
       r->choices.push_back(std::move(c));

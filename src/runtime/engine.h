@@ -46,6 +46,7 @@ struct RequestSpec {
   StopOptions stop;
   int n = 1;              // choices, [1, 128]
   int top_logprobs = -1;  // -1: no log-probabilities; k in [0, 20]: the pick's and the k most likely
+  SpecialText special_text = SpecialText::kShow;  // what a generated special id adds to the text
 };
 
 struct RequestStats {

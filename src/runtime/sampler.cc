@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <climits>
+#include <limits>
 #include <cstddef>
 #include <numeric>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace klinear {
@@ -25,12 +27,23 @@ Status validate_sampling(const SamplingParams& p) {
   if (!(p.repetition_penalty > 0 && std::isfinite(p.repetition_penalty)))
     return Status::InvalidArgument("repetition_penalty must be a finite number > 0, got " +
                                    std::to_string(p.repetition_penalty));
+  std::unordered_set<int32_t> biased;
+  for (const TokenBias& b : p.logit_bias) {
+    if (b.id < 0) return Status::InvalidArgument("logit_bias: token id " + std::to_string(b.id) + " is negative");
+    if (!biased.insert(b.id).second) return Status::InvalidArgument("logit_bias: token id " + std::to_string(b.id) + " given twice");
+    if (!(b.bias >= -100 && b.bias <= 100)) return range("logit_bias", b.bias, -100, 100);
+  }
+  if (p.min_tokens < 0) return Status::InvalidArgument("min_tokens must be >= 0, got " + std::to_string(p.min_tokens));
   return Status();
 }
 
 bool device_samplable(const SamplingParams& p, int top_logprobs) {
-  return top_logprobs < 0 && p.min_p == 0.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
-         p.repetition_penalty == 1.0f;
+  return top_logprobs < 0 && p.min_p == 0.0f && !adjusts_logits(p);
+}
+
+bool adjusts_logits(const SamplingParams& p) {
+  return !p.logit_bias.empty() || p.min_tokens > 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+         p.frequency_penalty != 0.0f;
 }
 
 SampleRow sample_row(const SamplingParams& p, int64_t index) {
@@ -45,8 +58,13 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
-void apply_penalties(const SamplingParams& p, const TokenHistory& history, std::span<float> logits) {
+void adjust_logits(const SamplingParams& p, const TokenHistory& history, std::span<float> logits) {
   auto in_range = [&](int32_t id) { return id >= 0 && static_cast<size_t>(id) < logits.size(); };
+  for (const TokenBias& b : p.logit_bias)
+    if (in_range(b.id)) logits[static_cast<size_t>(b.id)] += b.bias;
+  if (history.generated < p.min_tokens)
+    for (int32_t id : p.min_tokens_ids)
+      if (in_range(id)) logits[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
   if (p.repetition_penalty != 1.0f) {
     auto penalize = [&](int32_t id) {
       float& l = logits[static_cast<size_t>(id)];
@@ -83,17 +101,16 @@ Sampled logprobs_of(std::span<const float> logits, int32_t id, int k) {
 void Sampler::set_prompt(std::span<const int32_t> prompt) { history_.prompt.insert(prompt.begin(), prompt.end()); }
 
 Sampled Sampler::next(std::span<const float> logits, int top_logprobs) {
-  const bool penalized = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
-                         params_.frequency_penalty != 0.0f;
   int32_t id;
-  if (penalized) {
+  if (adjusts_logits(params_)) {
     std::vector<float> adjusted(logits.begin(), logits.end());
-    apply_penalties(params_, history_, adjusted);
+    adjust_logits(params_, history_, adjusted);
     id = draw(adjusted);
   } else {
     id = draw(logits);
   }
   ++history_.output[id];
+  ++history_.generated;
   if (top_logprobs < 0) return Sampled{id, 0, {}};
   return logprobs_of(logits, id, top_logprobs);
 }

@@ -1,7 +1,9 @@
 // Sampler: picks the next token of one sequence from one row of logits.
 //
-// Order of processing (each step optional): penalties on a copy of the logits (repetition over
-// prompt and generated ids, then presence and frequency over generated ids), temperature (<= 0 is
+// Order of processing (each step optional), on a copy of the logits: the logit bias, then the
+// min-tokens suppression (the stop ids get -inf while fewer than min_tokens ids are generated),
+// then the penalties (repetition over prompt and generated ids, then presence and frequency over
+// generated ids), temperature (<= 0 is
 // greedy argmax, ties to the lowest id), then the candidate set: the top-k ids, the smallest
 // prefix (by logit) whose tempered probability reaches top-p, and of those the ids whose
 // probability is at least min_p times the most likely one. The draw uses a per-sampler generator
@@ -24,6 +26,11 @@
 
 namespace klinear {
 
+struct TokenBias {
+  int32_t id = 0;
+  float bias = 0;  // added to the id's logit; [-100, 100] (OpenAI's logit_bias)
+};
+
 struct SamplingParams {
   float temperature = 0.0f;  // <= 0: greedy
   int top_k = 0;             // 0: no limit
@@ -33,13 +40,16 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // subtracted once from the logit of every generated id; [-2, 2]
   float frequency_penalty = 0.0f;   // subtracted per occurrence in the generated ids; [-2, 2]
   float repetition_penalty = 1.0f;  // > 0; ids in prompt or output: logit / p if positive, * p if not
+  std::vector<TokenBias> logit_bias = {};  // each id once, in [0, vocab) (the engine checks the vocabulary)
+  int64_t min_tokens = 0;             // >= 0: the first min_tokens generated ids are none of `min_tokens_ids`
+  std::vector<int32_t> min_tokens_ids = {};  // the request's stop ids (eos unless ignored, stop_token_ids): the engine sets them
 };
 
 // InvalidArgument naming the field when a parameter is out of range.
 Status validate_sampling(const SamplingParams& p);
 
 // Whether the backend's sample op can draw for a request: temperature, top-k, top-p and the seed
-// only (no penalties, no min_p, no log-probabilities). Such a request's token i is then the op's
+// only (no logit bias, no min_tokens, no penalties, no min_p, no log-probabilities). Such a request's token i is then the op's
 // draw `i` of its seed (SampleArgs), not this Sampler's: the same seed still gives the same
 // tokens, but other ones than the host sampler gives.
 bool device_samplable(const SamplingParams& p, int top_logprobs);
@@ -50,10 +60,14 @@ SampleRow sample_row(const SamplingParams& p, int64_t index);
 struct TokenHistory {
   std::unordered_set<int32_t> prompt;
   std::unordered_map<int32_t, int> output;  // id -> times generated
+  int64_t generated = 0;                     // ids generated in all
 };
 
-// Applies the penalties of `p` to `logits` [V] in place (see the file comment for the order).
-void apply_penalties(const SamplingParams& p, const TokenHistory& history, std::span<float> logits);
+// Whether `p` changes the logits before the draw (bias, min_tokens while active, penalties).
+bool adjusts_logits(const SamplingParams& p);
+// Applies the logit bias, the min_tokens suppression (while `history` holds fewer generated ids)
+// and the penalties of `p` to `logits` [V] in place, in the file comment's order.
+void adjust_logits(const SamplingParams& p, const TokenHistory& history, std::span<float> logits);
 
 struct TokenLogprob {
   int32_t id = 0;

@@ -8,7 +8,16 @@ Status validate_stop(const StopOptions& o) {
   if (o.max_tokens < 1) return Status::InvalidArgument("max_tokens must be >= 1, got " + std::to_string(o.max_tokens));
   for (size_t i = 0; i < o.stop.size(); ++i)
     if (o.stop[i].empty()) return Status::InvalidArgument("stop[" + std::to_string(i) + "] is empty, expected a non-empty string");
+  if (o.min_tokens < 0 || o.min_tokens > o.max_tokens)
+    return Status::InvalidArgument("min_tokens must be in [0, max_tokens = " + std::to_string(o.max_tokens) + "], got " +
+                                   std::to_string(o.min_tokens));
   return Status();
+}
+
+std::vector<int32_t> stop_ids_of(const StopOptions& o, const std::vector<int32_t>& eos_ids) {
+  std::vector<int32_t> ids = o.stop_ids;
+  if (!o.ignore_eos) ids.insert(ids.end(), eos_ids.begin(), eos_ids.end());
+  return ids;
 }
 
 StopFilter::StopFilter(StopOptions options, std::vector<int32_t> eos_ids)
@@ -18,6 +27,8 @@ bool StopFilter::is_stop_id(int32_t id) const {
   auto has = [id](const std::vector<int32_t>& v) { return std::find(v.begin(), v.end(), id) != v.end(); };
   return has(options_.stop_ids) || (!options_.ignore_eos && has(eos_ids_));
 }
+
+bool StopFilter::may_stop() const { return generated_ > options_.min_tokens; }
 
 void StopFilter::release(size_t n, Released& out) {
   out.text += pending_.substr(0, n);
@@ -32,7 +43,7 @@ void StopFilter::release(size_t n, Released& out) {
 Released StopFilter::push(TokenOutput token) {
   ++generated_;
   Released out;
-  if (is_stop_id(token.id)) {
+  if (may_stop() && is_stop_id(token.id)) {
     release(pending_.size(), out);
     out.finish = FinishReason::kStop;
     return out;
@@ -40,11 +51,19 @@ Released StopFilter::push(TokenOutput token) {
   pending_ += token.text;
   waiting_.push_back(std::move(token));
   waiting_end_.push_back(pending_.size());
-  // The earliest match of any stop string ends the text there.
-  size_t match = std::string::npos;
-  for (const std::string& s : options_.stop) match = std::min(match, pending_.find(s));
+  if (!may_stop()) {
+    release(pending_.size(), out);
+    return finish_at_max(out);
+  }
+  // The earliest match of any stop string ends the text there (or after it).
+  size_t match = std::string::npos, end = 0;
+  for (const std::string& s : options_.stop)
+    if (const size_t at = pending_.find(s); at < match) {
+      match = at;
+      end = at + (options_.include_stop_str_in_output ? s.size() : 0);
+    }
   if (match != std::string::npos) {
-    release(match, out);
+    release(end, out);
     pending_.clear();
     waiting_.clear();
     waiting_end_.clear();
@@ -60,11 +79,15 @@ Released StopFilter::push(TokenOutput token) {
         break;
       }
   release(pending_.size() - hold, out);
+  return finish_at_max(out);
+}
+
+Released StopFilter::finish_at_max(Released& out) {
   if (generated_ >= options_.max_tokens) {
     release(pending_.size(), out);
     out.finish = FinishReason::kLength;
   }
-  return out;
+  return std::move(out);
 }
 
 Released StopFilter::flush(FinishReason reason) {

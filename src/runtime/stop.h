@@ -2,11 +2,13 @@
 //
 // Token rules: a stop id (the config's eos ids and the request's stop ids, unless ignore_eos; the
 // request's stop ids count even with ignore_eos, as in vLLM) ends the sequence with kStop and adds
-// no text; reaching max_tokens ends it with kLength.
+// no text; reaching max_tokens ends it with kLength. The first min_tokens generated tokens stop
+// nothing (no stop id, no stop string; the sampler does not draw stop ids meanwhile), as vLLM's
+// min_tokens.
 //
 // Stop strings can span tokens, so released text holds back its longest tail that is still the
-// beginning of some stop string; a match ends the sequence with kStop and drops the stop string
-// and everything after it. Each generated token's log-probability entry is released with the last
+// beginning of some stop string; a match ends the sequence with kStop and drops everything after
+// the stop string, and the stop string too unless include_stop_str_in_output. Each generated token's log-probability entry is released with the last
 // byte of its text, so the released entries' texts concatenate to the released text (up to a stop
 // string: the token holding the start of a match is dropped with it).
 #pragma once
@@ -29,7 +31,13 @@ struct StopOptions {
   std::vector<std::string> stop;     // stop strings, each non-empty
   std::vector<int32_t> stop_ids;     // stop ids besides eos
   bool ignore_eos = false;
+  int64_t min_tokens = 0;            // >= 0: tokens generated before a stop id or string may end the sequence
+  bool include_stop_str_in_output = false;  // a matched stop string stays in the text
 };
+
+// The ids that stop a sequence of `o` whose model's end ids are `eos_ids` (the sampler's min_tokens
+// suppression covers these).
+std::vector<int32_t> stop_ids_of(const StopOptions& o, const std::vector<int32_t>& eos_ids);
 
 // InvalidArgument naming the field: max_tokens < 1, an empty stop string.
 Status validate_stop(const StopOptions& o);
@@ -62,6 +70,10 @@ class StopFilter {
 
  private:
   bool is_stop_id(int32_t id) const;
+  // Whether a stop id or string may end the sequence yet (past min_tokens).
+  bool may_stop() const;
+  // Ends `out` with kLength (releasing what is held) when max_tokens are generated.
+  Released finish_at_max(Released& out);
   // Releases pending_[0, n) and the tokens whose text ends inside it.
   void release(size_t n, Released& out);
 

@@ -223,6 +223,28 @@ TEST(Tokenizer, StreamingDecodeEqualsWholeDecode) {
   }
 }
 
+// SpecialText::kSkip (vLLM's skip_special_tokens) leaves specials out of the streamed text; kShow
+// (decode()'s way) writes their names.
+TEST(Tokenizer, StreamingSkipsSpecialsWhenAsked) {
+  const Tokenizer* tok = kimi();
+  ASSERT_NE(tok, nullptr);
+  const int32_t special = tok->num_bpe_tokens();
+  std::vector<int32_t> ids = tok->encode("a");
+  ids.push_back(special);
+  for (int32_t id : tok->encode("b")) ids.push_back(id);
+  StreamDecoder shown(*tok), skipped(*tok, SpecialText::kSkip);
+  std::string with, without;
+  for (int32_t id : ids) {
+    with += shown.push(id);
+    without += skipped.push(id);
+  }
+  with += shown.finish();
+  without += skipped.finish();
+  EXPECT_EQ(with, tok->decode(ids));
+  EXPECT_EQ(without, "ab");
+  EXPECT_NE(with, without);
+}
+
 TEST(Tokenizer, StreamingHoldsBackIncompleteCharacters) {
   const Tokenizer* tok = kimi();
   ASSERT_NE(tok, nullptr);

@@ -187,9 +187,34 @@ TEST(Sampler, PenaltiesFollowTheirFormulas) {
   h.output = {{1, 1}, {2, 2}};
   for (const Case& c : cases) {
     std::vector<float> logits{2.0f, -1.0f, 0.5f, 1.0f};
-    apply_penalties(c.p, h, logits);
+    adjust_logits(c.p, h, logits);
     for (size_t i = 0; i < logits.size(); ++i) EXPECT_FLOAT_EQ(logits[i], c.expected[i]) << c.name << " id " << i;
   }
+}
+
+// logit_bias moves an id's logit; min_tokens keeps the stop ids from being drawn until that many
+// ids are generated; neither changes the reported log-probabilities; both send the request to the
+// host sampler.
+TEST(Sampler, LogitBiasAndMinTokens) {
+  SamplingParams p;
+  p.logit_bias = {{2, 1.0f}};
+  p.min_tokens = 2;
+  p.min_tokens_ids = {0};
+  EXPECT_FALSE(device_samplable(p, -1));
+  Sampler s(p);
+  const std::vector<float> logits{3.0f, 1.0f, 0.5f, -1.0f};
+  const Sampled first = s.next(logits, 1);
+  EXPECT_EQ(first.id, 2) << "id 0 is a stop id inside min_tokens; id 2's 0.5 + 1 beats id 1";
+  EXPECT_EQ(first.top[0].id, 0) << "log-probabilities are the model's";
+  EXPECT_EQ(s.sample(logits), 2);
+  EXPECT_EQ(s.sample(logits), 0) << "past min_tokens the stop id may be drawn";
+  SamplingParams bias_only;
+  bias_only.logit_bias = {{1, 100.0f}};
+  EXPECT_FALSE(device_samplable(bias_only, -1));
+  Sampler b(bias_only);
+  EXPECT_EQ(b.sample(logits), 1);
+  Sampler banned({1.0f, 0, 1.0f, 7, 0, 0, 0, 1.0f, {{0, -100.0f}, {1, -100.0f}, {2, -100.0f}}});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(banned.sample(logits), 3) << "bias -100 removes an id in practice";
 }
 
 // A presence penalty steers greedy decoding away from what it already generated.
@@ -237,6 +262,11 @@ TEST(Sampler, RejectsBadParameters) {
       {{1.0f, 0, 1.0f, 0, 0, 0, -3.0f}, false},
       {{1.0f, 0, 1.0f, 0, 0, 0, 0, 0.0f}, false},
       {{0.7f, 50, 0.9f, 3, 0.05f, 1.0f, -1.0f, 1.2f}, true},
+      {{1.0f, 0, 1.0f, 0, 0, 0, 0, 1.0f, {{5, -100.0f}, {6, 100.0f}}}, true},
+      {{1.0f, 0, 1.0f, 0, 0, 0, 0, 1.0f, {{5, 100.5f}}}, false},
+      {{1.0f, 0, 1.0f, 0, 0, 0, 0, 1.0f, {{-5, 1.0f}}}, false},
+      {{1.0f, 0, 1.0f, 0, 0, 0, 0, 1.0f, {{5, 1.0f}, {5, 2.0f}}}, false},
+      {{1.0f, 0, 1.0f, 0, 0, 0, 0, 1.0f, {}, -1}, false},
   };
   for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(validate_sampling(cases[i].p).ok(), cases[i].ok) << "case " << i;
 }

@@ -1,6 +1,7 @@
-// StopFilter: stop strings that span tokens are held back and cut, stop ids and eos end the
-// sequence without text (eos only without ignore_eos), max_tokens ends it with kLength, and the
-// released token entries always concatenate to the released text.
+// StopFilter: stop strings that span tokens are held back and cut (or kept, with
+// include_stop_str_in_output), stop ids and eos end the sequence without text (eos only without
+// ignore_eos), not within the first min_tokens, max_tokens ends it with kLength, and the released
+// token entries always concatenate to the released text.
 #include <gtest/gtest.h>
 
 #include "runtime/stop.h"
@@ -67,6 +68,14 @@ TEST(StopFilter, Table) {
       {"stop id with ignore_eos", {16, {}, {11}, true}, {{10, "a"}, {11, "b"}}, "a", FinishReason::kStop, 2},
       {"held text released at eos", {16, {"ab"}, {}, false}, {{10, "xa"}, {2, ""}}, "xa", FinishReason::kStop, 2},
       {"held text released at max_tokens", {1, {"ab"}, {}, false}, {{10, "xa"}}, "xa", FinishReason::kLength, 1},
+      {"min_tokens 2: eos at the second token is text", {16, {}, {}, false, 2},
+       {{10, "a"}, {2, "<eos>"}, {11, "b"}, {2, ""}}, "a<eos>b", FinishReason::kStop, 4},
+      {"min_tokens 2: no stop string inside the first two", {16, {"ll"}, {}, false, 2}, hello, "Hello, world!",
+       std::nullopt, 5},
+      {"min_tokens 2: a stop string after them", {16, {"wor"}, {}, false, 2}, hello, "Hello, ", FinishReason::kStop, 3},
+      {"include_stop_str_in_output", {16, {"o, wo"}, {}, false, 0, true}, hello, "Hello, wo", FinishReason::kStop, 3},
+      {"include_stop_str_in_output, earliest match", {16, {"world", ", w"}, {}, false, 0, true}, hello, "Hello, w",
+       FinishReason::kStop, 3},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -91,6 +100,9 @@ TEST(StopFilter, RejectsBadOptions) {
   EXPECT_FALSE(validate_stop({0, {}, {}, false}).ok());
   EXPECT_FALSE(validate_stop({4, {"a", ""}, {}, false}).ok());
   EXPECT_TRUE(validate_stop({4, {"a"}, {7}, false}).ok());
+  EXPECT_TRUE(validate_stop({4, {}, {}, false, 4}).ok());
+  EXPECT_FALSE(validate_stop({4, {}, {}, false, 5}).ok()) << "min_tokens over max_tokens";
+  EXPECT_FALSE(validate_stop({4, {}, {}, false, -1}).ok());
 }
 
 }  // namespace
