@@ -22,6 +22,23 @@ Result<std::optional<OrderedJson>> parse_tools(const ChatOptions& options) {
   return std::optional<OrderedJson>{std::move(tools)};
 }
 
+// continue_final_message: the rendering up to the end of the last message's content (the last
+// place it stands, as Hugging Face's apply_chat_template cuts), so the model continues that text.
+Result<std::vector<ChatSegment>> cut_after_final_content(std::vector<ChatSegment> segments, const ChatMessage& last) {
+  const std::string& content = last.content_parts.empty() ? last.content : last.content_parts.back();
+  if (content.empty())
+    return Status::InvalidArgument("continue_final_message needs the last message to have text content to continue");
+  for (size_t i = segments.size(); i-- > 0;) {
+    if (segments[i].kind != SegmentKind::kText) continue;
+    const size_t at = segments[i].text.rfind(content);
+    if (at == std::string::npos) continue;
+    segments[i].text.resize(at + content.size());
+    segments.resize(i + 1);
+    return segments;
+  }
+  return Status::InvalidArgument("continue_final_message: the last message's content is not in its rendering");
+}
+
 }  // namespace
 
 Status check_chat_roles(const std::vector<ChatMessage>& messages) {
@@ -38,8 +55,18 @@ Result<std::vector<ChatSegment>> render_chat_segments(ChatFormat format, const s
                                                       const ChatOptions& options) {
   KL_RETURN_IF_ERROR(check_chat_roles(messages));
   KL_ASSIGN_OR_RETURN(std::optional<OrderedJson> tools, parse_tools(options));
-  if (format == ChatFormat::kKimiK2) return render_k2_segments(messages, options, tools);
-  return render_k3_segments(messages, options, tools);
+  if (!options.continue_final_message) {
+    if (format == ChatFormat::kKimiK2) return render_k2_segments(messages, options, tools);
+    return render_k3_segments(messages, options, tools);
+  }
+  if (options.add_generation_prompt)
+    return Status::InvalidArgument("continue_final_message and add_generation_prompt cannot both be true");
+  if (messages.empty() || messages.back().role != "assistant")
+    return Status::InvalidArgument("continue_final_message needs the last message to be the assistant's");
+  KL_ASSIGN_OR_RETURN(std::vector<ChatSegment> segments, format == ChatFormat::kKimiK2
+                                                            ? render_k2_segments(messages, options, tools)
+                                                            : render_k3_segments(messages, options, tools));
+  return cut_after_final_content(std::move(segments), messages.back());
 }
 
 Result<std::string> render_chat(ChatFormat format, const std::vector<ChatMessage>& messages,

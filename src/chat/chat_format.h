@@ -67,6 +67,9 @@ struct ResponseFormat {
 
 struct ChatOptions {
   bool add_generation_prompt = true;
+  // The last message is the assistant's and the rendering stops at the end of its content (no end
+  // marker, no generation prompt), so the model continues it; InvalidArgument otherwise.
+  bool continue_final_message = false;
   bool thinking = true;  // K3: assistant turns carry <think>; the generation prompt opens think, else response
   // K3, with thinking on. kMax is what Moonshot's tokenizer (apply_chat_template) passes by default.
   ThinkingEffort thinking_effort = ThinkingEffort::kMax;
