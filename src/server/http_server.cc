@@ -154,6 +154,10 @@ std::optional<ApiError> read_body(const httplib::ContentReader& reader, const ht
 HttpServer::HttpServer(Engine& engine, const Tokenizer* tokenizer, ChatFormat format, ServerOptions options)
     : engine_(engine), tokenizer_(tokenizer), format_(format), options_(std::move(options)),
       waker_(std::make_shared<Waker>()) {
+  std::random_device rd;
+  char run[17];
+  std::snprintf(run, sizeof(run), "%08x%08x", rd(), rd());
+  run_id_ = run;
   auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1e3)); };
   http_ = std::make_unique<HttpTransport>(TransportOptions{ms(options_.header_timeout_s), ms(options_.body_timeout_s),
                                                            options_.max_slow_connections_per_client, options_.http_threads,
@@ -164,6 +168,12 @@ HttpServer::HttpServer(Engine& engine, const Tokenizer* tokenizer, ChatFormat fo
 HttpServer::~HttpServer() {
   if (http_->is_running()) http_->stop();
   if (listener_.joinable()) listener_.join();
+}
+
+std::string HttpServer::fresh_response_id() {
+  char count[24];
+  std::snprintf(count, sizeof(count), "%llx", static_cast<unsigned long long>(next_response_id_++));
+  return run_id_ + count;
 }
 
 void HttpServer::count(int status) {
@@ -279,6 +289,14 @@ void HttpServer::routes() {
     if (!body.ok()) return send_error(res, api_error(body.status()));
     ReleaseJsonOnExit release{*body};
     std::string param;
+    // /tokenize's own fields; the rest is a request's prompt (messages and their chat options, or prompt).
+    bool token_strs = false;
+    if (body->is_object() && body->contains("return_token_strs")) {
+      auto v = json_opt_bool(*body, "return_token_strs", "request");
+      if (!v.ok()) return send_error(res, api_error(v.status(), "return_token_strs"));
+      token_strs = v->value_or(false);
+      body->erase("return_token_strs");
+    }
     ApiRequest r;
     r.kind = body->contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
     if (r.kind == ApiKind::kChat) {
@@ -293,7 +311,12 @@ void HttpServer::routes() {
     }
     auto ids = request_prompt_ids(r, tokenizer_, format_);
     if (!ids.ok()) return send_error(res, api_error(ids.status()));
-    send_json(res, 200, Json{{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", engine_.max_sequence_tokens()}});
+    Json out{{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", engine_.max_sequence_tokens()}};
+    if (token_strs) {
+      out["token_strs"] = Json::array();
+      for (int32_t id : *ids) out["token_strs"].push_back(tokenizer_->token_bytes(id));
+    }
+    send_json(res, 200, out);
   });
   post("/detokenize", [this](const httplib::Request&, httplib::Response& res, const std::string& text) {
     auto body = parse_json(text, "request body");
@@ -327,6 +350,7 @@ void HttpServer::routes() {
       spec.prompt = std::move(ids).value();
       auto room = fit_prompt(r, options_.truncate_prompt, engine_.max_sequence_tokens(), spec.prompt);
       if (!room.ok()) return send_error(res, api_error(room.status(), kind == ApiKind::kChat ? "messages" : "prompt"));
+      std::vector<int32_t> prompt = r.return_token_ids || r.continuous_usage ? spec.prompt : std::vector<int32_t>{};
       spec.stop.max_tokens = r.max_tokens.value_or(*room);
       if (!r.seed_given) spec.sampling.seed = std::random_device{}() * 0x100000001ull + std::random_device{}();
       if (kind == ApiKind::kChat && tokenizer_)
@@ -338,7 +362,8 @@ void HttpServer::routes() {
       });
       if (!id.ok()) return send_error(res, api_error(id.status()));
       const std::string prefix = kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-";
-      auto builder = std::make_shared<ResponseBuilder>(r, format_, prefix + std::to_string(next_response_id_++), options_.model_name, tokenizer_);
+      const std::string response_id = prefix + (r.request_id.empty() ? fresh_response_id() : r.request_id);
+      auto builder = std::make_shared<ResponseBuilder>(r, format_, response_id, options_.model_name, tokenizer_, prompt);
       ++in_flight_;
       if (!r.stream) {
         // While waiting, a client that hangs up has its request cancelled (its end event follows).

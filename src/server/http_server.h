@@ -64,6 +64,8 @@ class HttpServer {
   class Waker;
   void routes();
   void count(int status);
+  // A response id unique across requests and server runs: this run's random 64 bits, then a count.
+  std::string fresh_response_id();
 
   Engine& engine_;
   const Tokenizer* tokenizer_;
@@ -74,6 +76,7 @@ class HttpServer {
   int port_ = 0;
   std::atomic<int> in_flight_{0};
   std::atomic<bool> draining_{false};
+  std::string run_id_;  // 16 hex digits drawn at start
   std::atomic<uint64_t> next_response_id_{1};
   std::mutex mu_;
   std::map<int, uint64_t> responses_;  // by HTTP status; guarded by mu_

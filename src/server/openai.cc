@@ -1,7 +1,11 @@
 #include "server/openai.h"
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <span>
+#include <string_view>
 
 #include "server/openai_messages.h"
 
@@ -147,6 +151,19 @@ Status parse_thinking(Fields& f, ChatFormat format, ApiRequest& r) {
     r.chat.thinking = thinking->get<bool>();
   }
   KL_ASSIGN_OR_RETURN(const Json* effort, template_option(f, "thinking_effort"));
+  const Json* reasoning_effort = f.body.contains("reasoning_effort") && !f.body["reasoning_effort"].is_null()
+                                     ? &f.body["reasoning_effort"] : nullptr;  // OpenAI's name for it
+  if (effort && reasoning_effort && *effort != *reasoning_effort)
+    return f.fail("reasoning_effort", Status::InvalidArgument("field 'reasoning_effort' is " + json_excerpt(*reasoning_effort) +
+                                                              " but thinking_effort is " + json_excerpt(*effort) +
+                                                              "; give one or make them equal"));
+  if (reasoning_effort && !effort) {
+    if (!reasoning_effort->is_string()) return f.out_of_range("reasoning_effort", "one of \"low\", \"high\", \"max\"", *reasoning_effort);
+    if (!k3) return not_in_k2(f, "reasoning_effort", "a thinking effort");
+    auto e = parse_thinking_effort(reasoning_effort->get<std::string>());
+    if (!e.ok()) return f.fail("reasoning_effort", Status::InvalidArgument("field 'reasoning_effort': " + e.status().message()));
+    r.chat.thinking_effort = *e;
+  }
   if (effort) {
     if (!effort->is_string()) return f.out_of_range("thinking_effort", "one of \"low\", \"high\", \"max\"", *effort);
     if (!k3) return not_in_k2(f, "thinking_effort", "a thinking effort");
@@ -214,6 +231,110 @@ Status parse_response_format_field(Fields& f, ChatFormat format, ApiRequest& r) 
   return Status();
 }
 
+
+// The fields parse_api_request reads, by endpoint.
+constexpr std::string_view kEveryRequestFields[] = {
+    "model", "max_tokens", "max_completion_tokens", "n", "best_of", "seed", "top_k", "temperature", "top_p", "min_p",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stop", "stop_token_ids",
+    "include_stop_str_in_output", "min_tokens", "ignore_eos", "stream", "stream_options", "logprobs",
+    "truncate_prompt_tokens", "user", "request_id", "return_token_ids", "return_tokens_as_token_ids",
+    "skip_special_tokens"};
+constexpr std::string_view kChatFields[] = {
+    "messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+    "chat_template_kwargs", "thinking", "thinking_effort", "reasoning_effort", "include_reasoning",
+    "add_generation_prompt", "continue_final_message"};
+constexpr std::string_view kCompletionFields[] = {"prompt"};
+
+// Fields OpenAI or vLLM clients send that this server does not honour: refused when their value
+// asks for something, i.e. is neither null nor `neutral` (JSON text).
+struct Unhonoured {
+  std::string_view name, neutral, why;
+};
+constexpr std::string_view kNoStructuredOutput = "structured output (constrained decoding) is not supported yet";
+constexpr Unhonoured kUnhonoured[] = {
+    {"echo", "false", "echoing the prompt is not supported yet"},
+    {"prompt_logprobs", "null", "prompt log-probabilities are not supported yet"},
+    {"suffix", "null", "the Kimi models have no fill-in-the-middle format"},
+    {"use_beam_search", "false", "beam search is not supported"},
+    {"length_penalty", "1", "beam search is not supported"},
+    {"allowed_token_ids", "null", "a list of allowed ids is not supported (logit_bias is)"},
+    {"bad_words", "[]", "bad words are not supported (logit_bias is)"},
+    {"response_format", "{\"type\": \"text\"}", kNoStructuredOutput},
+    {"structured_outputs", "null", kNoStructuredOutput},
+    {"guided_json", "null", kNoStructuredOutput},
+    {"guided_regex", "null", kNoStructuredOutput},
+    {"guided_choice", "null", kNoStructuredOutput},
+    {"guided_grammar", "null", kNoStructuredOutput},
+    {"structural_tag", "null", kNoStructuredOutput},
+    {"guided_decoding_backend", "null", kNoStructuredOutput},
+    {"guided_whitespace_pattern", "null", kNoStructuredOutput},
+    {"logits_processors", "null", "custom logits processors are not supported"},
+    {"prompt_embeds", "null", "prompt embeddings are not supported"},
+    {"priority", "0", "priority scheduling is not supported"},
+    {"cache_salt", "null", "a prefix-cache salt is not supported"},
+    {"kv_transfer_params", "null", "KV transfer (disaggregated prefill) is not supported"},
+    {"vllm_xargs", "null", "vLLM's extra arguments are not supported"},
+    {"documents", "null", "the Kimi chat formats render no documents"},
+    {"chat_template", "null", "a per-request chat template is not supported"},
+    {"mm_processor_kwargs", "null", "the models are text-only"},
+    {"media_io_kwargs", "null", "the models are text-only"},
+    {"modalities", "[\"text\"]", "the models are text-only"},
+    {"audio", "null", "the models are text-only"},
+    {"spaces_between_special_tokens", "true", "special tokens are always decoded without spaces between them"},
+    {"add_special_tokens", "false", "the Kimi tokenizer adds no special tokens to a prompt"},
+    {"service_tier", "\"auto\"", "service tiers are not supported"},
+    {"store", "false", "stored completions are not supported"},
+    {"metadata", "null", "stored completions are not supported"},
+    {"prediction", "null", "predicted outputs are not supported"},
+    {"web_search_options", "null", "web search is not supported"},
+    {"functions", "null", "the deprecated 'functions' field is not supported: send 'tools'"},
+    {"function_call", "null", "the deprecated 'function_call' field is not supported: send 'tool_choice'"},
+};
+
+// Every field of `f.body` is one parse_api_request honours for `kind`, or an unhonoured one whose
+// value asks for nothing; else InvalidArgument naming it.
+Status check_fields(Fields& f, ApiKind kind) {
+  auto in = [](std::string_view key, std::span<const std::string_view> list) {
+    return std::find(list.begin(), list.end(), key) != list.end();
+  };
+  const std::span<const std::string_view> own = kind == ApiKind::kChat ? std::span<const std::string_view>(kChatFields)
+                                                                                  : std::span<const std::string_view>(kCompletionFields);
+  for (const auto& [key, value] : f.body.items()) {
+    if (in(key, kEveryRequestFields) || in(key, own)) continue;
+    auto rule = std::find_if(std::begin(kUnhonoured), std::end(kUnhonoured), [&](const Unhonoured& u) { return u.name == key; });
+    if (rule == std::end(kUnhonoured))
+      return f.fail(key, Status::InvalidArgument("field '" + key + "' is not a field of a " +
+                                                 (kind == ApiKind::kChat ? "chat completion" : "completion") + " request"));
+    if (value.is_null() || value == Json::parse(rule->neutral)) continue;
+    return f.fail(key, Status::InvalidArgument("field '" + key + "' is not supported: " + std::string(rule->why)));
+  }
+  return Status();
+}
+
+// OpenAI's logit_bias: {"id": bias, ...}, ids as decimal strings, biases in [-100, 100].
+Status parse_logit_bias(Fields& f, std::vector<TokenBias>& out) {
+  if (!f.body.contains("logit_bias") || f.body["logit_bias"].is_null()) return Status();
+  const Json& v = f.body["logit_bias"];
+  const std::string expected = "an object mapping token ids (decimal strings) to biases in [-100, 100]";
+  if (!v.is_object()) return f.out_of_range("logit_bias", expected, v);
+  for (const auto& [key, bias] : v.items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id > INT32_MAX || !bias.is_number() ||
+        !(bias.get<double>() >= -100 && bias.get<double>() <= 100))
+      return f.out_of_range("logit_bias", expected, v);
+    out.push_back({static_cast<int32_t>(id), bias.get<float>()});
+  }
+  return Status();
+}
+
+// A bool field into `out` when present.
+Status bool_field(Fields& f, const std::string& key, bool& out) {
+  KL_FIELD(std::optional<bool> v, json_opt_bool, key);
+  if (v) out = *v;
+  return Status();
+}
+
 }  // namespace
 
 Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json& body, std::string* param) {
@@ -232,14 +353,22 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
     KL_RETURN_IF_ERROR(parse_thinking(f, format, r));
     KL_RETURN_IF_ERROR(parse_tools(f, format, r));
     KL_RETURN_IF_ERROR(parse_response_format_field(f, format, r));
+    KL_RETURN_IF_ERROR(bool_field(f, "parallel_tool_calls", r.parallel_tool_calls));
+    KL_RETURN_IF_ERROR(bool_field(f, "include_reasoning", r.include_reasoning));
+    KL_RETURN_IF_ERROR(bool_field(f, "add_generation_prompt", r.chat.add_generation_prompt));
+    KL_RETURN_IF_ERROR(bool_field(f, "continue_final_message", r.chat.continue_final_message));
+    if (r.chat.continue_final_message && r.chat.add_generation_prompt && !body.contains("add_generation_prompt"))
+      r.chat.add_generation_prompt = false;  // continuing the last message opens no new one
+    if (r.chat.continue_final_message && r.chat.add_generation_prompt)
+      return f.fail("continue_final_message", Status::InvalidArgument("fields 'continue_final_message' and "
+                                                                      "'add_generation_prompt' cannot both be true"));
+    if (r.chat.continue_final_message && r.messages.back().role != "assistant")
+      return f.fail("continue_final_message", Status::InvalidArgument("field 'continue_final_message' needs the last "
+                                                                      "message to be the assistant's"));
   } else {
     KL_RETURN_IF_ERROR(parse_prompt(f, r));
-    for (const char* unsupported : {"suffix", "echo", "best_of"}) {
-      const bool set = body.contains(unsupported) && !body[unsupported].is_null() && body[unsupported] != false &&
-                       body[unsupported] != 1;
-      if (set) return f.fail(unsupported, Status::InvalidArgument(std::string("field '") + unsupported + "' is not supported"));
-    }
   }
+  KL_RETURN_IF_ERROR(check_fields(f, kind));
   std::optional<int64_t> max_tokens, max_completion_tokens, n, seed, top_k, top_logprobs;
   KL_RETURN_IF_ERROR(int_in(f, "max_tokens", 1, INT32_MAX, max_tokens));
   KL_RETURN_IF_ERROR(int_in(f, "max_completion_tokens", 1, INT32_MAX, max_completion_tokens));
@@ -250,6 +379,27 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
                           f.body["truncate_prompt_tokens"]);
   KL_RETURN_IF_ERROR(int_in(f, "n", 1, 128, n));
   r.spec.n = static_cast<int>(n.value_or(1));
+  std::optional<int64_t> best_of, min_tokens;
+  KL_RETURN_IF_ERROR(int_in(f, "best_of", 1, 128, best_of));
+  if (best_of && *best_of != r.spec.n)
+    return f.fail("best_of", Status::InvalidArgument("field 'best_of' other than n is not supported (best_of " +
+                                                     std::to_string(*best_of) + ", n " + std::to_string(r.spec.n) + ")"));
+  KL_RETURN_IF_ERROR(int_in(f, "min_tokens", 0, INT32_MAX, min_tokens));
+  r.spec.stop.min_tokens = min_tokens.value_or(0);
+  if (r.spec.stop.min_tokens > 0 && max_tokens.value_or(INT32_MAX) < r.spec.stop.min_tokens)
+    return f.out_of_range("min_tokens", "at most max_tokens (" + std::to_string(*max_tokens) + ")", f.body["min_tokens"]);
+  KL_RETURN_IF_ERROR(bool_field(f, "include_stop_str_in_output", r.spec.stop.include_stop_str_in_output));
+  KL_RETURN_IF_ERROR(parse_logit_bias(f, r.spec.sampling.logit_bias));
+  KL_FIELD(std::optional<std::string> user, json_opt_string, "user");  // the caller's end user: read, not used
+  KL_FIELD(std::optional<std::string> request_id, json_opt_string, "request_id");
+  if (request_id && (request_id->empty() || request_id->size() > 128 ||
+                     !std::all_of(request_id->begin(), request_id->end(), [](char c) { return c > ' ' && c < 127; })))
+    return f.out_of_range("request_id", "1 to 128 printable ASCII characters without spaces", f.body["request_id"]);
+  r.request_id = request_id.value_or("");
+  KL_RETURN_IF_ERROR(bool_field(f, "return_token_ids", r.return_token_ids));
+  KL_RETURN_IF_ERROR(bool_field(f, "return_tokens_as_token_ids", r.tokens_as_ids));
+  bool skip_special = true;  // vLLM's default
+  KL_RETURN_IF_ERROR(bool_field(f, "skip_special_tokens", skip_special));
   KL_RETURN_IF_ERROR(int_in(f, "seed", INT64_MIN, INT64_MAX, seed));
   r.seed_given = seed.has_value();
   r.spec.sampling.seed = static_cast<uint64_t>(seed.value_or(0));
@@ -278,9 +428,16 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
     const Json& so = body["stream_options"];
     if (!so.is_object()) return f.out_of_range("stream_options", "an object", so);
     if (!r.stream) return f.fail("stream_options", Status::InvalidArgument("field 'stream_options' is only allowed with stream: true"));
+    for (const auto& [key, v] : so.items())
+      if (key != "include_usage" && key != "continuous_usage_stats")
+        return f.fail("stream_options", Status::InvalidArgument("field 'stream_options." + key + "' is not a stream option "
+                                                                "(include_usage, continuous_usage_stats)"));
     auto usage = json_opt_bool(so, "include_usage", "stream_options");
     if (!usage.ok()) return f.fail("stream_options", usage.status());
     r.include_usage = usage->value_or(false);
+    auto continuous = json_opt_bool(so, "continuous_usage_stats", "stream_options");
+    if (!continuous.ok()) return f.fail("stream_options", continuous.status());
+    r.continuous_usage = continuous->value_or(false);
   }
   if (kind == ApiKind::kChat) {
     KL_FIELD(std::optional<bool> logprobs, json_opt_bool, "logprobs");
@@ -293,6 +450,9 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
     r.logprobs = top_logprobs.has_value();
   }
   r.spec.top_logprobs = r.logprobs ? static_cast<int>(top_logprobs.value_or(0)) : -1;
+  // K2 tool calls are parsed from the text, whose section markers are special tokens (vLLM keeps
+  // them for its Kimi tool parser too).
+  r.spec.special_text = skip_special && !r.parse_tool_calls ? SpecialText::kSkip : SpecialText::kShow;
   return r;
 }
 
@@ -329,11 +489,17 @@ Json usage_json(const RequestStats& s) {
 }
 
 ResponseBuilder::ResponseBuilder(const ApiRequest& request, ChatFormat format, std::string id, std::string model,
-                                 const Tokenizer* tokenizer)
+                                 const Tokenizer* tokenizer, std::vector<int32_t> prompt)
     : kind_(request.kind),
       logprobs_(request.logprobs),
       parse_tool_calls_(request.parse_tool_calls),
       include_usage_(request.include_usage),
+      continuous_usage_(request.include_usage && request.continuous_usage),
+      tokens_as_ids_(request.tokens_as_ids),
+      return_token_ids_(request.return_token_ids),
+      parallel_tool_calls_(request.parallel_tool_calls),
+      include_reasoning_(request.include_reasoning),
+      prompt_(std::move(prompt)),
       id_(std::move(id)),
       model_(std::move(model)),
       created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()),
@@ -366,22 +532,23 @@ std::string ResponseBuilder::finish_reason(const ChoiceState& c) const {
 Json ResponseBuilder::logprobs_json(const std::vector<TokenOutput>& tokens, size_t text_offset) const {
   auto bytes_of = [&](int32_t id) {
     const std::string b = tokenizer_ ? tokenizer_->token_bytes(id) : std::string();
-    return Json(std::vector<int>(b.begin(), b.end()));
+    return Json(std::vector<unsigned char>(b.begin(), b.end()));  // OpenAI's bytes: integers 0-255
   };
-  auto name_of = [&](int32_t id) { return tokenizer_ ? tokenizer_->token_bytes(id) : std::to_string(id); };
+  auto name_of = [&](int32_t id) { return token_name(id); };
+  auto chosen = [&](const TokenOutput& t) { return tokens_as_ids_ ? token_name(t.id) : t.text; };
   if (kind_ == ApiKind::kChat) {
     Json content = Json::array();
     for (const TokenOutput& t : tokens) {
       Json top = Json::array();
       for (const TokenLogprob& alt : t.logprobs.top)
         top.push_back({{"token", name_of(alt.id)}, {"logprob", alt.logprob}, {"bytes", bytes_of(alt.id)}});
-      content.push_back({{"token", t.text}, {"logprob", t.logprobs.logprob}, {"bytes", bytes_of(t.id)}, {"top_logprobs", top}});
+      content.push_back({{"token", chosen(t)}, {"logprob", t.logprobs.logprob}, {"bytes", bytes_of(t.id)}, {"top_logprobs", top}});
     }
     return Json{{"content", content}};
   }
   Json j{{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
   for (const TokenOutput& t : tokens) {
-    j["tokens"].push_back(t.text);
+    j["tokens"].push_back(chosen(t));
     j["token_logprobs"].push_back(t.logprobs.logprob);
     Json top = Json::object();
     for (const TokenLogprob& alt : t.logprobs.top) top[name_of(alt.id)] = alt.logprob;
@@ -390,6 +557,17 @@ Json ResponseBuilder::logprobs_json(const std::vector<TokenOutput>& tokens, size
     text_offset += t.text.size();
   }
   return j;
+}
+
+// A token as logprobs name it: its bytes, or "token_id:N" (return_tokens_as_token_ids, or no tokenizer).
+std::string ResponseBuilder::token_name(int32_t id) const {
+  if (tokens_as_ids_ || !tokenizer_) return tokens_as_ids_ ? "token_id:" + std::to_string(id) : std::to_string(id);
+  return tokenizer_->token_bytes(id);
+}
+
+std::vector<ToolCall> ResponseBuilder::allowed_calls(std::vector<ToolCall> calls) const {
+  if (!parallel_tool_calls_ && calls.size() > 1) calls.resize(1);
+  return calls;
 }
 
 namespace {
@@ -407,6 +585,8 @@ std::vector<Json> ResponseBuilder::opening_chunks() const {
     Json j = chunk_base();
     j["choices"].push_back({{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
                             {"finish_reason", nullptr}});
+    if (return_token_ids_ && i == 0) j["prompt_token_ids"] = prompt_;
+    if (continuous_usage_) j["usage"] = usage_json({static_cast<int64_t>(prompt_.size()), 0, 0, 0, 0});
     out.push_back(std::move(j));
   }
   return out;
@@ -416,6 +596,8 @@ std::vector<Json> ResponseBuilder::chunks(const EngineEvent& e) {
   std::vector<Json> out;
   if (e.end != RequestEnd::kRunning && e.text.empty() && e.tokens.empty() && !e.finish) return out;
   ChoiceState& c = choices_.at(static_cast<size_t>(e.choice));
+  const bool first = c.text.empty() && c.tokens.empty();
+  completion_tokens_ += static_cast<int64_t>(e.tokens.size());
   const size_t offset = c.text.size();
   c.text += e.text;
   c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
@@ -424,13 +606,16 @@ std::vector<Json> ResponseBuilder::chunks(const EngineEvent& e) {
   if (logprobs_ && !e.tokens.empty()) choice["logprobs"] = logprobs_json(e.tokens, offset);
   if (kind_ == ApiKind::kCompletion) {
     choice["text"] = e.text;
-    if (!tokenizer_) choice["token_ids"] = token_ids(e.tokens);  // no text without a tokenizer: the ids are the output
+    if (!tokenizer_ || return_token_ids_) choice["token_ids"] = token_ids(e.tokens);  // without a tokenizer the ids are the output
+    if (return_token_ids_ && first) choice["prompt_token_ids"] = prompt_;
   } else {
     const ChatDelta d = chat_delta(c, e);
     Json delta = Json::object();
-    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+    if (!d.reasoning.empty() && include_reasoning_) delta["reasoning_content"] = delta["reasoning"] = d.reasoning;
     if (!d.content.empty()) delta["content"] = d.content;
+    if (return_token_ids_) choice["token_ids"] = token_ids(e.tokens);
     for (const ToolCallDelta& t : d.calls) {
+      if (!parallel_tool_calls_ && t.index > 0) continue;  // the first call only
       Json call{{"index", t.index}, {"function", {{"arguments", t.arguments}}}};
       if (!t.id.empty()) {
         call["id"] = t.id;
@@ -448,6 +633,8 @@ std::vector<Json> ResponseBuilder::chunks(const EngineEvent& e) {
     return out;
   Json j = chunk_base();
   j["choices"].push_back(std::move(choice));
+  if (continuous_usage_)
+    j["usage"] = usage_json({static_cast<int64_t>(prompt_.size()), completion_tokens_, 0, 0, 0});
   out.push_back(std::move(j));
   return out;
 }
@@ -482,19 +669,23 @@ Json ResponseBuilder::response(const RequestStats& stats) const {
                 {"finish_reason", c.finish ? Json(finish_reason(c)) : Json(nullptr)}};
     if (kind_ == ApiKind::kCompletion) {
       choice["text"] = c.text;
-      if (!tokenizer_) choice["token_ids"] = token_ids(c.tokens);
+      if (!tokenizer_ || return_token_ids_) choice["token_ids"] = token_ids(c.tokens);
+      if (return_token_ids_) choice["prompt_token_ids"] = prompt_;
     } else {
       Json message{{"role", "assistant"}, {"content", c.text}};
       std::vector<ToolCall> calls;
       if (c.k3) {
         message["content"] = c.k3->content();
-        message["reasoning_content"] = c.k3->reasoning().empty() ? Json(nullptr) : Json(c.k3->reasoning());
-        calls = c.k3->calls();
+        if (include_reasoning_)
+          message["reasoning_content"] = message["reasoning"] =
+              c.k3->reasoning().empty() ? Json(nullptr) : Json(c.k3->reasoning());
+        calls = allowed_calls(c.k3->calls());
       } else if (parse_tool_calls_) {
         ParsedToolCalls p = parse_kimi_tool_calls(c.text);
         if (!p.calls.empty()) message["content"] = std::move(p.content);
-        calls = std::move(p.calls);
+        calls = allowed_calls(std::move(p.calls));
       }
+      if (return_token_ids_) choice["token_ids"] = token_ids(c.tokens);
       if (!calls.empty() && message["content"] == "") message["content"] = nullptr;
       for (const ToolCall& call : calls)
         message["tool_calls"].push_back(
@@ -503,6 +694,7 @@ Json ResponseBuilder::response(const RequestStats& stats) const {
     }
     j["choices"].push_back(std::move(choice));
   }
+  if (return_token_ids_ && kind_ == ApiKind::kChat) j["prompt_token_ids"] = prompt_;
   return j;
 }
 

@@ -47,12 +47,21 @@ struct ApiRequest {
   RequestSpec spec;                  // everything but the prompt ids and max_tokens
   bool seed_given = false;
   bool stream = false, include_usage = false;
+  bool continuous_usage = false;     // stream_options.continuous_usage_stats: usage in every chunk
   bool logprobs = false;
+  bool tokens_as_ids = false;        // return_tokens_as_token_ids: logprob tokens as "token_id:N"
+  bool return_token_ids = false;     // the prompt's and each choice's token ids in the response
+  bool parallel_tool_calls = true;   // chat: false keeps a choice's first tool call only
+  bool include_reasoning = true;     // chat, K3: false leaves the reasoning out
+  std::string request_id;            // the response id after its prefix; empty: a fresh one
 };
 
-// Parses and checks a request body for a model whose chat format is `format`. Unknown fields are
-// ignored; a known field of the wrong type or out of range, or a chat option `format` cannot
-// render, is InvalidArgument naming it (also stored in `*param`).
+// Parses and checks a request body for a model whose chat format is `format`. Every field is one
+// OpenAI or vLLM clients send: a field this server honours is checked (wrong type or out of range,
+// or a chat option `format` cannot render, is InvalidArgument naming it, also stored in `*param`);
+// one it does not honour is InvalidArgument naming it unless its value asks for nothing (null or
+// the neutral value, e.g. "echo": false); a field neither knows is InvalidArgument naming it.
+// docs/DESIGN.md lists the fields and what each does.
 Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json& body, std::string* param);
 
 // The prompt ids of a request: chat messages rendered in `format` (with r.chat) and encoded;
@@ -71,8 +80,9 @@ Result<int64_t> fit_prompt(const ApiRequest& r, std::optional<int64_t> truncate_
 class ResponseBuilder {
  public:
   // K3 chat output is parsed from ids, so a K3 chat request needs `tokenizer`.
+  // `prompt`: the request's prompt ids (return_token_ids, continuous usage).
   ResponseBuilder(const ApiRequest& request, ChatFormat format, std::string id, std::string model,
-                  const Tokenizer* tokenizer);
+                  const Tokenizer* tokenizer, std::vector<int32_t> prompt = {});
 
   // The chunks an event produces (streaming); also accumulates for response().
   std::vector<Json> chunks(const EngineEvent& e);
@@ -91,6 +101,7 @@ class ResponseBuilder {
     ToolCallStream tool_stream;       // K2 chat with tools
     std::optional<K3TurnStream> k3;   // K3 chat
     std::vector<int32_t> ids;         // K3 chat: every generated id
+    int tool_calls_sent = 0;          // streamed tool calls (parallel_tool_calls false: at most one)
   };
   Json chunk_base() const;
   Json logprobs_json(const std::vector<TokenOutput>& tokens, size_t text_offset) const;
@@ -98,7 +109,14 @@ class ResponseBuilder {
   std::string finish_reason(const ChoiceState& c) const;
 
   ApiKind kind_;
-  bool logprobs_, parse_tool_calls_, include_usage_;
+  // The choice's tool calls as the request allows them (parallel_tool_calls false: the first).
+  std::vector<ToolCall> allowed_calls(std::vector<ToolCall> calls) const;
+  std::string token_name(int32_t id) const;
+
+  bool logprobs_, parse_tool_calls_, include_usage_, continuous_usage_, tokens_as_ids_, return_token_ids_,
+      parallel_tool_calls_, include_reasoning_;
+  std::vector<int32_t> prompt_;
+  int64_t completion_tokens_ = 0;
   std::string id_, model_;
   int64_t created_;
   const Tokenizer* tokenizer_;

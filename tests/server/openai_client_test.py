@@ -380,6 +380,92 @@ def test_malformed(s):
     check(r.usage.completion_tokens == 3, r)
 
 
+def test_vllm_fields(s):
+    """The request fields vLLM clients send beyond OpenAI's: each honoured one changes the output as
+    vLLM documents it, each refused or unknown one is a 400 naming it."""
+    c = s.client()
+    prompt = "Tell me a story"
+    # logit_bias: +100 on a token whose bytes are not ASCII makes every greedy pick that token; the
+    # logprobs' bytes are OpenAI's integers 0-255 and spell it.
+    tok = json.loads(s.raw("POST", "/tokenize", json.dumps({"prompt": "é", "return_token_strs": True}))[1])
+    forced = tok["tokens"][0]
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=4,
+                                  temperature=0, logprobs=True, top_logprobs=1, logit_bias={str(forced): 100},
+                                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    check(r.choices[0].token_ids == [forced] * 4, r.choices[0])
+    check(isinstance(r.prompt_token_ids, list) and len(r.prompt_token_ids) == r.usage.prompt_tokens, r)
+    raw = bytes(r.choices[0].logprobs.content[0].bytes)
+    check(all(0 <= b <= 255 for b in r.choices[0].logprobs.content[0].bytes) and raw[0] > 127, raw)
+    # min_tokens: a stop id pushed to the top of every row waits until min_tokens ids are out.
+    stop_id = forced
+    for min_tokens in (0, 5):
+        r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, logit_bias={str(stop_id): 100},
+                                 extra_body={"stop_token_ids": [stop_id], "min_tokens": min_tokens,
+                                             "return_token_ids": True})
+        check(r.choices[0].finish_reason == "stop" and len(r.choices[0].token_ids) == min_tokens, (min_tokens, r.choices[0]))
+        check(stop_id not in r.choices[0].token_ids, r.choices[0])
+    # include_stop_str_in_output keeps the stop string that ended the text.
+    base = c.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0,
+                                extra_body={"ignore_eos": True}).choices[0].text
+    stop = base[len(base) // 2:len(base) // 2 + 2]
+    cut = base.index(stop)
+    for include, want in ((False, base[:cut]), (True, base[:cut + len(stop)])):
+        r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop],
+                                 extra_body={"ignore_eos": True, "include_stop_str_in_output": include})
+        check(r.choices[0].text == want, (include, r.choices[0].text, want))
+    # return_tokens_as_token_ids names logprob tokens by id.
+    r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, logprobs=1,
+                             extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True,
+                                         "return_token_ids": True})
+    check(r.choices[0].logprobs.tokens == [f"token_id:{i}" for i in r.choices[0].token_ids], r.choices[0].logprobs)
+    # continuous_usage_stats: every chunk carries the usage so far.
+    chunks = list(c.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0, stream=True,
+                                       stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True,
+                                                   "stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
+    check(all(k.usage is not None for k in chunks), [k.usage for k in chunks])
+    check(chunks[-1].usage.completion_tokens == 5 and chunks[0].usage.prompt_tokens > 0, chunks[-1].usage)
+    # request_id names the response; best_of equal to n is n.
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=2, n=2,
+                                  extra_body={"request_id": "abc-123", "best_of": 2, "ignore_eos": True})
+    check(r.id == "chatcmpl-abc-123" and len(r.choices) == 2, r)
+    ids = {c.completions.create(model=MODEL, prompt=prompt, max_tokens=1).id for _ in range(3)}
+    check(len(ids) == 3, ids)
+    # add_generation_prompt and continue_final_message shape the rendered prompt (/tokenize shows it).
+    def rendered(messages, **kw):
+        status, data = s.raw("POST", "/tokenize", json.dumps({"messages": messages, "return_token_strs": True, **kw}))
+        check(status == 200, data)
+        return json.loads(data)["token_strs"]
+    user = [{"role": "user", "content": prompt}]
+    with_prompt, without = rendered(user), rendered(user, add_generation_prompt=False)
+    check(with_prompt[:len(without)] == without and len(with_prompt) > len(without), (with_prompt, without))
+    cont = rendered(user + [{"role": "assistant", "content": "Once upon"}], continue_final_message=True)
+    check("".join(cont).endswith("Once upon"), cont)
+    r = c.chat.completions.create(model=MODEL, messages=user + [{"role": "assistant", "content": "Once upon"}],
+                                  max_tokens=2, extra_body={"continue_final_message": True, "add_generation_prompt": False,
+                                                            "ignore_eos": True})
+    check(r.usage.prompt_tokens == len(cont), (r.usage, len(cont)))
+    # Refused: what this server does not do, and fields nobody defines; each 400 names the field.
+    for body, param in ((dict(prompt="x", guided_json={"type": "object"}), "guided_json"),
+                        (dict(prompt="x", echo=True), "echo"),
+                        (dict(prompt="x", prompt_logprobs=1), "prompt_logprobs"),
+                        (dict(prompt="x", best_of=3), "best_of"),
+                        (dict(prompt="x", temprature=0.5), "temprature"),
+                        (dict(prompt="x", logit_bias={"x": 1}), "logit_bias"),
+                        (dict(prompt="x", stop_token_ids=[10 ** 7]), None),
+                        (dict(prompt="x", min_tokens=9, max_tokens=8), "min_tokens")):
+        status, data = s.raw("POST", "/v1/completions", json.dumps({"model": MODEL, **body}))
+        err = json.loads(data).get("error", {})
+        check(status == 400 and (param is None or err.get("param") == param), (body, status, data))
+        if param is None:
+            check("stop_token_ids" in err.get("message", ""), data)
+    # Asking for nothing is not refused.
+    r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=2,
+                             extra_body={"echo": False, "use_beam_search": False, "guided_json": None, "user": "u1",
+                                         "skip_special_tokens": True, "ignore_eos": True})
+    check(r.usage.completion_tokens == 2, r)
+
+
 def test_soak(s, seconds):
     """64 concurrent workers for `seconds`: normal streams, disconnects (streaming and not), malformed requests."""
     stop_at = time.time() + seconds
@@ -620,7 +706,7 @@ def main():
                                                           test_logprobs_concatenate, test_stop_strings_span_tokens,
                                                           test_n2_and_seed, test_concurrent_equals_serial,
                                                           test_disconnect_frees, test_disconnect_nonstream_frees,
-                                                          test_connection_burst, test_malformed)]
+                                                          test_connection_burst, test_malformed, test_vllm_fields)]
         tests.append(("test_limits", test_limits, small))
         tests.append(("test_tool_round_trip", test_tool_round_trip, scripted))
         tests.append(("test_k3_round_trip", test_k3_round_trip, scripted_k3))

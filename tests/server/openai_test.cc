@@ -41,7 +41,51 @@ TEST(OpenAIRequest, BadFieldsAreNamed) {
       {"tool_choice required", ApiKind::kChat, chat_body({{"tool_choice", "required"}}), "tool_choice"},
       {"no messages", ApiKind::kChat, Json{{"model", "m"}}, "messages"},
       {"unknown role", ApiKind::kChat, Json{{"messages", {{{"role", "robot"}, {"content", "x"}}}}}, "messages"},
-      {"unknown fields are ignored", ApiKind::kChat, chat_body({{"user", "u"}, {"metadata", {{"a", 1}}}}), ""},
+      // No field is silently ignored: a field honoured is checked, one not honoured is refused when
+      // its value asks for something, an unknown one is refused.
+      {"user", ApiKind::kChat, chat_body({{"user", "u"}}), ""},
+      {"user not a string", ApiKind::kChat, chat_body({{"user", 5}}), "user"},
+      {"unknown field", ApiKind::kChat, chat_body({{"temprature", 0.5}}), "temprature"},
+      {"metadata (stored completions)", ApiKind::kChat, chat_body({{"metadata", {{"a", 1}}}}), "metadata"},
+      {"metadata null asks for nothing", ApiKind::kChat, chat_body({{"metadata", nullptr}}), ""},
+      {"guided_json", ApiKind::kChat, chat_body({{"guided_json", {{"type", "object"}}}}), "guided_json"},
+      {"chat echo", ApiKind::kChat, chat_body({{"echo", true}}), "echo"},
+      {"chat echo false", ApiKind::kChat, chat_body({{"echo", false}}), ""},
+      {"use_beam_search false", ApiKind::kChat, chat_body({{"use_beam_search", false}}), ""},
+      {"use_beam_search", ApiKind::kChat, chat_body({{"use_beam_search", true}}), "use_beam_search"},
+      {"prompt_logprobs", ApiKind::kCompletion, Json{{"prompt", "x"}, {"prompt_logprobs", 1}}, "prompt_logprobs"},
+      {"tools on completions", ApiKind::kCompletion, Json{{"prompt", "x"}, {"tools", Json::array()}}, "tools"},
+      {"best_of = n", ApiKind::kCompletion, Json{{"prompt", "x"}, {"best_of", 2}, {"n", 2}}, ""},
+      {"best_of > n", ApiKind::kCompletion, Json{{"prompt", "x"}, {"best_of", 3}}, "best_of"},
+      {"logit_bias", ApiKind::kChat, chat_body({{"logit_bias", {{"5", -100}, {"7", 3.5}}}}), ""},
+      {"logit_bias over 100", ApiKind::kChat, chat_body({{"logit_bias", {{"5", 101}}}}), "logit_bias"},
+      {"logit_bias id not a number", ApiKind::kChat, chat_body({{"logit_bias", {{"x5", 1}}}}), "logit_bias"},
+      {"logit_bias negative id", ApiKind::kChat, chat_body({{"logit_bias", {{"-5", 1}}}}), "logit_bias"},
+      {"logit_bias a list", ApiKind::kChat, chat_body({{"logit_bias", {5, 1}}}), "logit_bias"},
+      {"min_tokens", ApiKind::kChat, chat_body({{"min_tokens", 4}, {"max_tokens", 4}}), ""},
+      {"min_tokens over max_tokens", ApiKind::kChat, chat_body({{"min_tokens", 5}, {"max_tokens", 4}}), "min_tokens"},
+      {"min_tokens negative", ApiKind::kChat, chat_body({{"min_tokens", -1}}), "min_tokens"},
+      {"include_stop_str_in_output a string", ApiKind::kChat, chat_body({{"include_stop_str_in_output", "yes"}}),
+       "include_stop_str_in_output"},
+      {"request_id with a space", ApiKind::kChat, chat_body({{"request_id", "a b"}}), "request_id"},
+      {"request_id", ApiKind::kChat, chat_body({{"request_id", "abc-1"}}), ""},
+      {"unknown stream option", ApiKind::kChat, chat_body({{"stream", true}, {"stream_options", {{"usage", true}}}}),
+       "stream_options"},
+      {"continuous_usage_stats", ApiKind::kChat,
+       chat_body({{"stream", true}, {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}}), ""},
+      {"continue_final_message after a user turn", ApiKind::kChat, chat_body({{"continue_final_message", true}}),
+       "continue_final_message"},
+      {"continue_final_message with a generation prompt", ApiKind::kChat,
+       Json{{"messages", {{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}, {"content", "Hel"}}}},
+            {"continue_final_message", true}, {"add_generation_prompt", true}},
+       "continue_final_message"},
+      {"continue_final_message", ApiKind::kChat,
+       Json{{"messages", {{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}, {"content", "Hel"}}}},
+            {"continue_final_message", true}},
+       ""},
+      {"reasoning_effort on K2", ApiKind::kChat, chat_body({{"reasoning_effort", "low"}}), "reasoning_effort"},
+      {"parallel_tool_calls a number", ApiKind::kChat, chat_body({{"parallel_tool_calls", 1}}), "parallel_tool_calls"},
+      {"stop_token_ids", ApiKind::kChat, chat_body({{"stop_token_ids", {5, 6}}}), ""},
       {"completion text", ApiKind::kCompletion, Json{{"prompt", "x"}}, ""},
       {"completion ids", ApiKind::kCompletion, Json{{"prompt", {1, 2, 3}}}, ""},
       {"completion without prompt", ApiKind::kCompletion, Json{{"model", "m"}}, "prompt"},
@@ -251,18 +295,27 @@ TEST(OpenAIError, StatusesAndShape) {
   EXPECT_TRUE(j["error"]["code"].is_null());
 }
 
-TEST(OpenAIResponse, ChatToolCallsUsageAndLogprobs) {
+// A K2 chat request declaring one tool (plus `extra` fields), and the one event that ends its
+// answer: the text of testing::kToolPieces (content and two tool calls) as one token.
+ApiRequest k2_tool_request(const Json& extra) {
   std::string param;
-  Json body = chat_body({{"tools", {{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}, {"logprobs", true}});
-  ApiRequest req = parse_api_request(ApiKind::kChat, ChatFormat::kKimiK2, body, &param).value();
-  ResponseBuilder b(req, ChatFormat::kKimiK2, "chatcmpl-1", "m", nullptr);
+  Json body = chat_body({{"tools", {{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}});
+  body.update(extra);
+  return parse_api_request(ApiKind::kChat, ChatFormat::kKimiK2, body, &param).value();
+}
+EngineEvent k2_tool_event() {
   std::string all;
   for (const std::string& p : testing::kToolPieces) all += p;
   EngineEvent e;
   e.text = all;
   e.tokens.push_back(TokenOutput{7, all, Sampled{7, -0.5f, {{7, -0.5f}}}});
   e.finish = FinishReason::kStop;
-  const std::vector<Json> chunks = b.chunks(e);
+  return e;
+}
+
+TEST(OpenAIResponse, ChatToolCallsUsageAndLogprobs) {
+  ResponseBuilder b(k2_tool_request({{"logprobs", true}}), ChatFormat::kKimiK2, "chatcmpl-1", "m", nullptr);
+  const std::vector<Json> chunks = b.chunks(k2_tool_event());
   ASSERT_EQ(chunks.size(), 1u);
   EXPECT_EQ(chunks[0]["choices"][0]["finish_reason"], "tool_calls");
   EXPECT_EQ(chunks[0]["choices"][0]["delta"]["content"], "I will look.");
@@ -275,6 +328,76 @@ TEST(OpenAIResponse, ChatToolCallsUsageAndLogprobs) {
   EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
   EXPECT_EQ(msg["tool_calls"][1]["function"]["arguments"], "{\"a\": 1, \"b\": 2}");
   EXPECT_EQ(r["choices"][0]["logprobs"]["content"][0]["logprob"], -0.5f);
+}
+
+// The response fields a request turns on: return_token_ids, return_tokens_as_token_ids,
+// continuous usage, parallel_tool_calls false; and logprob bytes as OpenAI's integers 0-255.
+TEST(OpenAIResponse, RequestedFieldsAndUnsignedBytes) {
+  const Tokenizer& tok = k3_tokenizer();
+  const std::vector<int32_t> e_acute = tok.encode("é");  // bytes 0xC3 0xA9
+  ASSERT_FALSE(e_acute.empty());
+  const int32_t id = e_acute[0];
+  const std::string raw = tok.token_bytes(id);
+  std::string param;
+  ApiRequest req = parse_api_request(ApiKind::kCompletion, ChatFormat::kK3,
+                                     Json{{"prompt", "x"}, {"logprobs", 1}, {"stream", true}, {"return_token_ids", true},
+                                          {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}},
+                                     &param)
+                       .value();
+  ResponseBuilder b(req, ChatFormat::kK3, "cmpl-1", "m", &tok, {11, 12, 13});
+  EngineEvent e1, e2;
+  e1.text = "é";
+  e1.tokens = {TokenOutput{id, "é", Sampled{id, -1, {{id, -1}}}}};
+  e2.text = "é";
+  e2.tokens = {TokenOutput{id, "é", Sampled{id, -1, {{id, -1}}}}};
+  e2.finish = FinishReason::kLength;
+  const Json c1 = b.chunks(e1).at(0), c2 = b.chunks(e2).at(0);
+  EXPECT_EQ(c1["choices"][0]["prompt_token_ids"], Json({11, 12, 13}));
+  EXPECT_FALSE(c2["choices"][0].contains("prompt_token_ids"));
+  EXPECT_EQ(c1["choices"][0]["token_ids"], Json({id}));
+  EXPECT_EQ(c1["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(c1["usage"]["completion_tokens"], 1);
+  EXPECT_EQ(c2["usage"]["completion_tokens"], 2);
+  const Json r = b.response(RequestStats{3, 2, 0, 0, 0});
+  EXPECT_EQ(r["choices"][0]["token_ids"], Json({id, id}));
+  EXPECT_EQ(r["choices"][0]["prompt_token_ids"], Json({11, 12, 13}));
+
+  // Chat logprobs carry bytes; each is in [0, 255] and they spell the token.
+  ApiRequest chat = parse_api_request(ApiKind::kChat, ChatFormat::kK3,
+                                      chat_body({{"logprobs", true}, {"top_logprobs", 1}, {"return_token_ids", true}}), &param)
+                        .value();
+  ResponseBuilder cb(chat, ChatFormat::kK3, "chatcmpl-1", "m", &tok, {11});
+  cb.chunks(e1);
+  const Json cr = cb.response(RequestStats{1, 1, 0, 0, 0});
+  const Json& bytes = cr["choices"][0]["logprobs"]["content"][0]["bytes"];
+  ASSERT_EQ(bytes.size(), raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) EXPECT_EQ(bytes[i].get<int>(), static_cast<unsigned char>(raw[i])) << i;
+  EXPECT_GT(bytes[0].get<int>(), 127) << "a non-ASCII lead byte";
+  EXPECT_EQ(cr["prompt_token_ids"], Json({11}));
+  EXPECT_EQ(cr["choices"][0]["token_ids"], Json({id}));
+
+  // return_tokens_as_token_ids names every token "token_id:N".
+  ApiRequest as_ids = parse_api_request(ApiKind::kChat, ChatFormat::kK3,
+                                        chat_body({{"logprobs", true}, {"top_logprobs", 1}, {"return_tokens_as_token_ids", true}}),
+                                        &param)
+                          .value();
+  ResponseBuilder ib(as_ids, ChatFormat::kK3, "chatcmpl-2", "m", &tok);
+  ib.chunks(e1);
+  const Json ir = ib.response(RequestStats{});
+  const Json& entry = ir["choices"][0]["logprobs"]["content"][0];
+  EXPECT_EQ(entry["token"], "token_id:" + std::to_string(id));
+  EXPECT_EQ(entry["top_logprobs"][0]["token"], "token_id:" + std::to_string(id));
+}
+
+TEST(OpenAIResponse, ParallelToolCallsFalseKeepsTheFirstCall) {
+  ResponseBuilder b(k2_tool_request({{"parallel_tool_calls", false}}), ChatFormat::kKimiK2, "chatcmpl-1", "m", nullptr);
+  const std::vector<Json> chunks = b.chunks(k2_tool_event());
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["tool_calls"].size(), 1u);
+  const Json r = b.response(RequestStats{});
+  const Json& msg = r["choices"][0]["message"];
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
 }
 
 TEST(OpenAIResponse, CompletionChunksAndUsage) {

@@ -359,7 +359,11 @@ Status submit_line(const std::string& text, RunContext& ctx, LineResult& res) {
   Json merged = ctx.defaults;
   const ReleaseJsonOnExit release_merged{merged};
   merged.update(line);
-  if (merged.contains("prompt_ids")) merged["prompt"] = merged["prompt_ids"];
+  merged.erase("id");  // the line's own fields; the rest is a request's
+  if (merged.contains("prompt_ids")) {
+    merged["prompt"] = merged["prompt_ids"];
+    merged.erase("prompt_ids");
+  }
   const ApiKind kind = merged.contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
   Serving& s = ctx.serving;
   std::string param;
