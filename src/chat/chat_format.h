@@ -71,8 +71,9 @@ struct ChatOptions {
   // marker, no generation prompt), so the model continues it; InvalidArgument otherwise.
   bool continue_final_message = false;
   bool thinking = true;  // K3: assistant turns carry <think>; the generation prompt opens think, else response
-  // K3, with thinking on. kMax is what Moonshot's tokenizer (apply_chat_template) passes by default.
-  ThinkingEffort thinking_effort = ThinkingEffort::kMax;
+  // K3, with thinking on: the thinking-effort system message only when one is asked for, as
+  // Moonshot's encoder renders it (kUnset: none).
+  ThinkingEffort thinking_effort = ThinkingEffort::kUnset;
   ToolChoice tool_choice = ToolChoice::kAuto;  // K3
   ResponseFormat response_format;              // K3
   std::string tools_json;  // OpenAI tools array as JSON text; empty = no tools

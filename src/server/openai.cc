@@ -145,6 +145,9 @@ Status parse_thinking(Fields& f, ChatFormat format, ApiRequest& r) {
   const bool k3 = format == ChatFormat::kK3;
   r.chat.thinking = k3;  // K3 thinks unless told not to; K2 has no thinking
   KL_ASSIGN_OR_RETURN(const Json* thinking, template_option(f, "thinking"));
+  if (!thinking && f.body.contains("chat_template_kwargs") && f.body["chat_template_kwargs"].is_object() &&
+      f.body["chat_template_kwargs"].contains("enable_thinking"))  // Qwen-style name vLLM users send
+    thinking = &f.body["chat_template_kwargs"]["enable_thinking"];
   if (thinking) {
     if (!thinking->is_boolean()) return f.out_of_range("thinking", "true or false", *thinking);
     if (!k3 && thinking->get<bool>()) return not_in_k2(f, "thinking", "thinking");

@@ -281,6 +281,21 @@ TEST(OpenAIRequest, K3OptionsAreRendered) {
   const std::string off_prompt = k3_tokenizer().decode(request_prompt_ids(off, &k3_tokenizer(), ChatFormat::kK3).value());
   EXPECT_EQ(off_prompt.find("thinking_effort"), std::string::npos);
   EXPECT_EQ(off_prompt.substr(off_prompt.size() - 23), "<|open|>response<|sep|>");
+  // Thinking on renders an effort message only when one is asked for, by either name; the Qwen-style
+  // chat_template_kwargs.enable_thinking turns thinking off as `thinking` does.
+  auto prompt_of = [&](const Json& extra) {
+    ApiRequest req = parse_api_request(ApiKind::kChat, ChatFormat::kK3, chat_body(extra), &param).value();
+    return k3_tokenizer().decode(request_prompt_ids(req, &k3_tokenizer(), ChatFormat::kK3).value());
+  };
+  const std::string plain = prompt_of(Json::object());
+  EXPECT_EQ(plain.find("thinking_effort"), std::string::npos) << plain;
+  EXPECT_EQ(plain.substr(plain.size() - 20), "<|open|>think<|sep|>");
+  EXPECT_NE(prompt_of({{"reasoning_effort", "low"}}).find("`thinking_effort=low`"), std::string::npos);
+  EXPECT_EQ(prompt_of({{"chat_template_kwargs", {{"enable_thinking", false}}}}), off_prompt);
+  EXPECT_FALSE(parse_api_request(ApiKind::kChat, ChatFormat::kK3,
+                                 chat_body({{"reasoning_effort", "low"}, {"thinking_effort", "high"}}), &param)
+                   .ok());
+  EXPECT_EQ(param, "reasoning_effort");
 }
 
 TEST(OpenAIError, StatusesAndShape) {

@@ -2,7 +2,7 @@
 //
 // Decision: the format comes from --format, else from the directory: its config.json's model_type
 // when there is one (as for a checkpoint), else from the tokenizer's specials (<|open|> is K3,
-// <|im_end|> is K2). K3 defaults follow Moonshot's tokenizer: thinking on, thinking effort max.
+// <|im_end|> is K2). K3 defaults follow Moonshot's encoder: thinking on, no thinking-effort message unless asked for.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -19,7 +19,7 @@ namespace klinear::cli {
 namespace {
 
 struct RenderArgs {
-  std::string dir, messages, tools, format, thinking_effort = "max", tool_choice = "auto", response_format;
+  std::string dir, messages, tools, format, thinking_effort = "none", tool_choice = "auto", response_format;
   bool thinking = false, no_thinking = false, no_generation_prompt = false;
   std::vector<CLI::Option*> k3_only;  // options that only the K3 format reads
 };
