@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -154,6 +155,7 @@ std::optional<ApiError> read_body(const httplib::ContentReader& reader, const ht
 HttpServer::HttpServer(Engine& engine, const Tokenizer* tokenizer, ChatFormat format, ServerOptions options)
     : engine_(engine), tokenizer_(tokenizer), format_(format), options_(std::move(options)),
       waker_(std::make_shared<Waker>()) {
+  started_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::random_device rd;
   char run[17];
   std::snprintf(run, sizeof(run), "%08x%08x", rd(), rd());
@@ -174,6 +176,21 @@ std::string HttpServer::fresh_response_id() {
   char count[24];
   std::snprintf(count, sizeof(count), "%llx", static_cast<unsigned long long>(next_response_id_++));
   return run_id_ + count;
+}
+
+std::string HttpServer::allowed_origin(const std::string& origin) const {
+  for (const std::string& o : options_.allowed_origins)
+    if (o == "*" || o == origin) return o == "*" ? std::string("*") : origin;
+  return std::string();
+}
+
+void HttpServer::log_request(const std::string& id, ApiKind kind, bool stream, int status, const RequestStats& s,
+                             const std::string& note) const {
+  if (!options_.log_requests) return;
+  std::fprintf(stderr, "klinear serve: %s %s%s %d: prompt %lld, completion %lld tokens; queue %.3f s, first token %.3f s, "
+               "end %.3f s%s%s\n", id.c_str(), kind == ApiKind::kChat ? "chat" : "completion", stream ? " stream" : "",
+               status, static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.completion_tokens), s.queue_s,
+               s.ttft_s, s.e2e_s, note.empty() ? "" : "; ", note.c_str());
 }
 
 void HttpServer::count(int status) {
@@ -219,7 +236,9 @@ void HttpServer::routes() {
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     const bool protected_path = req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
-    if (options_.api_key.empty() || !protected_path) return httplib::Server::HandlerResponse::Unhandled;
+    // A browser's CORS preflight carries no credentials.
+    if (options_.api_key.empty() || !protected_path || req.method == "OPTIONS")
+      return httplib::Server::HandlerResponse::Unhandled;
     if (bearer_matches(req.get_header_value("Authorization"), options_.api_key))
       return httplib::Server::HandlerResponse::Unhandled;
     ApiError e{401, "a valid API key is required: send the header 'Authorization: Bearer <key>'", "authentication_error",
@@ -235,6 +254,23 @@ void HttpServer::routes() {
     else send_error(res, ApiError{res.status, "HTTP error " + std::to_string(res.status), "invalid_request_error", "", ""});
   });
   s.set_logger([this](const httplib::Request&, const httplib::Response& res) { count(res.status); });
+  // Every response: the request's X-Request-Id echoed, and CORS headers for an allowed origin.
+  s.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.has_header("X-Request-Id")) res.set_header("X-Request-Id", req.get_header_value("X-Request-Id"));
+    if (!req.has_header("Origin")) return;
+    const std::string origin = allowed_origin(req.get_header_value("Origin"));
+    if (origin.empty()) return;
+    res.set_header("Access-Control-Allow-Origin", origin);
+    if (origin != "*") res.set_header("Vary", "Origin");
+  });
+  s.Options(R"(/.*)", [this](const httplib::Request& req, httplib::Response& res) {
+    res.status = 204;
+    if (allowed_origin(req.get_header_value("Origin")).empty()) return;
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+    res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type, X-Request-Id" : asked);
+    res.set_header("Access-Control-Max-Age", "600");
+  });
   // An exception out of a handler (a failed allocation: the request asked for more than there is)
   // fails that request alone.
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -262,16 +298,29 @@ void HttpServer::routes() {
       std::lock_guard<std::mutex> lock(mu_);
       responses = responses_;
     }
-    res.set_content(prometheus_text(engine_.metrics(), responses), "text/plain; version=0.0.4");
+    res.set_content(prometheus_text(engine_.metrics(), responses, options_.model_name), "text/plain; version=0.0.4");
   });
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    send_json(res, 200, Json{{"object", "list"},
-                             {"data", {{{"id", options_.model_name},
-                                        {"object", "model"},
-                                        {"created", 0},
-                                        {"owned_by", "klinear"},
-                                        {"max_model_len", engine_.max_sequence_tokens()}}}}});
+  // The model card, as vLLM writes it: created is the server's start.
+  auto card = [this] {
+    return Json{{"id", options_.model_name}, {"object", "model"},   {"created", started_},
+                {"owned_by", "klinear"},     {"root", options_.model_root.empty() ? options_.model_name : options_.model_root},
+                {"parent", nullptr},         {"max_model_len", engine_.max_sequence_tokens()},
+                {"permission", Json::array()}};
+  };
+  s.Get("/v1/models", [card](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, Json{{"object", "list"}, {"data", {card()}}});
   });
+  s.Get(R"(/v1/models/(.+))", [this, card](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] == options_.model_name) return send_json(res, 200, card());
+    send_error(res, ApiError{404, "the model '" + std::string(req.matches[1]) + "' does not exist; this server serves '" +
+                                      options_.model_name + "'", "not_found_error", "model", "model_not_found"});
+  });
+  s.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, Json{{"version", KLINEAR_VERSION}});
+  });
+  auto ping = [](const httplib::Request&, httplib::Response& res) { res.status = 200; };
+  s.Get("/ping", ping);
+  s.Post("/ping", ping);
 
   // The POST routes take their body through read_body, so its limit holds on the decoded bytes.
   using BodyHandler = std::function<void(const httplib::Request&, httplib::Response&, const std::string& body)>;
@@ -333,7 +382,7 @@ void HttpServer::routes() {
   });
 
   auto generate = [this](ApiKind kind) {
-    return [this, kind](const httplib::Request&, httplib::Response& res, const std::string& text) {
+    return [this, kind](const httplib::Request& req, httplib::Response& res, const std::string& text) {
       auto body = parse_json(text, "request body");
       if (!body.ok()) return send_error(res, api_error(body.status()));
       ReleaseJsonOnExit release{*body};
@@ -362,7 +411,14 @@ void HttpServer::routes() {
       });
       if (!id.ok()) return send_error(res, api_error(id.status()));
       const std::string prefix = kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-";
-      const std::string response_id = prefix + (r.request_id.empty() ? fresh_response_id() : r.request_id);
+      std::string request_id = r.request_id;
+      if (request_id.empty() && req.has_header("X-Request-Id")) {
+        const std::string header = req.get_header_value("X-Request-Id");
+        if (!header.empty() && header.size() <= 128 &&
+            std::all_of(header.begin(), header.end(), [](char c) { return c > ' ' && c < 127; }))
+          request_id = header;
+      }
+      const std::string response_id = prefix + (request_id.empty() ? fresh_response_id() : request_id);
       auto builder = std::make_shared<ResponseBuilder>(r, format_, response_id, options_.model_name, tokenizer_, prompt);
       ++in_flight_;
       if (!r.stream) {
@@ -385,15 +441,20 @@ void HttpServer::routes() {
           }
         }
         --in_flight_;
-        if (!failure.ok()) return send_error(res, ApiError{500, failure.to_string(), "server_error", "", ""});
+        if (!failure.ok()) {
+          log_request(response_id, kind, false, 500, stats, failure.to_string());
+          return send_error(res, ApiError{500, failure.to_string(), "server_error", "", ""});
+        }
+        log_request(response_id, kind, false, 200, stats, cancelled ? "cancelled: the client hung up" : "");
         return send_json(res, 200, builder->response(stats));
       }
       const bool usage = r.include_usage;
       auto opened = std::make_shared<bool>(false);
+      auto last = std::make_shared<EngineEvent>();  // the request's last event, for the log line
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
-          [channel, builder, usage, opened](size_t, httplib::DataSink& sink) {
+          [channel, builder, usage, opened, last](size_t, httplib::DataSink& sink) {
             auto write = [&](const std::string& text) { return sink.write(text.data(), text.size()); };
             if (!*opened) {
               *opened = true;
@@ -405,6 +466,7 @@ void HttpServer::routes() {
               for (const Json& j : builder->chunks(e))
                 if (!write(sse(j))) return false;
               if (e.end == RequestEnd::kRunning) continue;
+              *last = e;
               if (e.end == RequestEnd::kFailed) {
                 if (!write(sse(error_json(ApiError{500, e.error.to_string(), "server_error", "", ""})))) return false;
               } else if (usage && !write(sse(builder->usage_chunk(e.stats)))) {
@@ -416,13 +478,16 @@ void HttpServer::routes() {
             }
             return true;
           },
-          [this, channel, id = *id](bool success) {
+          [this, channel, id = *id, last, response_id, kind](bool success) {
             bool ended;
             {
               std::lock_guard<std::mutex> lock(channel->mu);
               ended = channel->ended;
             }
             if (!success || !ended) engine_.cancel(id);
+            const bool failed = last->end == RequestEnd::kFailed;
+            log_request(response_id, kind, true, 200, last->stats,
+                        failed ? last->error.to_string() : !success || !ended ? "cancelled: the client hung up" : "");
             --in_flight_;
           });
     };

@@ -7,7 +7,9 @@
 // and pages return: a streaming one when a write fails, a waiting non-streaming one when its
 // connection reports the hang-up (Connection::client_gone: a half-close is not one). Connections,
 // deadlines and threads are http_transport.h's. Routes: POST /v1/chat/completions, /v1/completions, /tokenize,
-// /detokenize; GET /v1/models, /health, /metrics. With an API key, /v1/* and the tokenizer routes
+// /detokenize; GET /v1/models, /v1/models/{id}, /health, /metrics, /version; GET or POST /ping;
+// OPTIONS for CORS preflights (--allowed-origins). A request's X-Request-Id header is echoed (and
+// names its response when the body has no request_id). With an API key, /v1/* and the tokenizer routes
 // need "Authorization: Bearer KEY" (401 otherwise); unknown paths are 404, bodies over the limit
 // 413 (the limit holds on the decoded body: gzip, chunked), a full queue or a draining server 503, all as
 // OpenAI error objects; /health is 503 once drain() was called. The API key is compared in constant
@@ -21,11 +23,13 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include "chat/chat_format.h"
 #include "io/tokenizer.h"
 #include "runtime/engine.h"
+#include "server/openai.h"
 
 namespace klinear {
 
@@ -42,6 +46,10 @@ struct ServerOptions {
   double header_timeout_s = 10;            // a request's line and headers must arrive within this (408)
   double body_timeout_s = 60;              // and its body within this of the headers (408)
   int max_slow_connections_per_client = 16;  // connections of one client with a head partly sent (429 above)
+  std::string model_root;                  // the checkpoint directory (the model card's root)
+  // Origins a browser may call from (CORS): "*" any; empty: no CORS headers (browsers refuse).
+  std::vector<std::string> allowed_origins;
+  bool log_requests = true;                // a stderr line per finished request
 };
 
 class HttpServer {
@@ -66,6 +74,11 @@ class HttpServer {
   void count(int status);
   // A response id unique across requests and server runs: this run's random 64 bits, then a count.
   std::string fresh_response_id();
+  // The CORS origin to allow for a request from `origin` (empty: none).
+  std::string allowed_origin(const std::string& origin) const;
+  // The stderr line of a finished request (--disable-log-requests turns it off).
+  void log_request(const std::string& id, ApiKind kind, bool stream, int status, const RequestStats& stats,
+                   const std::string& note) const;
 
   Engine& engine_;
   const Tokenizer* tokenizer_;
@@ -77,6 +90,7 @@ class HttpServer {
   std::atomic<int> in_flight_{0};
   std::atomic<bool> draining_{false};
   std::string run_id_;  // 16 hex digits drawn at start
+  int64_t started_;     // Unix seconds at start (the model card's `created`)
   std::atomic<uint64_t> next_response_id_{1};
   std::mutex mu_;
   std::map<int, uint64_t> responses_;  // by HTTP status; guarded by mu_

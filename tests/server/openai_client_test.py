@@ -163,6 +163,53 @@ def test_models(s):
     check(ids == [MODEL], ids)
 
 
+def test_operations(s):
+    """What operators and dashboards rely on: /version, /ping, the model card, X-Request-Id, CORS for
+    an allowed origin (the server runs with --allowed-origins http://ui.example), vLLM's metric names."""
+    status, data = s.raw("GET", "/version")
+    check(status == 200 and re.fullmatch(r"\d+\.\d+\.\d+", json.loads(data)["version"]), data)
+    for method in ("GET", "POST"):
+        status, _ = s.raw(method, "/ping")
+        check(status == 200, (method, status))
+    card = s.client().models.retrieve(MODEL)
+    check(card.id == MODEL and card.created > 1_700_000_000, card)
+    extra = card.model_extra or {}
+    check(extra.get("max_model_len", 0) > 0 and extra.get("root"), card)
+    status, data = s.raw("GET", "/v1/models/other")
+    check(status == 404 and json.loads(data)["error"]["code"] == "model_not_found", data)
+    body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1})
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+    conn.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json",
+                                                   "X-Request-Id": "trace-42", "Origin": "http://ui.example"})
+    r = conn.getresponse()
+    data = r.read()
+    check(r.status == 200 and r.getheader("X-Request-Id") == "trace-42", (r.status, r.getheaders()))
+    check(json.loads(data)["id"] == "cmpl-trace-42", data)
+    check(r.getheader("Access-Control-Allow-Origin") == "http://ui.example", r.getheaders())
+    # A preflight needs no key; an origin not allowed gets no CORS headers.
+    conn.request("OPTIONS", "/v1/chat/completions", headers={"Origin": "http://ui.example",
+                                                             "Access-Control-Request-Method": "POST",
+                                                             "Access-Control-Request-Headers": "authorization,content-type"})
+    r = conn.getresponse()
+    r.read()
+    check(r.status == 204 and "POST" in (r.getheader("Access-Control-Allow-Methods") or ""), (r.status, r.getheaders()))
+    check(r.getheader("Access-Control-Allow-Headers") == "authorization,content-type", r.getheaders())
+    conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {KEY}", "Origin": "http://evil.example"})
+    r = conn.getresponse()
+    r.read()
+    check(r.status == 200 and r.getheader("Access-Control-Allow-Origin") is None, r.getheaders())
+    conn.close()
+    m = s.metrics()
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "generation_tokens_total",
+                 "time_to_first_token_seconds_count", "e2e_request_latency_seconds_count"):
+        key = f'vllm:{name}{{model_name="{MODEL}"}}'
+        check(key in m and m[key] == m[f"klinear:{name}"], (key, m.get(key), m.get(f"klinear:{name}")))
+    deadline = time.time() + 10  # the log is read by a thread of its own
+    while not any(line.startswith("klinear serve: cmpl-trace-42 completion 200") for line in s.log):
+        check(time.time() < deadline, "no request log line")
+        time.sleep(0.05)
+
+
 def test_chat_and_usage(s):
     c = s.client()
     r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello there"}],
@@ -693,7 +740,8 @@ def main():
         subprocess.run([a.klinear, "init", "--preset", "kimi-linear-tiny", "--out", model, "--tokenizer",
                         os.path.join(a.source, "tokenizers/kimi-k2")], check=True, capture_output=True)
         serve = [a.klinear, "serve", "--model", model, "--port", "0"]
-        main_server = Server(serve + ["--api-key", KEY, "--max-num-tokens", "64", "--cache-memory", "64M"],
+        main_server = Server(serve + ["--api-key", KEY, "--max-num-tokens", "64", "--cache-memory", "64M",
+                                      "--allowed-origins", "http://ui.example"],
                              r"on http://[^:]+:(\d+)")
         small = Server(serve + ["--max-num-seqs", "1", "--max-queue", "1", "--cache-memory", "2M",
                                 "--max-body-bytes", "100000", "--api-key", KEY], r"on http://[^:]+:(\d+)")
@@ -702,7 +750,7 @@ def main():
         scripted_k3 = Server([a.scripted_server, "--format", "k3", "--tokenizer", os.path.join(a.source, "tokenizers/kimi-k3")] +
                              sum([["--script", s] for s in K3_SCRIPTS], []), r"listening on (\d+)", stream="stdout")
         servers = [main_server, small, scripted, scripted_k3]
-        tests = [(f.__name__, f, main_server) for f in (test_models, test_chat_and_usage, test_completions,
+        tests = [(f.__name__, f, main_server) for f in (test_models, test_operations, test_chat_and_usage, test_completions,
                                                           test_logprobs_concatenate, test_stop_strings_span_tokens,
                                                           test_n2_and_seed, test_concurrent_equals_serial,
                                                           test_disconnect_frees, test_disconnect_nonstream_frees,

@@ -243,6 +243,63 @@ struct ServeArgs {
   std::string api_key_file;
   int64_t max_queue = 256;
   double shutdown_timeout_s = 30;
+  std::string allowed_origins;  // JSON list or comma-separated
+  bool disable_log_stats = false, disable_log_requests = false;
+};
+
+// --allowed-origins: vLLM's JSON list ('["*"]') or a comma-separated list.
+Result<std::vector<std::string>> parse_origins(const std::string& text) {
+  std::vector<std::string> out;
+  if (text.empty()) return out;
+  if (text.front() == '[') {
+    KL_ASSIGN_OR_RETURN(Json list, parse_json(text, "--allowed-origins"));
+    if (!list.is_array()) return Status::InvalidArgument("--allowed-origins: expected a JSON list of origins, got " + text);
+    for (const Json& o : list) {
+      if (!o.is_string() || o.get<std::string>().empty())
+        return Status::InvalidArgument("--allowed-origins: every origin must be a non-empty string, got " + o.dump());
+      out.push_back(o.get<std::string>());
+    }
+    return out;
+  }
+  for (size_t at = 0; at <= text.size();) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    std::string o = text.substr(at, end - at);
+    o.erase(0, o.find_first_not_of(' '));
+    o.erase(o.find_last_not_of(' ') + 1);
+    if (o.empty()) return Status::InvalidArgument("--allowed-origins: an empty origin in '" + text + "'");
+    out.push_back(o);
+    at = end + 1;
+  }
+  return out;
+}
+
+// The periodic stats line (vLLM's "Avg prompt throughput ..."): throughput since the last line,
+// sequences running and waiting, cache use. Quiet while nothing happens.
+class StatsLine {
+ public:
+  explicit StatsLine(const EngineMetrics& m) : last_(m), at_(std::chrono::steady_clock::now()) {}
+  void maybe_print(const EngineMetrics& m, double every_s) {
+    const auto now = std::chrono::steady_clock::now();
+    const double dt = std::chrono::duration<double>(now - at_).count();
+    if (dt < every_s) return;
+    const uint64_t prompt = m.prefix_query_tokens - last_.prefix_query_tokens;
+    const uint64_t generated = m.generation_tokens - last_.generation_tokens;
+    if (prompt || generated || m.running || m.waiting) {
+      const CacheUsage& c = m.cache;
+      std::fprintf(stderr, "klinear serve: prompt %.1f tok/s, generation %.1f tok/s; running %lld, waiting %lld; cache "
+                   "pages %.1f%%, state slots %.1f%% in use; prefix-cache hits %.1f%%\n", prompt / dt, generated / dt,
+                   static_cast<long long>(m.running), static_cast<long long>(m.waiting),
+                   c.pages_total ? 100.0 * (1.0 - double(c.pages_free) / double(c.pages_total)) : 0.0,
+                   c.slots_total ? 100.0 * (1.0 - double(c.slots_free) / double(c.slots_total)) : 0.0,
+                   m.prefix_query_tokens ? 100.0 * double(m.prefix_hit_tokens) / double(m.prefix_query_tokens) : 0.0);
+    }
+    last_ = m;
+    at_ = now;
+  }
+
+ private:
+  EngineMetrics last_;
+  std::chrono::steady_clock::time_point at_;
 };
 
 // The API key: --api-key, else --api-key-file (its first line; the command line shows in `ps`),
@@ -272,6 +329,11 @@ int run_serve(const ServeArgs& a) {
   if (!s.ok()) return fail("serve", s.status());
   ServerOptions so = a.server;
   so.api_key = *key;
+  auto origins = parse_origins(a.allowed_origins);
+  if (!origins.ok()) return fail("serve", origins.status());
+  so.allowed_origins = std::move(origins).value();
+  so.model_root = a.engine.model_dir;
+  so.log_requests = !a.disable_log_requests;
   if (a.engine.truncate_prompt) so.truncate_prompt = -1;
   if (so.model_name.empty()) {
     std::string dir = a.engine.model_dir;
@@ -294,7 +356,11 @@ int run_serve(const ServeArgs& a) {
   }
   std::fprintf(stderr, "klinear serve: serving '%s' on http://%s:%d (Ctrl-C drains and exits)\n", so.model_name.c_str(),
                so.host.c_str(), server.port());
-  while (!g_signal) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  StatsLine stats(s->engine->metrics());
+  while (!g_signal) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!a.disable_log_stats) stats.maybe_print(s->engine->metrics(), 10.0);
+  }
   std::fprintf(stderr, "klinear serve: signal %d: finishing in-flight requests (at most %g s; a second signal exits "
                "at once)\n", static_cast<int>(g_signal), a.shutdown_timeout_s);
   server.drain();
@@ -543,6 +609,12 @@ void add_serve_commands(CLI::App& app, int& exit_code) {
         ->check(int_in({1, kMaxQueue}))
         ->capture_default_str();
     sub->add_option("--served-model-name", a->server.model_name, "model id in the API (default: the model directory's name)");
+    sub->add_option("--allowed-origins", a->allowed_origins,
+                    "origins browsers may call from (CORS): a JSON list as vLLM takes it ('[\"*\"]') or "
+                    "comma-separated (default: none, no CORS headers)");
+    sub->add_flag("--disable-log-requests", a->disable_log_requests, "no stderr line per finished request");
+    sub->add_flag("--disable-log-stats", a->disable_log_stats,
+                  "no periodic stderr line (every 10 s while busy) of throughput, queue and cache use");
     sub->add_option("--max-body-bytes", a->server.max_body_bytes, "largest request body (413 above)")
         ->check(int_in(kBodyBytes))
         ->capture_default_str();

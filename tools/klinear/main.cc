@@ -2,11 +2,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"klinear: inference for the Kimi Linear and Kimi K3 model families"};
+  app.set_version_flag("--version", std::string("klinear ") + KLINEAR_VERSION);
   app.require_subcommand(1);
   int exit_code = 0;
   klinear::cli::add_model_commands(app, exit_code);
