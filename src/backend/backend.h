@@ -105,16 +105,49 @@ struct ConvArgs {
 
 // The KDA core over a step (MODEL.md 4.4-4.6).
 struct KdaArgs {
-  Tensor q, k;    // [N, H, dk] raw conv outputs: L2-normalised per head inside, q also scaled by dk^-1/2
+  Tensor q, k;    // [N, H, dk] raw conv outputs: L2-normalised per head inside (qk_norm), q also scaled by dk^-1/2
   Tensor v;       // [N, H, dv]
   Tensor g;       // [N, H, dk] F32 log decay
   Tensor beta;    // [N, H] F32
   Tensor states;  // [slots, H, dk, dv] F32 pool (K-first), read and written in place
   Tensor out;     // [N, H, dv]
+  KdaQkNorm qk_norm = KdaQkNorm::kInside;  // kGiven: q and k used as passed (q still scaled); CPU only
   // The same over rows [r0, r1) (the pool stays whole).
   KdaArgs rows(int64_t r0, int64_t r1) const {
-    return {q.rows(r0, r1), k.rows(r0, r1), v.rows(r0, r1), g.rows(r0, r1), beta.rows(r0, r1), states, out.rows(r0, r1)};
+    return {q.rows(r0, r1), k.rows(r0, r1), v.rows(r0, r1), g.rows(r0, r1), beta.rows(r0, r1), states,
+            out.rows(r0, r1), qk_norm};
   }
+};
+
+// The gradients of the KDA core (MODEL.md 4.10) over the sequences of a layout (its cu_seqlens;
+// slots and snapshots are not used): sequence b starts from h0[b] and ends in a state whose
+// gradient is d_ht[b], and its rows' outputs have the gradient d_out.
+struct KdaBackwardArgs {
+  Tensor q, k;    // [N, H, dk] as KdaArgs takes them (qk_norm)
+  Tensor v;       // [N, H, dv]
+  Tensor g;       // [N, H, dk] F32 log decay
+  Tensor beta;    // [N, H] F32
+  Tensor h0;      // [B, H, dk, dv] F32 start states (K-first); undefined: zero
+  Tensor d_out;   // [N, H, dv] gradient of the outputs
+  Tensor d_ht;    // [B, H, dk, dv] F32 gradient of the end states; undefined: zero
+  KdaQkNorm qk_norm = KdaQkNorm::kInside;
+  Tensor dq, dk;  // [N, H, dk] out: gradients of the raw q, k (through the norm when kInside)
+  Tensor dv;      // [N, H, dv] out
+  Tensor dg;      // [N, H, dk] F32 out
+  Tensor dbeta;   // [N, H] F32 out
+  Tensor dh0;     // [B, H, dk, dv] F32 out: gradient of the start states
+};
+
+// The gradients of kda_gate (MODEL.md 4.10) with respect to its inputs, given dg of its output.
+struct KdaGateBackwardArgs {
+  Tensor f;          // [N, H·d] F32 gate pre-activation
+  Tensor dt_bias;    // [H·d] F32
+  Tensor a_log;      // [H] F32
+  KdaGateParams gate;
+  Tensor dg;         // [N, H·d] F32 gradient of g
+  Tensor df;         // [N, H·d] F32 out
+  Tensor d_dt_bias;  // [H·d] F32 out: summed over the rows
+  Tensor d_a_log;    // [H] F32 out: summed over the rows and the head's channels
 };
 
 // The affine summary of each sequence's new rows (MODEL.md 4.9, 4.5): per head,
@@ -337,6 +370,13 @@ class Backend {
   // sequence's first new row), kda_recurrent by the token loop (MODEL.md 4.5). Equal up to rounding.
   virtual void kda_chunked(const KdaArgs& a, const SeqLayout& layout) = 0;
   virtual void kda_recurrent(const KdaArgs& a, const SeqLayout& layout) = 0;
+  // The gradients of the delta rule (see KdaBackwardArgs): kda_chunked_backward by the chunk-64
+  // algorithm (MODEL.md 4.10, chunk states recomputed from the forward), kda_recurrent_backward by
+  // the token loop in reverse. Equal up to rounding. CPU only for now (issue 37).
+  virtual void kda_chunked_backward(const KdaBackwardArgs& a, const SeqLayout& layout) = 0;
+  virtual void kda_recurrent_backward(const KdaBackwardArgs& a, const SeqLayout& layout) = 0;
+  // df, d_dt_bias, d_a_log of kda_gate (see KdaGateBackwardArgs). CPU only for now (issue 37).
+  virtual void kda_gate_backward(const KdaGateBackwardArgs& a) = 0;
   // (A, B) of every sequence of the layout (its cu_seqlens; slots and snapshots are not used), by
   // the chunks of MODEL.md 4.6 counted from each sequence's first new row, in fp32. No model path
   // calls it yet: it stays (tested against the CPU) as the building block of context parallelism,

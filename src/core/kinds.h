@@ -6,5 +6,8 @@ namespace klinear {
 
 enum class Activation { kSilu, kSitu };        // SwiGLU / SiTU-GLU (MODEL.md 3.2)
 enum class KdaGate { kSoftplus, kLowerBound };  // MODEL.md 4.3
+// Whether the KDA core L2-normalises q and k per head (the model's layers) or takes them as given
+// (normalised by the caller, as `klinear kda` and training code pass them). MODEL.md 4.4.
+enum class KdaQkNorm { kInside, kGiven };
 
 }  // namespace klinear

@@ -15,6 +15,7 @@
 
 #include "backend_cases.h"
 #include "io/safetensors.h"
+#include "kda_reference.h"
 #include "test_util.h"
 #if KLINEAR_WITH_CUDA
 #include "backend/cuda/backend.h"
@@ -122,31 +123,14 @@ Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
       float* Sf = states.f32() + (layout.slots[b] * H + h) * dk * dv;
       std::vector<double> S(Sf, Sf + dk * dv);
       for (int64_t t = layout.cu_seqlens[b]; t < layout.cu_seqlens[b + 1]; ++t) {
-        auto normalized = [&](const Tensor& x, double scale) {
-          const float* p = x.f32() + (t * H + h) * dk;
-          double ss = 0;
-          for (int64_t j = 0; j < dk; ++j) ss += double(p[j]) * p[j];
-          std::vector<double> r(dk);
-          for (int64_t j = 0; j < dk; ++j) r[j] = p[j] * scale / std::sqrt(ss + 1e-6);
-          return r;
-        };
-        const std::vector<double> qt = normalized(q, 1.0 / std::sqrt(double(dk))), kt = normalized(k, 1.0);
-        const float* gt = g.f32() + (t * H + h) * dk;
-        const float* vt = v.f32() + (t * H + h) * dv;
-        const double bt = beta.f32()[t * H + h];
-        for (int64_t j = 0; j < dk; ++j)
-          for (int64_t c = 0; c < dv; ++c) S[j * dv + c] *= std::exp(double(gt[j]));
-        for (int64_t c = 0; c < dv; ++c) {
-          double kS = 0;
-          for (int64_t j = 0; j < dk; ++j) kS += kt[j] * S[j * dv + c];
-          const double u = bt * (vt[c] - kS);
-          for (int64_t j = 0; j < dk; ++j) S[j * dv + c] += kt[j] * u;
-        }
-        for (int64_t c = 0; c < dv; ++c) {
-          double o = 0;
-          for (int64_t j = 0; j < dk; ++j) o += qt[j] * S[j * dv + c];
-          out.f32()[(t * H + h) * dv + c] = float(o);
-        }
+        const float* qh = q.f32() + (t * H + h) * dk;
+        const float* kh = k.f32() + (t * H + h) * dk;
+        const std::vector<double> qt = testing::kda_prepared_double(qh, dk, 1.0 / std::sqrt(double(dk)), KdaQkNorm::kInside);
+        const std::vector<double> kt = testing::kda_prepared_double(kh, dk, 1.0, KdaQkNorm::kInside);
+        std::vector<double> o(dv);
+        testing::kda_token_double(qt, kt, g.f32() + (t * H + h) * dk, v.f32() + (t * H + h) * dv,
+                                  double(beta.f32()[t * H + h]), dk, dv, S.data(), o.data());
+        for (int64_t c = 0; c < dv; ++c) out.f32()[(t * H + h) * dv + c] = float(o[c]);
         for (size_t s = 0; s < layout.snap_seq.size(); ++s)
           if (layout.snap_seq[s] == b && layout.snap_pos[s] == t + 1 - layout.cu_seqlens[b]) {
             float* dst = states.f32() + (layout.snap_slot[s] * H + h) * dk * dv;

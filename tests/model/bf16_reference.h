@@ -80,6 +80,11 @@ class ForwardingBackend : public Backend {
   }
   void kda_chunked(const KdaArgs& a, const SeqLayout& l) override { in_.kda_chunked(a, l), stored(a.out); }
   void kda_recurrent(const KdaArgs& a, const SeqLayout& l) override { in_.kda_recurrent(a, l), stored(a.out); }
+  void kda_chunked_backward(const KdaBackwardArgs& a, const SeqLayout& l) override { in_.kda_chunked_backward(a, l); }
+  void kda_recurrent_backward(const KdaBackwardArgs& a, const SeqLayout& l) override {
+    in_.kda_recurrent_backward(a, l);
+  }
+  void kda_gate_backward(const KdaGateBackwardArgs& a) override { in_.kda_gate_backward(a); }
   void kda_summary(const KdaSummaryArgs& a, const SeqLayout& l) override { in_.kda_summary(a, l); }
   void kda_decode(const KdaDecodeArgs& a, const SeqLayout& l) override {
     in_.kda_decode(a, l), stored(a.y), stored(a.states), stored(a.conv_states);

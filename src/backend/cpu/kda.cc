@@ -2,30 +2,31 @@
 // chunk-64 algorithm used for prefill and the affine summary of a segment built from its chunks.
 // State layout [H, dk, dv] (FLA's default, K-first): row j of a head's state is scaled by exp(g[j]).
 //
-// Both core forms normalise q and k per head inside (q, k / sqrt(Σx² + 1e-6), MODEL.md 4.4, D8) and
-// scale q by dk^-1/2, so callers pass the raw conv outputs.
+// Both core forms normalise q and k per head inside (q, k / sqrt(Σx² + 1e-6), MODEL.md 4.4, D8)
+// unless the caller says they come normalised (KdaQkNorm::kGiven), and scale q by dk^-1/2.
+// The backward of these forms is kda_backward.cc.
+#include <algorithm>
 #include <vector>
 
 #include "backend/cpu/backend.h"
+#include "backend/cpu/kda_chunk.h"
 
 namespace klinear::cpu {
 
-namespace {
-
-constexpr int64_t kChunk = 64;
-
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
-
-// Copies head h of q/k [T, H, d] into contiguous fp32 rows, L2-normalised, q also scaled.
-void normalized_head(const float* src, int64_t t_len, int64_t h_count, int64_t h, int64_t d, float scale, float* dst) {
+void normalized_head(const float* src, int64_t t_len, int64_t h_count, int64_t h, int64_t d, float scale,
+                     KdaQkNorm norm, float* dst) {
   for (int64_t t = 0; t < t_len; ++t) {
     const float* x = src + (t * h_count + h) * d;
     float ss = 0.0f;
     for (int64_t j = 0; j < d; ++j) ss += x[j] * x[j];
-    const float s = scale / std::sqrt(ss + 1e-6f);
+    const float s = norm == KdaQkNorm::kInside ? scale / std::sqrt(ss + 1e-6f) : scale;
     for (int64_t j = 0; j < d; ++j) dst[t * d + j] = x[j] * s;
   }
 }
+
+namespace {
+
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 struct KdaShapes {
   int64_t t_len, heads, dk, dv;
@@ -71,18 +72,52 @@ void CpuBackend::kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& 
   }
 }
 
+// MODEL.md 4.10: with x = f + dt_bias and a = e^{A_log}, softplus form g = −a·softplus(x):
+// dx = −dg·a·σ(x), dA_log = dg·g; lower-bound form g = lb·σ(z), z = a·x: dz = dg·lb·σ(z)(1 − σ(z)),
+// dx = dz·a, dA_log = dz·z. df = dx; dt_bias and A_log sum theirs over the rows (and channels).
+void CpuBackend::kda_gate_backward(const KdaGateBackwardArgs& a) {
+  const int64_t p_width = a.dt_bias.numel(), heads = a.a_log.numel(), d = p_width / heads;
+  const int64_t t_len = a.f.numel() / p_width;
+  KL_CHECK(p_width % heads == 0 && a.f.dim(-1) == p_width && a.dg.shape() == a.f.shape() &&
+               a.df.shape() == a.f.shape() && a.d_dt_bias.shape() == a.dt_bias.shape() &&
+               a.d_a_log.shape() == a.a_log.shape(),
+           "kda_gate_backward f " + shape_to_string(a.f.shape()) + " dt_bias " + shape_to_string(a.dt_bias.shape()) +
+               " A_log " + shape_to_string(a.a_log.shape()) + " dg " + shape_to_string(a.dg.shape()));
+  std::fill(a.d_dt_bias.f32(), a.d_dt_bias.f32() + p_width, 0.0f);
+  std::fill(a.d_a_log.f32(), a.d_a_log.f32() + heads, 0.0f);
+  for (int64_t t = 0; t < t_len; ++t) {
+    for (int64_t c = 0; c < p_width; ++c) {
+      const float x = a.f.f32()[t * p_width + c] + a.dt_bias.f32()[c];
+      const float e = std::exp(a.a_log.f32()[c / d]);
+      const float dg = a.dg.f32()[t * p_width + c];
+      float dx = 0.0f, da = 0.0f;
+      if (a.gate.kind == KdaGate::kSoftplus) {
+        dx = -dg * e * sigmoidf(x);
+        da = dg * -e * softplus(x);
+      } else {
+        const float z = e * x, sz = sigmoidf(z), dz = dg * a.gate.lower_bound * sz * (1.0f - sz);
+        dx = dz * e;
+        da = dz * z;
+      }
+      a.df.f32()[t * p_width + c] = dx;
+      a.d_dt_bias.f32()[c] += dx;
+      a.d_a_log.f32()[c / d] += da;
+    }
+  }
+}
+
 namespace {
 
 // MODEL.md 4.5 over one sequence, per head: S ← diag(e^g)S; u = β(v − Sᵀk); S ← S + k uᵀ; o = Sᵀ q.
 void recurrent_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                   const Tensor& state, const Tensor& out, const Snapshots& snaps) {
+                   const Tensor& state, const Tensor& out, const Snapshots& snaps, KdaQkNorm norm) {
   const KdaShapes s = check_kda(q, k, v, g, beta, state, out);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.dk));
 #pragma omp parallel for
   for (int64_t h = 0; h < s.heads; ++h) {
     std::vector<float> qn(s.t_len * s.dk), kn(s.t_len * s.dk), u(s.dv);
-    normalized_head(q.f32(), s.t_len, s.heads, h, s.dk, scale, qn.data());
-    normalized_head(k.f32(), s.t_len, s.heads, h, s.dk, 1.0f, kn.data());
+    normalized_head(q.f32(), s.t_len, s.heads, h, s.dk, scale, norm, qn.data());
+    normalized_head(k.f32(), s.t_len, s.heads, h, s.dk, 1.0f, norm, kn.data());
     float* S = state.f32() + h * s.dk * s.dv;
     for (int64_t t = 0; t < s.t_len; ++t) {
       const float* gt = g.f32() + (t * s.heads + h) * s.dk;
@@ -109,26 +144,7 @@ void recurrent_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   }
 }
 
-// One chunk of one head as MODEL.md 4.6 reads it: L ≤ 64 rows (a short last chunk equals zero padding).
-struct HeadChunk {
-  const float* kn;    // [L, dk] normalised keys
-  const float* qn;    // [L, dk] normalised, scaled queries; null when Aqk is not wanted
-  const float* g;     // [L, H, dk] rows of the step, head h at offset h·dk
-  const float* v;     // [L, H, dv]
-  const float* beta;  // [L, H]
-  int64_t L, heads, h, dk, dv;
-};
-
-// What the state pass of a chunk needs (MODEL.md 4.6 steps 1-5), fp32 scratch for 64 rows:
-//   G = cumsum(g); Lm[i,m] = β_i Σ_j k_i k_m e^{G_i−G_m} (m < i); (I + Lm)·[W | U] = β ⊙ [e^G⊙K | V];
-//   Aqk[i,m] = Σ_j q_i k_m e^{G_i−G_m} (m ≤ i); Kd = (K⊙e^{G_last−G})ᵀ [dk, 64]; γ = e^{G_last}.
-// The chunk then maps a state S to γ⊙S + Kd·(U − W·S).
-struct ChunkFactors {
-  ChunkFactors(int64_t dk, int64_t dv)
-      : G(kChunk * dk), eg(kChunk * dk), lm(kChunk * kChunk), aqk(kChunk * kChunk), W(kChunk * dk), U(kChunk * dv),
-        kd(dk * kChunk), gamma(dk), dec(dk) {}
-  std::vector<float> G, eg, lm, aqk, W, U, kd, gamma, dec;
-};
+}  // namespace
 
 void chunk_factors(const HeadChunk& c, ChunkFactors& f) {
   const int64_t L = c.L, dk = c.dk, dv = c.dv;
@@ -177,25 +193,26 @@ void chunk_factors(const HeadChunk& c, ChunkFactors& f) {
   }
 }
 
-// S [dk, n] (leading dimension n) ← γ⊙S + Kd·Vn for Vn [L, n]: the state step of a chunk.
 void chunk_state_step(const ChunkFactors& f, int64_t L, int64_t dk, int64_t n, const float* vn, float* S) {
   for (int64_t j = 0; j < dk; ++j)
     for (int64_t c = 0; c < n; ++c) S[j * n + c] *= f.gamma[j];
   gemm(dk, n, L, f.kd.data(), kChunk, vn, n, /*b_transposed=*/false, S, n, /*beta=*/1.0f);
 }
 
+namespace {
+
 // MODEL.md 4.6, per head and chunk (chunk_factors), then
 //   Vn = U − W·S;  O = (Q⊙e^G)·S + Aqk·Vn;  S ← γ⊙S + Kd·Vn
 void chunked_one(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                 const Tensor& state, const Tensor& out, const Snapshots& snaps) {
+                 const Tensor& state, const Tensor& out, const Snapshots& snaps, KdaQkNorm norm) {
   const KdaShapes s = check_kda(q, k, v, g, beta, state, out);
   const int64_t dk = s.dk, dv = s.dv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
 #pragma omp parallel for
   for (int64_t h = 0; h < s.heads; ++h) {
     std::vector<float> qn(s.t_len * dk), kn(s.t_len * dk);
-    normalized_head(q.f32(), s.t_len, s.heads, h, dk, scale, qn.data());
-    normalized_head(k.f32(), s.t_len, s.heads, h, dk, 1.0f, kn.data());
+    normalized_head(q.f32(), s.t_len, s.heads, h, dk, scale, norm, qn.data());
+    normalized_head(k.f32(), s.t_len, s.heads, h, dk, 1.0f, norm, kn.data());
     ChunkFactors f(dk, dv);
     std::vector<float> vn(kChunk * dv), qdec(kChunk * dk);
     float* S = state.f32() + h * dk * dv;
@@ -234,7 +251,7 @@ void per_sequence(const KdaArgs& a, const SeqLayout& layout, OneSequence one) {
     for (size_t k = 0; k < layout.snap_seq.size(); ++k)
       if (layout.snap_seq[k] == b) snaps.push_back({layout.snap_pos[k], a.states.f32() + layout.snap_slot[k] * h * dk * dv});
     one(a.q.rows(r0, r1), a.k.rows(r0, r1), a.v.rows(r0, r1), a.g.rows(r0, r1), a.beta.rows(r0, r1),
-        a.states.rows(slot, slot + 1).view({h, dk, dv}), a.out.rows(r0, r1), snaps);
+        a.states.rows(slot, slot + 1).view({h, dk, dv}), a.out.rows(r0, r1), snaps, a.qk_norm);
   }
 }
 
@@ -258,7 +275,7 @@ void CpuBackend::kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) {
 #pragma omp parallel for
     for (int64_t h = 0; h < heads; ++h) {
       std::vector<float> kn(t_len * dk), X(dk * w, 0.0f), vn(kChunk * w);
-      normalized_head(a.k.f32() + r0 * heads * dk, t_len, heads, h, dk, 1.0f, kn.data());
+      normalized_head(a.k.f32() + r0 * heads * dk, t_len, heads, h, dk, 1.0f, KdaQkNorm::kInside, kn.data());
       for (int64_t j = 0; j < dk; ++j) X[j * w + j] = 1.0f;
       ChunkFactors f(dk, dv);
       for (int64_t c0 = 0; c0 < t_len; c0 += kChunk) {

@@ -124,6 +124,9 @@ class CudaBackend final : public Backend {
                 const Tensor& g) override;
   void kda_chunked(const KdaArgs& a, const SeqLayout& layout) override;
   void kda_recurrent(const KdaArgs& a, const SeqLayout& layout) override;
+  void kda_chunked_backward(const KdaBackwardArgs& a, const SeqLayout& layout) override;
+  void kda_recurrent_backward(const KdaBackwardArgs& a, const SeqLayout& layout) override;
+  void kda_gate_backward(const KdaGateBackwardArgs& a) override;
   void kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) override;
   void kda_decode(const KdaDecodeArgs& a, const SeqLayout& decode) override;
 

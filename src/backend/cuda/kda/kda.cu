@@ -453,6 +453,8 @@ void CudaBackend::kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor&
 }
 
 void CudaBackend::kda_recurrent(const KdaArgs& a, const SeqLayout& layout) {
+  KL_CHECK(a.qk_norm == KdaQkNorm::kInside, "kda_recurrent: q and k as given (KdaQkNorm::kGiven) are not implemented on "
+                                            "CUDA yet (issue 37); the kernels normalise them");
   for_snapshot_pieces(layout, a.states, [&](int64_t r0, int64_t r1, const SeqLayout& part) {
     kda_recurrent_rows(a.rows(r0, r1), part);
   });
@@ -589,7 +591,20 @@ void kda_chunked_on(CudaBackend& be, KdaChunkedPath path, const KdaArgs& a, cons
 }
 
 void CudaBackend::kda_chunked(const KdaArgs& a, const SeqLayout& layout) {
+  KL_CHECK(a.qk_norm == KdaQkNorm::kInside, "kda_chunked: q and k as given (KdaQkNorm::kGiven) are not implemented on "
+                                            "CUDA yet (issue 37); the kernels normalise them");
   kda_chunked_on(*this, kda_chunked_path_for(a), a, layout);
+}
+
+// The backward ops run on the CPU only so far; a CUDA caller stops here rather than get no gradients.
+void CudaBackend::kda_chunked_backward(const KdaBackwardArgs&, const SeqLayout&) {
+  KL_CHECK(false, "kda_chunked_backward: the KDA backward is not implemented on CUDA yet (issue 37); use the CPU");
+}
+void CudaBackend::kda_recurrent_backward(const KdaBackwardArgs&, const SeqLayout&) {
+  KL_CHECK(false, "kda_recurrent_backward: the KDA backward is not implemented on CUDA yet (issue 37); use the CPU");
+}
+void CudaBackend::kda_gate_backward(const KdaGateBackwardArgs&) {
+  KL_CHECK(false, "kda_gate_backward: the KDA gate backward is not implemented on CUDA yet (issue 37); use the CPU");
 }
 
 void CudaBackend::kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) {
