@@ -39,7 +39,7 @@ std::string tmp(const std::string& name) { return ::testing::TempDir() + "klinea
 
 TEST(Cli, HelpOnEveryCommand) {
   for (const char* sub : {"", "logits", "generate", "chat", "info", "init", "tokenize", "detokenize", "serve", "run",
-                          "bench-serve"}) {
+                          "bench-serve", "kda"}) {
     const CliRun r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.exit_code, 0) << sub << ": " << r.all();
     EXPECT_NE(r.all().find("--"), std::string::npos) << sub;

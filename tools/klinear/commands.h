@@ -11,5 +11,6 @@ void add_model_commands(CLI::App& app, int& exit_code);     // logits, generate,
 void add_tokenize_commands(CLI::App& app, int& exit_code);  // tokenize, detokenize
 void add_render_commands(CLI::App& app, int& exit_code);    // render
 void add_serve_commands(CLI::App& app, int& exit_code);     // serve, run, bench-serve
+void add_kda_commands(CLI::App& app, int& exit_code);       // kda
 
 }  // namespace klinear::cli

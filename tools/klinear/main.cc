@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   klinear::cli::add_tokenize_commands(app, exit_code);
   klinear::cli::add_render_commands(app, exit_code);
   klinear::cli::add_serve_commands(app, exit_code);
+  klinear::cli::add_kda_commands(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
