@@ -76,13 +76,13 @@ void CpuBackend::kda_gate(const Tensor& f, const Tensor& dt_bias, const Tensor& 
 // dx = −dg·a·σ(x), dA_log = dg·g; lower-bound form g = lb·σ(z), z = a·x: dz = dg·lb·σ(z)(1 − σ(z)),
 // dx = dz·a, dA_log = dz·z. df = dx; dt_bias and A_log sum theirs over the rows (and channels).
 void CpuBackend::kda_gate_backward(const KdaGateBackwardArgs& a) {
-  const int64_t p_width = a.dt_bias.numel(), heads = a.a_log.numel(), d = p_width / heads;
-  const int64_t t_len = a.f.numel() / p_width;
-  KL_CHECK(p_width % heads == 0 && a.f.dim(-1) == p_width && a.dg.shape() == a.f.shape() &&
+  const int64_t p_width = a.dt_bias.numel(), heads = a.a_log.numel();
+  KL_CHECK(heads > 0 && p_width % heads == 0 && a.f.dim(-1) == p_width && a.dg.shape() == a.f.shape() &&
                a.df.shape() == a.f.shape() && a.d_dt_bias.shape() == a.dt_bias.shape() &&
                a.d_a_log.shape() == a.a_log.shape(),
            "kda_gate_backward f " + shape_to_string(a.f.shape()) + " dt_bias " + shape_to_string(a.dt_bias.shape()) +
                " A_log " + shape_to_string(a.a_log.shape()) + " dg " + shape_to_string(a.dg.shape()));
+  const int64_t d = p_width / heads, t_len = a.f.numel() / p_width;
   std::fill(a.d_dt_bias.f32(), a.d_dt_bias.f32() + p_width, 0.0f);
   std::fill(a.d_a_log.f32(), a.d_a_log.f32() + heads, 0.0f);
   for (int64_t t = 0; t < t_len; ++t) {
