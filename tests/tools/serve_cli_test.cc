@@ -90,6 +90,48 @@ TEST(CliRun, ThousandLinesInOrderWithMalformedOnesReported) {
   }
 }
 
+// vLLM's offline batch format (OpenAI's Batch API lines: custom_id, url, body) beside klinear's
+// own lines in one input: a batch line's result is the Batch API's output line with the OpenAI
+// response as its body, equal to the same request in klinear's format; a line that cannot run is
+// an error record carrying its custom_id. --max-num-seqs is vLLM's name for --max-batch.
+TEST(CliRun, ReadsTheOpenAIBatchFormat) {
+  const testing::ScratchDir dir;
+  const std::string model = testing::fixture_path("kimi-linear-tiny/model");
+  const Json body{{"prompt", {1, 2, 3}}, {"max_tokens", 3}, {"ignore_eos", true}, {"temperature", 0}};
+  {
+    std::ofstream in(dir.file("in.jsonl"));
+    in << Json{{"custom_id", "a"}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", body}}.dump() << "\n";
+    in << Json{{"custom_id", "b"}, {"url", "/v1/embeddings"}, {"body", body}}.dump() << "\n";
+    in << Json{{"id", "own"}, {"prompt_ids", {1, 2, 3}}, {"max_tokens", 3}, {"ignore_eos", true}, {"temperature", 0}}.dump()
+       << "\n";
+    Json unknown = body;
+    unknown["temprature"] = 0.5;
+    in << Json{{"custom_id", "c"}, {"url", "/v1/completions"}, {"body", unknown}}.dump() << "\n";
+  }
+  const testing::CliRun r = testing::run_cli("run --model " + model + " --input " + dir.file("in.jsonl") + " --output " +
+                                             dir.file("out.jsonl") + " --max-num-seqs 4");
+  EXPECT_EQ(r.exit_code, 2) << r.all();  // two lines refused
+  std::ifstream out(dir.file("out.jsonl"));
+  std::vector<Json> lines;
+  for (std::string text; std::getline(out, text);) lines.push_back(parse_json(text, "output").value());
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0]["custom_id"], "a");
+  EXPECT_TRUE(lines[0]["error"].is_null()) << lines[0];
+  EXPECT_EQ(lines[0]["response"]["status_code"], 200);
+  const Json& response = lines[0]["response"]["body"];
+  EXPECT_EQ(response["object"], "text_completion");
+  EXPECT_EQ(response["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(response["choices"][0]["token_ids"], lines[2]["ids"]) << "the same request in both formats";
+  EXPECT_EQ(lines[2]["id"], "own");
+  for (size_t i : {1, 3}) {
+    EXPECT_TRUE(lines[i]["response"].is_null()) << lines[i];
+    EXPECT_FALSE(lines[i]["error"]["message"].get<std::string>().empty()) << lines[i];
+  }
+  EXPECT_EQ(lines[1]["custom_id"], "b");
+  EXPECT_NE(lines[1]["error"]["message"].get<std::string>().find("/v1/embeddings"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[3]["error"]["message"].get<std::string>().find("temprature"), std::string::npos) << lines[3];
+}
+
 // The cache budget by memory fraction (on the CPU only when asked for): sized, reported, served;
 // with --cache-memory too it is refused, naming both flags.
 // run never destroys what the user gave: the input as the output (by its name or a link) is refused
@@ -211,7 +253,7 @@ TEST(CliRun, PrefixSnapshotSlots) {
       {" --no-prefix-cache", 0, "10 slots (0 for prefix snapshots)"},
       {" --prefix-snapshot-slots 0", 2, "--prefix-snapshot-slots: value is '0'"},
       {" --prefix-snapshot-slots 2 --no-prefix-cache", 2, "--prefix-snapshot-slots is for the prefix cache"},
-      {" --max-batch 0", 2, "--max-batch: value is '0'"},
+      {" --max-batch 0", 2, "--max-num-seqs: value is '0'"},  // --max-batch is its alias
   };
   for (const Row& row : rows) {
     const testing::CliRun r = testing::run_cli(run + row.flags);

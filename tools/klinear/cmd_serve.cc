@@ -322,6 +322,12 @@ Result<std::string> api_key(const ServeArgs& a) {
   return std::string(env ? env : "");
 }
 
+// The model's id in the API by default: the checkpoint directory's name.
+std::string model_name_of(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir.substr(dir.find_last_of('/') + 1);
+}
+
 int run_serve(const ServeArgs& a) {
   auto key = api_key(a);
   if (!key.ok()) return fail("serve", key.status());
@@ -335,11 +341,7 @@ int run_serve(const ServeArgs& a) {
   so.model_root = a.engine.model_dir;
   so.log_requests = !a.disable_log_requests;
   if (a.engine.truncate_prompt) so.truncate_prompt = -1;
-  if (so.model_name.empty()) {
-    std::string dir = a.engine.model_dir;
-    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    so.model_name = dir.substr(dir.find_last_of('/') + 1);
-  }
+  if (so.model_name.empty()) so.model_name = model_name_of(a.engine.model_dir);
   so.http_threads = static_cast<int>(std::max<int64_t>(64, a.max_queue + a.engine.max_num_seqs));
   HttpServer server(*s->engine, s->tokenizer.get(), s->format, so);
   install_signal_handlers();
@@ -394,6 +396,7 @@ int64_t read_ahead_lines(int64_t max_batch) { return std::clamp<int64_t>(8 * max
 struct LineResult {
   int64_t line = 0;
   Json id;                                              // the line's "id", else its number
+  Json custom_id;                                       // a batch-format line's custom_id, else null
   bool done = false, blank = false, refused = false;  // blank: nothing written; refused: an error record
   Json out;
 };
@@ -408,8 +411,80 @@ struct RunContext {
   const RunArgs& args;
   Serving& serving;
   Json defaults;  // the CLI's sampling flags; each line's fields override them
+  std::string model_name;  // the batch format's responses name it
   RunTotals totals;
 };
+
+// A line's request, checked and ready to submit: the fields as the server reads them, the line's
+// own defaults (the CLI's sampling flags) under them.
+struct LineRequest {
+  ApiRequest api;
+  RequestSpec spec;
+};
+
+Result<LineRequest> prepare_line(ApiKind kind, const Json& fields, RunContext& ctx) {
+  Json merged = ctx.defaults;
+  const ReleaseJsonOnExit release_merged{merged};
+  merged.update(fields);
+  Serving& s = ctx.serving;
+  std::string param;
+  KL_ASSIGN_OR_RETURN(ApiRequest req, parse_api_request(kind, s.format, merged, &param));
+  if (req.spec.n != 1 || req.stream) return Status::InvalidArgument("n > 1 and stream are not supported by klinear run");
+  RequestSpec spec = req.spec;
+  KL_ASSIGN_OR_RETURN(spec.prompt, request_prompt_ids(req, s.tokenizer.get(), s.format));
+  KL_RETURN_IF_ERROR(fit_prompt(req, ctx.args.engine.truncate_prompt ? std::optional<int64_t>(-1) : std::nullopt,
+                                s.engine->max_sequence_tokens(), spec.prompt).status());
+  spec.stop.max_tokens = req.max_tokens.value_or(ctx.args.defaults.max_tokens);
+  if (kind == ApiKind::kChat && s.tokenizer)
+    if (auto marker = s.tokenizer->special_id(chat_stop_marker(s.format))) spec.stop.stop_ids.push_back(*marker);
+  return LineRequest{std::move(req), std::move(spec)};
+}
+
+// The sink's bookkeeping at a request's last event: the line is done, the totals grow.
+void count_line_end(const EngineEvent& e, LineResult& res, RunTotals& totals) {
+  res.done = true;
+  totals.ttft_s.push_back(e.stats.ttft_s);
+  totals.in_tokens += e.stats.prompt_tokens;
+  totals.out_tokens += e.stats.completion_tokens;
+}
+
+// A line of vLLM's offline batch format (OpenAI's Batch API input:
+// {"custom_id", "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body": {...}}),
+// answered with the Batch API's output line: {"id", "custom_id", "response": {"status_code",
+// "request_id", "body": the OpenAI response}, "error"}.
+Status submit_batch_line(const Json& line, RunContext& ctx, LineResult& res) {
+  if (!line.contains("custom_id") || !line["custom_id"].is_string())
+    return Status::InvalidArgument("a batch line needs a string 'custom_id'");
+  res.custom_id = line["custom_id"];
+  const std::string url = line.value("url", "");
+  if (url != "/v1/chat/completions" && url != "/v1/completions")
+    return Status::InvalidArgument("'url' must be /v1/chat/completions or /v1/completions, got " + json_excerpt(line.value("url", Json())));
+  if (line.contains("method") && line["method"] != "POST")
+    return Status::InvalidArgument("'method' must be POST, got " + json_excerpt(line["method"]));
+  for (const auto& [key, v] : line.items())
+    if (key != "custom_id" && key != "url" && key != "method" && key != "body")
+      return Status::InvalidArgument("'" + key + "' is not a field of a batch line (custom_id, method, url, body)");
+  if (!line.contains("body") || !line["body"].is_object()) return Status::InvalidArgument("a batch line needs an object 'body'");
+  const ApiKind kind = url == "/v1/chat/completions" ? ApiKind::kChat : ApiKind::kCompletion;
+  KL_ASSIGN_OR_RETURN(LineRequest req, prepare_line(kind, line["body"], ctx));
+  Serving& s = ctx.serving;
+  const std::string request_id = (kind == ApiKind::kChat ? "chatcmpl-batch-" : "cmpl-batch-") + std::to_string(res.line);
+  auto builder = std::make_shared<ResponseBuilder>(req.api, s.format, request_id, ctx.model_name, s.tokenizer.get(),
+                                                   req.spec.prompt);
+  RunTotals& totals = ctx.totals;
+  KL_RETURN_IF_ERROR(s.engine->submit(std::move(req.spec), [&res, &totals, builder, request_id](const EngineEvent& e) {
+    builder->chunks(e);
+    if (e.end == RequestEnd::kRunning) return;
+    const bool failed = e.end == RequestEnd::kFailed;
+    res.out = Json{{"id", "batch_req_" + std::to_string(res.line)}, {"custom_id", res.custom_id}};
+    res.out["response"] = failed ? Json(nullptr)
+                                 : Json{{"status_code", 200}, {"request_id", request_id}, {"body", builder->response(e.stats)}};
+    res.out["error"] = failed ? Json{{"code", "server_error"}, {"message", e.error.to_string()}} : Json(nullptr);
+    count_line_end(e, res, totals);
+  }).status());
+  ++totals.submitted;
+  return {};
+}
 
 // Submits the request of one line with a sink that fills `res` (a blank line is only marked done).
 // An error is the line's own: the caller writes it as the line's error record.
@@ -421,41 +496,26 @@ Status submit_line(const std::string& text, RunContext& ctx, LineResult& res) {
   KL_ASSIGN_OR_RETURN(Json line, parse_json(text, "line"));
   const ReleaseJsonOnExit release_line{line};
   if (!line.is_object()) return Status::InvalidArgument("expected a JSON object");
+  if (line.contains("custom_id") || line.contains("body")) return submit_batch_line(line, ctx, res);
   if (line.contains("id")) res.id = line["id"];
-  Json merged = ctx.defaults;
-  const ReleaseJsonOnExit release_merged{merged};
-  merged.update(line);
-  merged.erase("id");  // the line's own fields; the rest is a request's
-  if (merged.contains("prompt_ids")) {
-    merged["prompt"] = merged["prompt_ids"];
-    merged.erase("prompt_ids");
+  line.erase("id");  // the line's own fields; the rest is a request's
+  if (line.contains("prompt_ids")) {
+    line["prompt"] = line["prompt_ids"];
+    line.erase("prompt_ids");
   }
-  const ApiKind kind = merged.contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
-  Serving& s = ctx.serving;
-  std::string param;
-  KL_ASSIGN_OR_RETURN(const auto req, parse_api_request(kind, s.format, merged, &param));
-  if (req.spec.n != 1 || req.stream) return Status::InvalidArgument("n > 1 and stream are not supported by klinear run");
-  RequestSpec spec = req.spec;
-  KL_ASSIGN_OR_RETURN(spec.prompt, request_prompt_ids(req, s.tokenizer.get(), s.format));
-  KL_RETURN_IF_ERROR(fit_prompt(req, ctx.args.engine.truncate_prompt ? std::optional<int64_t>(-1) : std::nullopt,
-                                s.engine->max_sequence_tokens(), spec.prompt).status());
-  spec.stop.max_tokens = req.max_tokens.value_or(ctx.args.defaults.max_tokens);
-  if (kind == ApiKind::kChat && s.tokenizer)
-    if (auto marker = s.tokenizer->special_id(chat_stop_marker(s.format))) spec.stop.stop_ids.push_back(*marker);
+  const ApiKind kind = line.contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
+  KL_ASSIGN_OR_RETURN(LineRequest req, prepare_line(kind, line, ctx));
   res.out = Json{{"id", res.id}, {"text", ""}, {"ids", Json::array()}};
   RunTotals& totals = ctx.totals;
-  KL_RETURN_IF_ERROR(s.engine->submit(std::move(spec), [&res, &totals](const EngineEvent& e) {
+  KL_RETURN_IF_ERROR(ctx.serving.engine->submit(std::move(req.spec), [&res, &totals](const EngineEvent& e) {
     res.out["text"] = res.out["text"].get<std::string>() + e.text;
     for (const TokenOutput& t : e.tokens) res.out["ids"].push_back(t.id);
     if (e.finish) res.out["finish_reason"] = *e.finish == FinishReason::kStop ? "stop" : "length";
     if (e.end == RequestEnd::kRunning) return;
-    res.done = true;
     res.out["prompt_tokens"] = e.stats.prompt_tokens;
     res.out["completion_tokens"] = e.stats.completion_tokens;
     if (e.end == RequestEnd::kFailed) res.out["error"] = e.error.to_string();
-    totals.ttft_s.push_back(e.stats.ttft_s);
-    totals.in_tokens += e.stats.prompt_tokens;
-    totals.out_tokens += e.stats.completion_tokens;
+    count_line_end(e, res, totals);
   }).status());
   ++totals.submitted;
   return {};
@@ -483,6 +543,7 @@ int run_run(const RunArgs& a) {
                       {"seed", a.defaults.sampling.seed},      {"ignore_eos", a.defaults.ignore_eos},
                       {"min_p", a.min_p},                      {"presence_penalty", a.presence_penalty},
                       {"frequency_penalty", a.frequency_penalty}, {"repetition_penalty", a.repetition_penalty}},
+                 model_name_of(a.engine.model_dir),
                  {}};
   RunTotals& totals = ctx.totals;
   // Lines read and not yet written, in input order. A deque: the sinks hold references to its
@@ -505,7 +566,10 @@ int run_run(const RunArgs& a) {
     if (!st.ok()) {
       std::fprintf(stderr, "klinear run: %s line %lld: %s (an error record written)\n", reader->name().c_str(),
                    (long long)res.line, st.to_string().c_str());
-      res.out = Json{{"id", res.id}, {"line", res.line}, {"error", st.to_string()}};
+      res.out = res.custom_id.is_null()
+                    ? Json{{"id", res.id}, {"line", res.line}, {"error", st.to_string()}}
+                    : Json{{"id", "batch_req_" + std::to_string(res.line)}, {"custom_id", res.custom_id}, {"response", nullptr},
+                           {"error", {{"code", "invalid_request"}, {"message", st.to_string()}}}};
       res.refused = res.done = true;
       ++totals.refused;
     }
@@ -638,8 +702,9 @@ void add_serve_commands(CLI::App& app, int& exit_code) {
   {
     auto a = std::make_shared<RunArgs>();
     CLI::App* sub = app.add_subcommand("run", "offline batch generation: one JSON request per input line (prompt, "
-                                              "prompt_ids or messages, optional sampling fields), results in input order");
-    add_engine_args(sub, a->engine, "--max-batch");
+                                              "prompt_ids or messages, optional sampling fields; or vLLM's and OpenAI's "
+                                              "batch format: custom_id, url, body), results in input order");
+    add_engine_args(sub, a->engine, "--max-num-seqs,--max-batch");  // vLLM's name; --max-batch kept
     sub->add_option("--input", a->input, "input JSONL file (-: stdin), read as it runs; a line over 64 MiB "
                                              "gets an error record")->required();
     sub->add_option("--output", a->output, "output JSONL file (id, text, ids, finish_reason, token counts)")->required();
