@@ -9,7 +9,13 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh klinear
 preset=${1:-kimi-linear-demo}
-[ -f demo-model/config.json ] || ./build/klinear init --preset "$preset" --tokenizer tokenizers/kimi-k2 --out demo-model
+# init puts the preset's tokenizer (K2's or K3's) into the directory. A model of another preset
+# than the one there is written anew.
+if ! grep -qs "\"$preset\"" demo-model/.preset; then
+  rm -rf demo-model
+  ./build/klinear init --preset "$preset" --out demo-model
+  echo "\"$preset\"" > demo-model/.preset
+fi
 ./build/klinear info --model demo-model | head -20
 ./build/klinear generate --model demo-model --prompt "The capital of France is" --max-tokens 24 \
   --temperature 0.8 --top-p 0.95 --seed 1

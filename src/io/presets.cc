@@ -135,6 +135,12 @@ Result<Json> preset_config(const std::string& preset) {
   return Status::InvalidArgument("unknown preset '" + preset + "' (expected one of: " + names + ")");
 }
 
+std::optional<std::string> preset_tokenizer(const std::string& preset) {
+  if (preset == "kimi-linear-demo" || preset == "kimi-linear-48b-a3b") return "kimi-k2";
+  if (preset == "k3-demo") return "kimi-k3";
+  return std::nullopt;
+}
+
 Status write_random_checkpoint(const Json& config, const std::string& dir, uint64_t seed) {
   KL_ASSIGN_OR_RETURN(ModelConfig c, parse_model_config(config, "preset config"));
   const bool k3 = c.nested_text_config;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,9 @@ namespace klinear {
 std::vector<std::string> preset_names();
 // The config.json document of a preset (InvalidArgument for an unknown name).
 Result<Json> preset_config(const std::string& preset);
+// The tokenizer (a folder of the repository's tokenizers/) whose vocabulary a preset has: kimi-k2
+// or kimi-k3 for the presets with the real 163,840-id vocabulary, none for the tiny ones.
+std::optional<std::string> preset_tokenizer(const std::string& preset);
 // Writes `dir`/config.json and `dir`/model.safetensors for `config` (any valid config of either
 // family, flat or nested): every tensor the model loads, under its real checkpoint name (K3 under
 // `language_model.`), BF16 except the F32 tensors of real K3 checkpoints, MXFP4 experts when the

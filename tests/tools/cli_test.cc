@@ -91,6 +91,27 @@ TEST(Cli, InitInfoAndSeededSampling) {
   std::filesystem::remove_all(dir);
 }
 
+// A preset of the real vocabulary gets its family's tokenizer files without --tokenizer (K3's for
+// k3-demo: its markers are K3's specials); --tokenizer still picks another; tiny presets get none.
+TEST(Cli, InitGivesDemoPresetsTheirTokenizer) {
+  const testing::ScratchDir dir;
+  auto config_of = [](const std::string& d) {
+    std::ifstream f(d + "/tokenizer_config.json");
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  ASSERT_EQ(run("init --preset k3-demo --config-only --out " + dir.file("k3")).exit_code, 0);
+  EXPECT_TRUE(std::filesystem::exists(dir.file("k3") + "/tiktoken.model"));
+  EXPECT_NE(config_of(dir.file("k3")).find("<|end_of_msg|>"), std::string::npos);
+  ASSERT_EQ(run("init --preset kimi-linear-demo --config-only --out " + dir.file("k2")).exit_code, 0);
+  EXPECT_NE(config_of(dir.file("k2")).find("<|im_end|>"), std::string::npos);
+  EXPECT_EQ(config_of(dir.file("k2")).find("<|end_of_msg|>"), std::string::npos);
+  ASSERT_EQ(run("init --preset k3-demo --config-only --out " + dir.file("k3k2") + " --tokenizer " +
+                testing::source_path("tokenizers/kimi-k2")).exit_code, 0);
+  EXPECT_EQ(config_of(dir.file("k3k2")).find("<|end_of_msg|>"), std::string::npos);
+  ASSERT_EQ(run("init --preset kimi-linear-tiny --config-only --out " + dir.file("tiny")).exit_code, 0);
+  EXPECT_FALSE(std::filesystem::exists(dir.file("tiny") + "/tiktoken.model"));
+}
+
 // The README flow: a demo checkpoint carrying the real tokenizer, text in and text out.
 TEST(Cli, InitWithTokenizerThenPromptAndChat) {
   const testing::ScratchDir dir;

@@ -228,8 +228,19 @@ Status adopt_tokenizer(const std::string& tokenizer_dir, const std::string& out,
 int run_init(const InitArgs& a) {
   auto cfg = preset_config(a.preset);
   if (!cfg.ok()) return fail("init", cfg.status());
-  if (!a.tokenizer.empty()) {
-    Status t = adopt_tokenizer(a.tokenizer, a.out, *cfg);
+  // Without --tokenizer a preset of the real vocabulary gets the repository's tokenizer files, so
+  // `generate --prompt` works on the directory as it is.
+  std::string tokenizer = a.tokenizer;
+  if (const auto own = preset_tokenizer(a.preset); tokenizer.empty() && own) {
+    tokenizer = std::string(KLINEAR_TOKENIZERS_DIR) + "/" + *own;
+    if (!std::filesystem::is_directory(tokenizer)) {
+      std::fprintf(stderr, "klinear init: %s is not here (a klinear built elsewhere?): the checkpoint gets no tokenizer "
+                   "files; pass --tokenizer DIR\n", tokenizer.c_str());
+      tokenizer.clear();
+    }
+  }
+  if (!tokenizer.empty()) {
+    Status t = adopt_tokenizer(tokenizer, a.out, *cfg);
     if (!t.ok()) return fail("init", t);
   }
   if (a.config_only) {
