@@ -1,6 +1,7 @@
 #include "io/config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <set>
 
@@ -128,17 +129,42 @@ Status positive(const std::string& where, const char* field, int64_t v) {
   return Status();
 }
 
+// A format name as vendors spell it, compared without case and punctuation ("MXFP4",
+// "mxfp4-pack-quantized" and "mxfp4_pack_quantized" are one name).
+std::string normalised_name(const std::string& name) {
+  std::string out;
+  for (char ch : name)
+    if (std::isalnum(static_cast<unsigned char>(ch))) out += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return out;
+}
+
+// Whether a compressed-tensors scheme's weights are MXFP4's: 4-bit floats in groups of 32.
+bool mxfp4_weights(const Json& group) {
+  const Json* w = group.is_object() && group.contains("weights") ? &group["weights"] : nullptr;
+  return w && w->is_object() && w->value("num_bits", Json()) == 4 && w->value("type", Json()) == "float" &&
+         w->value("group_size", Json()) == 32;
+}
+
+// MXFP4 experts are recognised by their scheme, not by two exact strings: a method or format named
+// mxfp4 in any vendor spelling, or config groups whose weights are 4-bit floats in groups of 32.
 Status parse_quantization(const Json& text, const std::string& where, ModelConfig* c) {
   auto q = text.find("quantization_config");
   if (q == text.end() || q->is_null()) return Status();
-  KL_ASSIGN_OR_RETURN(auto method, json_opt_string(*q, "quant_method", where + ".quantization_config"));
-  KL_ASSIGN_OR_RETURN(auto format, json_opt_string(*q, "format", where + ".quantization_config"));
-  if (method.value_or("") == "compressed-tensors" && format.value_or("") == "mxfp4-pack-quantized") {
+  const std::string w = where + ".quantization_config";
+  if (!q->is_object()) return Status::InvalidArgument(w + ": expected an object, got " + json_excerpt(*q));
+  KL_ASSIGN_OR_RETURN(auto method, json_opt_string(*q, "quant_method", w));
+  KL_ASSIGN_OR_RETURN(auto format, json_opt_string(*q, "format", w));
+  bool mxfp4 = normalised_name(method.value_or("")).rfind("mxfp4", 0) == 0 ||
+               normalised_name(format.value_or("")).rfind("mxfp4", 0) == 0;
+  if (q->contains("config_groups") && (*q)["config_groups"].is_object())
+    for (const auto& [name, group] : (*q)["config_groups"].items()) mxfp4 = mxfp4 || mxfp4_weights(group);
+  if (mxfp4) {
     c->expert_format = ExpertFormat::kMxfp4;
     return Status();
   }
-  return Status::NotSupported(where + ": quantization_config " + q->dump() +
-                              " is not supported (klinear reads compressed-tensors mxfp4-pack-quantized)");
+  return Status::NotSupported(w + " " + json_excerpt(*q) +
+                              " is not supported: klinear reads MXFP4 experts (a method or format named mxfp4, or "
+                              "weights of 4-bit floats in groups of 32)");
 }
 
 // Every count and width within sane bounds, and the sizes derived from them (tensor element

@@ -316,6 +316,34 @@ TEST(ConfigTest, UnsupportedFeatures) {
   j = fixture_json("kimi-linear-tiny");
   j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}};
   expect_error(j, "quantization_config", StatusCode::kNotSupported);
+  // MXFP4 is found by its scheme whatever the vendor spelling; other schemes are refused naming them.
+  struct Quant {
+    Json q;
+    bool mxfp4;
+  };
+  auto groups = [](const Json& weights) { return Json{{"group_0", Json{{"weights", weights}}}}; };
+  const Json fp4 = Json{{"num_bits", 4}, {"type", "float"}, {"group_size", 32}};
+  const Json int4 = Json{{"num_bits", 4}, {"type", "int"}, {"group_size", 128}};
+  const Quant quants[] = {
+      {Json{{"quant_method", "compressed-tensors"}, {"format", "mxfp4-pack-quantized"}}, true},
+      {Json{{"quant_method", "compressed-tensors"}, {"format", "MXFP4_pack_quantized"}}, true},
+      {Json{{"quant_method", "mxfp4"}}, true},
+      {Json{{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}, {"config_groups", groups(fp4)}}, true},
+      {Json{{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}, {"config_groups", groups(int4)}}, false},
+      {Json{{"quant_method", "fp8"}, {"fmt", "e4m3"}}, false},
+  };
+  for (const Quant& c : quants) {
+    j = fixture_json("k3-tiny");
+    j["text_config"]["quantization_config"] = c.q;
+    auto parsed = parse_model_config(j, "cfg.json");
+    ASSERT_EQ(parsed.ok(), c.mxfp4) << c.q << ": " << parsed.status().to_string();
+    if (c.mxfp4) {
+      EXPECT_EQ(parsed->expert_format, ExpertFormat::kMxfp4) << c.q;
+    } else {
+      EXPECT_EQ(parsed.status().code(), StatusCode::kNotSupported) << c.q;
+      EXPECT_NE(parsed.status().message().find("4-bit floats in groups of 32"), std::string::npos) << parsed.status().to_string();
+    }
+  }
   j = fixture_json("kimi-linear-tiny");
   j["mla_use_nope"] = false;
   expect_error(j, "mla_use_nope", StatusCode::kNotSupported);
