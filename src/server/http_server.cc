@@ -185,12 +185,14 @@ std::string HttpServer::allowed_origin(const std::string& origin) const {
 }
 
 void HttpServer::log_request(const std::string& id, ApiKind kind, bool stream, int status, const RequestStats& s,
-                             const std::string& note) const {
+                             const std::string& note, const std::string& user) const {
   if (!options_.log_requests) return;
+  // The user is the client's text: quoted as JSON, so it cannot forge a log line.
+  const std::string who = user.empty() ? std::string() : "; user " + Json(user).dump(-1, ' ', true, Json::error_handler_t::replace);
   std::fprintf(stderr, "klinear serve: %s %s%s %d: prompt %lld, completion %lld tokens; queue %.3f s, first token %.3f s, "
-               "end %.3f s%s%s\n", id.c_str(), kind == ApiKind::kChat ? "chat" : "completion", stream ? " stream" : "",
+               "end %.3f s%s%s%s\n", id.c_str(), kind == ApiKind::kChat ? "chat" : "completion", stream ? " stream" : "",
                status, static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.completion_tokens), s.queue_s,
-               s.ttft_s, s.e2e_s, note.empty() ? "" : "; ", note.c_str());
+               s.ttft_s, s.e2e_s, note.empty() ? "" : "; ", note.c_str(), who.c_str());
 }
 
 void HttpServer::count(int status) {
@@ -442,10 +444,10 @@ void HttpServer::routes() {
         }
         --in_flight_;
         if (!failure.ok()) {
-          log_request(response_id, kind, false, 500, stats, failure.to_string());
+          log_request(response_id, kind, false, 500, stats, failure.to_string(), r.user);
           return send_error(res, ApiError{500, failure.to_string(), "server_error", "", ""});
         }
-        log_request(response_id, kind, false, 200, stats, cancelled ? "cancelled: the client hung up" : "");
+        log_request(response_id, kind, false, 200, stats, cancelled ? "cancelled: the client hung up" : "", r.user);
         return send_json(res, 200, builder->response(stats));
       }
       const bool usage = r.include_usage;
@@ -478,7 +480,7 @@ void HttpServer::routes() {
             }
             return true;
           },
-          [this, channel, id = *id, last, response_id, kind](bool success) {
+          [this, channel, id = *id, last, response_id, kind, user = r.user](bool success) {
             bool ended;
             {
               std::lock_guard<std::mutex> lock(channel->mu);
@@ -487,7 +489,7 @@ void HttpServer::routes() {
             if (!success || !ended) engine_.cancel(id);
             const bool failed = last->end == RequestEnd::kFailed;
             log_request(response_id, kind, true, 200, last->stats,
-                        failed ? last->error.to_string() : !success || !ended ? "cancelled: the client hung up" : "");
+                        failed ? last->error.to_string() : !success || !ended ? "cancelled: the client hung up" : "", user);
             --in_flight_;
           });
     };

@@ -78,7 +78,7 @@ class HttpServer {
   std::string allowed_origin(const std::string& origin) const;
   // The stderr line of a finished request (--disable-log-requests turns it off).
   void log_request(const std::string& id, ApiKind kind, bool stream, int status, const RequestStats& stats,
-                   const std::string& note) const;
+                   const std::string& note, const std::string& user) const;
 
   Engine& engine_;
   const Tokenizer* tokenizer_;

@@ -393,7 +393,9 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
     return f.out_of_range("min_tokens", "at most max_tokens (" + std::to_string(*max_tokens) + ")", f.body["min_tokens"]);
   KL_RETURN_IF_ERROR(bool_field(f, "include_stop_str_in_output", r.spec.stop.include_stop_str_in_output));
   KL_RETURN_IF_ERROR(parse_logit_bias(f, r.spec.sampling.logit_bias));
-  KL_FIELD(std::optional<std::string> user, json_opt_string, "user");  // the caller's end user: read, not used
+  KL_FIELD(std::optional<std::string> user, json_opt_string, "user");
+  if (user && user->size() > 256) return f.out_of_range("user", "at most 256 characters", f.body["user"]);
+  r.user = user.value_or("");
   KL_FIELD(std::optional<std::string> request_id, json_opt_string, "request_id");
   if (request_id && (request_id->empty() || request_id->size() > 128 ||
                      !std::all_of(request_id->begin(), request_id->end(), [](char c) { return c > ' ' && c < 127; })))

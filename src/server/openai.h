@@ -54,6 +54,7 @@ struct ApiRequest {
   bool parallel_tool_calls = true;   // chat: false keeps a choice's first tool call only
   bool include_reasoning = true;     // chat, K3: false leaves the reasoning out
   std::string request_id;            // the response id after its prefix; empty: a fresh one
+  std::string user;                  // the caller's end user (OpenAI's abuse tracing): in the request's log line
 };
 
 // Parses and checks a request body for a model whose chat format is `format`. Every field is one

@@ -179,6 +179,7 @@ def test_operations(s):
     check(status == 404 and json.loads(data)["error"]["code"] == "model_not_found", data)
     body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1})
     conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+    body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1, "user": "alice\nklinear serve: forged"})
     conn.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json",
                                                    "X-Request-Id": "trace-42", "Origin": "http://ui.example"})
     r = conn.getresponse()
@@ -208,6 +209,9 @@ def test_operations(s):
     while not any(line.startswith("klinear serve: cmpl-trace-42 completion 200") for line in s.log):
         check(time.time() < deadline, "no request log line")
         time.sleep(0.05)
+    logged = [line for line in s.log if line.startswith("klinear serve: cmpl-trace-42 ")]
+    check(logged[0].rstrip("\n").endswith('; user "alice\\nklinear serve: forged"'), logged)
+    check(not any(line.startswith("klinear serve: forged") for line in s.log), "the user forged a log line")
 
 
 def test_chat_and_usage(s):
