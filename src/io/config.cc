@@ -393,6 +393,13 @@ Result<ModelConfig> parse_model_config(const Json& doc, const std::string& where
   if (router_act && *router_act != "sigmoid")
     return Status::NotSupported(w + ": moe_router_activation_func '" + *router_act + "' is not supported (expected sigmoid)");
   KL_RETURN_IF_ERROR(r.opt("attn_res_block_size", &c.attn_res_block_size));
+  // The NPU runner's attn_res_mode picks how it schedules AttnRes (original, fused, or two_phase for
+  // any other value); every mode computes the same sums (MODEL.md 7), which klinear computes one way, so
+  // each mode gives this model's output. Checked, not stored.
+  KL_ASSIGN_OR_RETURN(auto attn_res_mode, json_opt_string(*text, "attn_res_mode", w));
+  if (attn_res_mode && c.attn_res_block_size == 0)
+    return Status::InvalidArgument(w + ": attn_res_mode '" + *attn_res_mode + "' is set but the model has no AttnRes "
+                                   "blocks (attn_res_block_size 0)");
   KL_RETURN_IF_ERROR(parse_quantization(*text, w, &c));
 
   KL_RETURN_IF_ERROR(validate(c, w));

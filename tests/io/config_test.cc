@@ -344,6 +344,14 @@ TEST(ConfigTest, UnsupportedFeatures) {
       EXPECT_NE(parsed.status().message().find("4-bit floats in groups of 32"), std::string::npos) << parsed.status().to_string();
     }
   }
+  j = fixture_json("k3-tiny");
+  j["text_config"]["attn_res_mode"] = "fused";  // the runner's schedule of the same sums
+  EXPECT_TRUE(parse_model_config(j, "cfg.json").ok());
+  j["text_config"]["attn_res_mode"] = 3;
+  expect_error(j, "attn_res_mode", StatusCode::kInvalidArgument);
+  j = fixture_json("kimi-linear-tiny");
+  j["attn_res_mode"] = "fused";
+  expect_error(j, "no AttnRes blocks", StatusCode::kInvalidArgument);
   j = fixture_json("kimi-linear-tiny");
   j["mla_use_nope"] = false;
   expect_error(j, "mla_use_nope", StatusCode::kNotSupported);
