@@ -14,7 +14,7 @@
 #     third_party/gpu-carry/  what the GPU machine needs and cannot download (scripts/gpu-check.sh
 #                             unpacks it there): the FLA wheel, the CUTLASS and FlashInfer headers as
 #                             tarballs, and the -dev debs of the libraries the build links (PCRE2,
-#                             cpp-httplib, nlohmann-json, CLI11, GoogleTest, OpenBLAS), ~23 MiB, well
+#                             cpp-httplib, nlohmann-json, CLI11, GoogleTest, OpenBLAS, Open MPI), ~27 MiB, well
 #                             inside the device tool's 64 MiB carry limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +33,8 @@ sudo=""
 export DEBIAN_FRONTEND=noninteractive
 
 packages=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libpcre2-dev libopenblas-openmp-dev
-          libgtest-dev libcpp-httplib-dev python3 python3-jinja2 python3-pip clang libclang-rt-14-dev)
+          libgtest-dev libcpp-httplib-dev libopenmpi-dev openmpi-bin python3 python3-jinja2 python3-pip clang
+          libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -103,10 +104,13 @@ fetch_wheel fla-core==0.6.0 fla_core-0.6.0-py3-none-any.whl b0708b70e0b119cd58a0
 
 # The GPU machine reaches no registry: carry the FLA wheel and the libraries the build links as debs
 # (scripts/gpu-check.sh unpacks them into a prefix with dpkg -x). cpp-httplib's pkg-config file
-# names brotli, which the GPU machine lacks.
+# names brotli, which the GPU machine lacks. Open MPI's library and what it loads (hwloc and the
+# libudev hwloc needs, libevent; 3.9 MiB) let the build link and klinear start there; mpirun itself
+# is not carried (one GPU runs without a launcher).
 debs=(libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libcpp-httplib-dev libcpp-httplib0.11
       nlohmann-json3-dev libcli11-dev libgtest-dev libopenblas-openmp-dev libopenblas0-openmp libopenblas-dev
-      libgfortran5 libquadmath0 libbrotli-dev libbrotli1)
+      libgfortran5 libquadmath0 libbrotli-dev libbrotli1 libopenmpi-dev libopenmpi3 libhwloc15
+      libudev1 libevent-core-2.1-7 libevent-pthreads-2.1-7)
 mkdir -p third_party/gpu-carry/debs
 cp third_party/wheels/fla_core-0.6.0-py3-none-any.whl third_party/gpu-carry/
 # The CUTLASS headers as a tarball (2.4 MiB; scripts/gpu-check.sh unpacks it into
