@@ -140,10 +140,18 @@ export PKG_CONFIG_SYSROOT_DIR=$deps
 export LD_LIBRARY_PATH=$deps/usr/lib/$arch:$deps/usr/lib/$arch/openblas-openmp:${LD_LIBRARY_PATH:-}
 export PYTHONPATH=/tmp/klinear-py:${PYTHONPATH:-}
 export PATH=$PATH:/usr/local/cuda/bin
+# NCCL (src/dist/nccl_comm.cc): the CUDA toolkit's where it has one, else the nvidia-nccl wheel
+# PyTorch brings (lib/libnccl.so.2, include/nccl.h); the binaries find it through LD_LIBRARY_PATH.
+nccl_root=
+if ! ls /usr/local/cuda/lib*/libnccl.so* >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q libnccl.so; then
+  nccl_root=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
+  [ -n "$nccl_root" ] && export LD_LIBRARY_PATH=$nccl_root/lib:$LD_LIBRARY_PATH
+fi
+echo "gpu-check: NCCL from ${nccl_root:-the CUDA toolkit or the system}"
 
 configure() {
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKLINEAR_CUDA=ON -DKLINEAR_DEPS_ROOT="$deps" \
-    -DCMAKE_PREFIX_PATH="$deps/usr" -DCMAKE_CUDA_COMPILER="$(command -v nvcc)"
+    -DCMAKE_PREFIX_PATH="$deps/usr" -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" ${nccl_root:+-DNCCL_ROOT=$nccl_root}
 }
 # The binaries of a prebuild made from this very tree, if there is one (see --prebuild).
 use_prebuilt() {
