@@ -395,13 +395,16 @@ void HttpServer::routes() {
       if (!r.model.empty() && r.model != options_.model_name)
         return send_error(res, ApiError{404, "the model '" + r.model + "' does not exist; this server serves '" +
                                                  options_.model_name + "'", "not_found_error", "model", "model_not_found"});
+      if (r.echo && !tokenizer_)
+        return send_error(res, api_error(Status::NotSupported("field 'echo' needs the prompt's text: this model has no "
+                                                              "tokenizer"), "echo"));
       auto ids = request_prompt_ids(r, tokenizer_, format_);
       if (!ids.ok()) return send_error(res, api_error(ids.status(), kind == ApiKind::kChat ? "messages" : "prompt"));
       RequestSpec spec = r.spec;
       spec.prompt = std::move(ids).value();
       auto room = fit_prompt(r, options_.truncate_prompt, engine_.max_sequence_tokens(), spec.prompt);
       if (!room.ok()) return send_error(res, api_error(room.status(), kind == ApiKind::kChat ? "messages" : "prompt"));
-      std::vector<int32_t> prompt = r.return_token_ids || r.continuous_usage ? spec.prompt : std::vector<int32_t>{};
+      std::vector<int32_t> prompt = r.return_token_ids || r.continuous_usage || r.echo ? spec.prompt : std::vector<int32_t>{};
       spec.stop.max_tokens = r.max_tokens.value_or(*room);
       if (!r.seed_given) spec.sampling.seed = std::random_device{}() * 0x100000001ull + std::random_device{}();
       if (kind == ApiKind::kChat && tokenizer_)

@@ -246,7 +246,7 @@ constexpr std::string_view kChatFields[] = {
     "messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "response_format",
     "chat_template_kwargs", "thinking", "thinking_effort", "reasoning_effort", "include_reasoning",
     "add_generation_prompt", "continue_final_message"};
-constexpr std::string_view kCompletionFields[] = {"prompt"};
+constexpr std::string_view kCompletionFields[] = {"prompt", "echo"};
 
 // Fields OpenAI or vLLM clients send that this server does not honour: refused when their value
 // asks for something, i.e. is neither null nor `neutral` (JSON text).
@@ -255,7 +255,7 @@ struct Unhonoured {
 };
 constexpr std::string_view kNoStructuredOutput = "structured output (constrained decoding) is not supported yet";
 constexpr Unhonoured kUnhonoured[] = {
-    {"echo", "false", "echoing the prompt is not supported yet"},
+    {"echo", "false", "echo is honoured on completions without logprobs (the prompt's log-probabilities are not supported yet)"},
     {"prompt_logprobs", "null", "prompt log-probabilities are not supported yet"},
     {"suffix", "null", "the Kimi models have no fill-in-the-middle format"},
     {"use_beam_search", "false", "beam search is not supported"},
@@ -370,6 +370,7 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
                                                                       "message to be the assistant's"));
   } else {
     KL_RETURN_IF_ERROR(parse_prompt(f, r));
+    KL_RETURN_IF_ERROR(bool_field(f, "echo", r.echo));
   }
   KL_RETURN_IF_ERROR(check_fields(f, kind));
   std::optional<int64_t> max_tokens, max_completion_tokens, n, seed, top_k, top_logprobs;
@@ -455,6 +456,9 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
     r.logprobs = top_logprobs.has_value();
   }
   r.spec.top_logprobs = r.logprobs ? static_cast<int>(top_logprobs.value_or(0)) : -1;
+  if (r.echo && r.logprobs)
+    return f.fail("echo", Status::InvalidArgument("field 'echo' with logprobs needs the prompt's log-probabilities, "
+                                                  "which are not supported yet; echo alone is"));
   // K2 tool calls are parsed from the text, whose section markers are special tokens (vLLM keeps
   // them for its Kimi tool parser too).
   r.spec.special_text = skip_special && !r.parse_tool_calls ? SpecialText::kSkip : SpecialText::kShow;
@@ -505,6 +509,7 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& request, ChatFormat format, s
       parallel_tool_calls_(request.parallel_tool_calls),
       include_reasoning_(request.include_reasoning),
       prompt_(std::move(prompt)),
+      echo_(request.echo && tokenizer ? tokenizer->decode(prompt_) : std::string()),
       id_(std::move(id)),
       model_(std::move(model)),
       created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()),
@@ -610,7 +615,7 @@ std::vector<Json> ResponseBuilder::chunks(const EngineEvent& e) {
   Json choice{{"index", e.choice}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
   if (logprobs_ && !e.tokens.empty()) choice["logprobs"] = logprobs_json(e.tokens, offset);
   if (kind_ == ApiKind::kCompletion) {
-    choice["text"] = e.text;
+    choice["text"] = (c.echoed ? std::string() : echo_) + e.text;
     if (!tokenizer_ || return_token_ids_) choice["token_ids"] = token_ids(e.tokens);  // without a tokenizer the ids are the output
     if (return_token_ids_ && first) choice["prompt_token_ids"] = prompt_;
   } else {
@@ -633,9 +638,10 @@ std::vector<Json> ResponseBuilder::chunks(const EngineEvent& e) {
   }
   if (c.finish) choice["finish_reason"] = finish_reason(c);
   const bool empty_delta = kind_ == ApiKind::kChat && choice["delta"].empty() && !c.finish && choice["logprobs"].is_null();
-  const bool empty_text = kind_ == ApiKind::kCompletion && e.text.empty() && (tokenizer_ || e.tokens.empty());
+  const bool empty_text = kind_ == ApiKind::kCompletion && choice["text"] == "" && (tokenizer_ || e.tokens.empty());
   if (empty_delta || (empty_text && !e.finish && choice["logprobs"].is_null()))
     return out;
+  c.echoed = true;
   Json j = chunk_base();
   j["choices"].push_back(std::move(choice));
   if (continuous_usage_)
@@ -673,7 +679,7 @@ Json ResponseBuilder::response(const RequestStats& stats) const {
     Json choice{{"index", i}, {"logprobs", logprobs_ ? logprobs_json(c.tokens, 0) : Json(nullptr)},
                 {"finish_reason", c.finish ? Json(finish_reason(c)) : Json(nullptr)}};
     if (kind_ == ApiKind::kCompletion) {
-      choice["text"] = c.text;
+      choice["text"] = echo_ + c.text;
       if (!tokenizer_ || return_token_ids_) choice["token_ids"] = token_ids(c.tokens);
       if (return_token_ids_) choice["prompt_token_ids"] = prompt_;
     } else {

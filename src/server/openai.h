@@ -53,6 +53,7 @@ struct ApiRequest {
   bool return_token_ids = false;     // the prompt's and each choice's token ids in the response
   bool parallel_tool_calls = true;   // chat: false keeps a choice's first tool call only
   bool include_reasoning = true;     // chat, K3: false leaves the reasoning out
+  bool echo = false;                 // completions: each choice's text starts with the prompt's
   std::string request_id;            // the response id after its prefix; empty: a fresh one
   std::string user;                  // the caller's end user (OpenAI's abuse tracing): in the request's log line
 };
@@ -81,7 +82,7 @@ Result<int64_t> fit_prompt(const ApiRequest& r, std::optional<int64_t> truncate_
 class ResponseBuilder {
  public:
   // K3 chat output is parsed from ids, so a K3 chat request needs `tokenizer`.
-  // `prompt`: the request's prompt ids (return_token_ids, continuous usage).
+  // `prompt`: the request's prompt ids (return_token_ids, continuous usage, echo).
   ResponseBuilder(const ApiRequest& request, ChatFormat format, std::string id, std::string model,
                   const Tokenizer* tokenizer, std::vector<int32_t> prompt = {});
 
@@ -102,7 +103,7 @@ class ResponseBuilder {
     ToolCallStream tool_stream;       // K2 chat with tools
     std::optional<K3TurnStream> k3;   // K3 chat
     std::vector<int32_t> ids;         // K3 chat: every generated id
-    int tool_calls_sent = 0;          // streamed tool calls (parallel_tool_calls false: at most one)
+    bool echoed = false;              // echo: the prompt's text went out
   };
   Json chunk_base() const;
   Json logprobs_json(const std::vector<TokenOutput>& tokens, size_t text_offset) const;
@@ -117,6 +118,7 @@ class ResponseBuilder {
   bool logprobs_, parse_tool_calls_, include_usage_, continuous_usage_, tokens_as_ids_, return_token_ids_,
       parallel_tool_calls_, include_reasoning_;
   std::vector<int32_t> prompt_;
+  std::string echo_;  // echo: the prompt's text, which each choice's text starts with
   int64_t completion_tokens_ = 0;
   std::string id_, model_;
   int64_t created_;

@@ -498,7 +498,7 @@ def test_vllm_fields(s):
     check(r.usage.prompt_tokens == len(cont), (r.usage, len(cont)))
     # Refused: what this server does not do, and fields nobody defines; each 400 names the field.
     for body, param in ((dict(prompt="x", guided_json={"type": "object"}), "guided_json"),
-                        (dict(prompt="x", echo=True), "echo"),
+                        (dict(prompt="x", echo=True, logprobs=1), "echo"),
                         (dict(prompt="x", prompt_logprobs=1), "prompt_logprobs"),
                         (dict(prompt="x", best_of=3), "best_of"),
                         (dict(prompt="x", temprature=0.5), "temprature"),
@@ -510,6 +510,15 @@ def test_vllm_fields(s):
         check(status == 400 and (param is None or err.get("param") == param), (body, status, data))
         if param is None:
             check("stop_token_ids" in err.get("message", ""), data)
+    # echo: the prompt's text opens the output, streamed or not.
+    r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True,
+                             extra_body={"ignore_eos": True})
+    plain = c.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0,
+                                 extra_body={"ignore_eos": True}).choices[0].text
+    check(r.choices[0].text == prompt + plain, (r.choices[0].text, plain))
+    streamed = "".join(p.choices[0].text for p in c.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, stream=True, extra_body={"ignore_eos": True}))
+    check(streamed == prompt + plain, (streamed, plain))
     # Asking for nothing is not refused.
     r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=2,
                              extra_body={"echo": False, "use_beam_search": False, "guided_json": None, "user": "u1",

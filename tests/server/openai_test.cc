@@ -91,7 +91,8 @@ TEST(OpenAIRequest, BadFieldsAreNamed) {
       {"completion without prompt", ApiKind::kCompletion, Json{{"model", "m"}}, "prompt"},
       {"completion empty prompt", ApiKind::kCompletion, Json{{"prompt", ""}}, "prompt"},
       {"completion negative id", ApiKind::kCompletion, Json{{"prompt", {1, -2}}}, "prompt"},
-      {"completion echo", ApiKind::kCompletion, Json{{"prompt", "x"}, {"echo", true}}, "echo"},
+      {"completion echo", ApiKind::kCompletion, Json{{"prompt", "x"}, {"echo", true}}, ""},
+      {"completion echo with logprobs", ApiKind::kCompletion, Json{{"prompt", "x"}, {"echo", true}, {"logprobs", 1}}, "echo"},
       {"completion logprobs 21", ApiKind::kCompletion, Json{{"prompt", "x"}, {"logprobs", 21}}, "logprobs"},
       // Integers that wrapped: a seed above int64 became negative, stop ids were cut to 32 bits.
       {"seed 2^64 - 1", ApiKind::kChat, chat_body({{"seed", UINT64_MAX}}), "seed"},
@@ -376,6 +377,19 @@ TEST(OpenAIResponse, RequestedFieldsAndUnsignedBytes) {
   const Json r = b.response(RequestStats{3, 2, 0, 0, 0});
   EXPECT_EQ(r["choices"][0]["token_ids"], Json({id, id}));
   EXPECT_EQ(r["choices"][0]["prompt_token_ids"], Json({11, 12, 13}));
+
+  // echo: the prompt's text opens the choice's text, streamed and whole.
+  ApiRequest echo = parse_api_request(ApiKind::kCompletion, ChatFormat::kK3,
+                                      Json{{"prompt", "x"}, {"echo", true}, {"stream", true}}, &param)
+                        .value();
+  const std::vector<int32_t> echoed = tok.encode("Once upon");
+  ResponseBuilder eb(echo, ChatFormat::kK3, "cmpl-2", "m", &tok, echoed);
+  EngineEvent partial;  // a token whose text is not out yet: the echo goes out alone, once
+  partial.tokens = {TokenOutput{id, "", Sampled{id, 0, {}}}};
+  EXPECT_EQ(eb.chunks(partial).at(0)["choices"][0]["text"], "Once upon");
+  EXPECT_TRUE(eb.chunks(partial).empty());
+  EXPECT_EQ(eb.chunks(e1).at(0)["choices"][0]["text"], "é");
+  EXPECT_EQ(eb.response(RequestStats{})["choices"][0]["text"], "Once uponé");
 
   // Chat logprobs carry bytes; each is in [0, 255] and they spell the token.
   ApiRequest chat = parse_api_request(ApiKind::kChat, ChatFormat::kK3,

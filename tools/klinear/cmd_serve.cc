@@ -468,6 +468,7 @@ Status submit_batch_line(const Json& line, RunContext& ctx, LineResult& res) {
   const ApiKind kind = url == "/v1/chat/completions" ? ApiKind::kChat : ApiKind::kCompletion;
   KL_ASSIGN_OR_RETURN(LineRequest req, prepare_line(kind, line["body"], ctx));
   Serving& s = ctx.serving;
+  if (req.api.echo && !s.tokenizer) return Status::NotSupported("field 'echo' needs the prompt's text: this model has no tokenizer");
   const std::string request_id = (kind == ApiKind::kChat ? "chatcmpl-batch-" : "cmpl-batch-") + std::to_string(res.line);
   auto builder = std::make_shared<ResponseBuilder>(req.api, s.format, request_id, ctx.model_name, s.tokenizer.get(),
                                                    req.spec.prompt);
@@ -505,6 +506,8 @@ Status submit_line(const std::string& text, RunContext& ctx, LineResult& res) {
   }
   const ApiKind kind = line.contains("messages") ? ApiKind::kChat : ApiKind::kCompletion;
   KL_ASSIGN_OR_RETURN(LineRequest req, prepare_line(kind, line, ctx));
+  if (req.api.echo)  // this line's result has no place for it; the batch format's responses do
+    return Status::InvalidArgument("field 'echo' is for lines of the batch format (custom_id, url, body)");
   res.out = Json{{"id", res.id}, {"text", ""}, {"ids", Json::array()}};
   RunTotals& totals = ctx.totals;
   KL_RETURN_IF_ERROR(ctx.serving.engine->submit(std::move(req.spec), [&res, &totals](const EngineEvent& e) {
