@@ -24,7 +24,6 @@ struct HttpServer::Channel {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<EngineEvent> events;
-  bool ended = false;
 
   // Queues `e`; returns whether the queue was empty, i.e. whether the HTTP thread may be asleep
   // (it sleeps only on an empty queue) and needs a wake.
@@ -32,7 +31,6 @@ struct HttpServer::Channel {
     std::lock_guard<std::mutex> lock(mu);
     const bool was_empty = events.empty();
     events.push_back(e);
-    ended = ended || e.end != RequestEnd::kRunning;
     return was_empty;
   }
   // Waits up to `timeout` for events and takes them all.
@@ -151,6 +149,87 @@ std::optional<ApiError> read_body(const httplib::ContentReader& reader, const ht
 }
 
 }  // namespace
+
+// One prompt's engine request within an HTTP request (a completion's list of prompts has several).
+struct HttpServer::Part {
+  ApiRequest r;
+  std::vector<int32_t> prompt;  // what the builder needs of it (echo, return_token_ids, usage)
+  uint64_t id = 0;              // the engine's request id
+  std::shared_ptr<ResponseBuilder> builder;
+  EngineEvent last;             // the request's last event, once it ended
+  bool ended = false;
+};
+
+namespace {
+
+constexpr size_t kMaxPrompts = 1024;  // prompts of one completion request
+
+// For a completion whose prompt is a list of prompts (texts, or lists of token ids; vLLM's batch),
+// one body per prompt with the other fields; for any other body none (it is its own one request).
+Result<std::vector<Json>> split_prompts(ApiKind kind, const Json& body) {
+  std::vector<Json> out;
+  const Json* p = kind == ApiKind::kCompletion && body.is_object() && body.contains("prompt") ? &body["prompt"] : nullptr;
+  const bool texts = p && p->is_array() && p->size() >= 2 &&
+                     std::all_of(p->begin(), p->end(), [](const Json& x) { return x.is_string(); });
+  const bool lists = p && p->is_array() && !p->empty() &&
+                     std::all_of(p->begin(), p->end(), [](const Json& x) { return x.is_array(); });
+  if (!texts && !lists) return out;
+  if (p->size() > kMaxPrompts)
+    return Status::InvalidArgument("field 'prompt' holds " + std::to_string(p->size()) + " prompts; at most " +
+                                   std::to_string(kMaxPrompts) + " in one request");
+  Json rest = body;
+  rest.erase("prompt");
+  for (const Json& one : *p) {
+    Json b = rest;
+    b["prompt"] = one;
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace
+
+// Hands an event to its prompt's builder; returns the builder's chunks with their choices numbered
+// across the prompts (prompt k's choice i is k·n + i).
+std::vector<Json> HttpServer::route(std::vector<Part>& parts, const EngineEvent& e) {
+  for (size_t k = 0; k < parts.size(); ++k) {
+    Part& p = parts[k];
+    if (p.id != e.request_id) continue;
+    std::vector<Json> chunks = p.builder->chunks(e);
+    if (e.end != RequestEnd::kRunning) {
+      p.last = e;
+      p.ended = true;
+    }
+    const int64_t base = static_cast<int64_t>(k) * p.r.spec.n;
+    if (base > 0)
+      for (Json& j : chunks)
+        for (Json& c : j["choices"]) c["index"] = c["index"].get<int64_t>() + base;
+    return chunks;
+  }
+  return {};
+}
+
+bool HttpServer::all_ended(const std::vector<Part>& parts) {
+  return std::all_of(parts.begin(), parts.end(), [](const Part& p) { return p.ended; });
+}
+
+RequestStats HttpServer::summed_stats(const std::vector<Part>& parts) {
+  RequestStats s;
+  for (const Part& p : parts) {
+    s.prompt_tokens += p.last.stats.prompt_tokens;
+    s.completion_tokens += p.last.stats.completion_tokens;
+    s.queue_s = std::max(s.queue_s, p.last.stats.queue_s);
+    s.ttft_s = std::max(s.ttft_s, p.last.stats.ttft_s);
+    s.e2e_s = std::max(s.e2e_s, p.last.stats.e2e_s);
+  }
+  return s;
+}
+
+Status HttpServer::first_failure(const std::vector<Part>& parts) {
+  for (const Part& p : parts)
+    if (p.last.end == RequestEnd::kFailed) return p.last.error;
+  return Status();
+}
 
 HttpServer::HttpServer(Engine& engine, const Tokenizer* tokenizer, ChatFormat format, ServerOptions options)
     : engine_(engine), tokenizer_(tokenizer), format_(format), options_(std::move(options)),
@@ -388,35 +467,62 @@ void HttpServer::routes() {
       auto body = parse_json(text, "request body");
       if (!body.ok()) return send_error(res, api_error(body.status()));
       ReleaseJsonOnExit release{*body};
-      std::string param;
-      auto parsed = parse_api_request(kind, format_, *body, &param);
-      if (!parsed.ok()) return send_error(res, api_error(parsed.status(), param));
-      ApiRequest r = std::move(parsed).value();
-      if (!r.model.empty() && r.model != options_.model_name)
-        return send_error(res, ApiError{404, "the model '" + r.model + "' does not exist; this server serves '" +
-                                                 options_.model_name + "'", "not_found_error", "model", "model_not_found"});
-      if (r.echo && !tokenizer_)
-        return send_error(res, api_error(Status::NotSupported("field 'echo' needs the prompt's text: this model has no "
-                                                              "tokenizer"), "echo"));
-      auto ids = request_prompt_ids(r, tokenizer_, format_);
-      if (!ids.ok()) return send_error(res, api_error(ids.status(), kind == ApiKind::kChat ? "messages" : "prompt"));
-      RequestSpec spec = r.spec;
-      spec.prompt = std::move(ids).value();
-      auto room = fit_prompt(r, options_.truncate_prompt, engine_.max_sequence_tokens(), spec.prompt);
-      if (!room.ok()) return send_error(res, api_error(room.status(), kind == ApiKind::kChat ? "messages" : "prompt"));
-      std::vector<int32_t> prompt = r.return_token_ids || r.continuous_usage || r.echo ? spec.prompt : std::vector<int32_t>{};
-      spec.stop.max_tokens = r.max_tokens.value_or(*room);
-      if (!r.seed_given) spec.sampling.seed = std::random_device{}() * 0x100000001ull + std::random_device{}();
-      if (kind == ApiKind::kChat && tokenizer_)
-        if (auto marker = tokenizer_->special_id(chat_stop_marker(format_))) spec.stop.stop_ids.push_back(*marker);
+      auto bodies = split_prompts(kind, *body);
+      if (!bodies.ok()) return send_error(res, api_error(bodies.status(), "prompt"));
+      struct ReleaseAll {  // the split bodies, freed as the whole one is (release_json)
+        std::vector<Json>& docs;
+        ~ReleaseAll() {
+          for (Json& d : docs) release_json(d);
+        }
+      } release_parts{*bodies};
+      std::vector<const Json*> each;
+      for (const Json& b : *bodies) each.push_back(&b);
+      if (each.empty()) each.push_back(&*body);
+      // One engine request per prompt, their events on one channel; choice i of prompt k is the
+      // response's choice k·n + i, as vLLM numbers a batch's choices.
       auto channel = std::make_shared<Channel>();
-      // The sink runs on the engine thread for every token: it queues, the waker wakes.
-      auto id = engine_.submit(std::move(spec), [channel, waker = waker_](const EngineEvent& e) {
-        if (channel->push(e)) waker->wake(channel);
-      });
-      if (!id.ok()) return send_error(res, api_error(id.status()));
+      auto parts = std::make_shared<std::vector<Part>>();
+      std::string request_id;
+      auto cancel_all = [this, parts] {
+        for (const Part& p : *parts) engine_.cancel(p.id);
+      };
+      for (size_t k = 0; k < each.size(); ++k) {
+        std::string param;
+        auto parsed = parse_api_request(kind, format_, *each[k], &param);
+        if (!parsed.ok()) return cancel_all(), send_error(res, api_error(parsed.status(), param));
+        Part part;
+        part.r = std::move(parsed).value();
+        const ApiRequest& r = part.r;
+        if (!r.model.empty() && r.model != options_.model_name)
+          return cancel_all(), send_error(res, ApiError{404, "the model '" + r.model + "' does not exist; this server serves '" +
+                                                                 options_.model_name + "'", "not_found_error", "model",
+                                                        "model_not_found"});
+        if (r.echo && !tokenizer_)
+          return cancel_all(), send_error(res, api_error(Status::NotSupported("field 'echo' needs the prompt's text: this "
+                                                                              "model has no tokenizer"), "echo"));
+        const std::string field = kind == ApiKind::kChat ? "messages" : "prompt";
+        auto ids = request_prompt_ids(r, tokenizer_, format_);
+        if (!ids.ok()) return cancel_all(), send_error(res, api_error(ids.status(), field));
+        RequestSpec spec = r.spec;
+        spec.prompt = std::move(ids).value();
+        auto room = fit_prompt(r, options_.truncate_prompt, engine_.max_sequence_tokens(), spec.prompt);
+        if (!room.ok()) return cancel_all(), send_error(res, api_error(room.status(), field));
+        if (r.return_token_ids || r.continuous_usage || r.echo) part.prompt = spec.prompt;
+        spec.stop.max_tokens = r.max_tokens.value_or(*room);
+        if (!r.seed_given) spec.sampling.seed = std::random_device{}() * 0x100000001ull + std::random_device{}();
+        if (kind == ApiKind::kChat && tokenizer_)
+          if (auto marker = tokenizer_->special_id(chat_stop_marker(format_))) spec.stop.stop_ids.push_back(*marker);
+        // The sink runs on the engine thread for every token: it queues, the waker wakes.
+        auto id = engine_.submit(std::move(spec), [channel, waker = waker_](const EngineEvent& e) {
+          if (channel->push(e)) waker->wake(channel);
+        });
+        if (!id.ok()) return cancel_all(), send_error(res, api_error(id.status()));
+        part.id = *id;
+        if (k == 0) request_id = r.request_id;
+        parts->push_back(std::move(part));
+      }
+      const ApiRequest& first = parts->front().r;
       const std::string prefix = kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-";
-      std::string request_id = r.request_id;
       if (request_id.empty() && req.has_header("X-Request-Id")) {
         const std::string header = req.get_header_value("X-Request-Id");
         if (!header.empty() && header.size() <= 128 &&
@@ -424,75 +530,76 @@ void HttpServer::routes() {
           request_id = header;
       }
       const std::string response_id = prefix + (request_id.empty() ? fresh_response_id() : request_id);
-      auto builder = std::make_shared<ResponseBuilder>(r, format_, response_id, options_.model_name, tokenizer_, prompt);
+      for (Part& p : *parts)
+        p.builder = std::make_shared<ResponseBuilder>(p.r, format_, response_id, options_.model_name, tokenizer_, p.prompt);
       ++in_flight_;
-      if (!r.stream) {
-        // While waiting, a client that hangs up has its request cancelled (its end event follows).
+      if (!first.stream) {
+        // While waiting, a client that hangs up has its requests cancelled (their end events follow).
         Connection* connection = HttpTransport::current();
-        RequestStats stats;
-        Status failure;
         bool cancelled = false;
-        for (bool ended = false; !ended;) {
-          for (const EngineEvent& e : channel->take(std::chrono::milliseconds(50))) {
-            builder->chunks(e);
-            if (e.end == RequestEnd::kRunning) continue;
-            ended = true;
-            stats = e.stats;
-            if (e.end == RequestEnd::kFailed) failure = e.error;
-          }
-          if (!ended && !cancelled && connection && connection->client_gone()) {
-            engine_.cancel(*id);
+        while (!all_ended(*parts)) {
+          for (const EngineEvent& e : channel->take(std::chrono::milliseconds(50))) route(*parts, e);
+          if (!all_ended(*parts) && !cancelled && connection && connection->client_gone()) {
+            cancel_all();
             cancelled = true;
           }
         }
         --in_flight_;
+        const RequestStats stats = summed_stats(*parts);
+        const Status failure = first_failure(*parts);
         if (!failure.ok()) {
-          log_request(response_id, kind, false, 500, stats, failure.to_string(), r.user);
+          log_request(response_id, kind, false, 500, stats, failure.to_string(), first.user);
           return send_error(res, ApiError{500, failure.to_string(), "server_error", "", ""});
         }
-        log_request(response_id, kind, false, 200, stats, cancelled ? "cancelled: the client hung up" : "", r.user);
-        return send_json(res, 200, builder->response(stats));
+        log_request(response_id, kind, false, 200, stats, cancelled ? "cancelled: the client hung up" : "", first.user);
+        Json response = (*parts)[0].builder->response((*parts)[0].last.stats);
+        for (size_t k = 1; k < parts->size(); ++k) {
+          Json more = (*parts)[k].builder->response((*parts)[k].last.stats);
+          for (Json& c : more["choices"]) {
+            c["index"] = c["index"].get<int64_t>() + static_cast<int64_t>(k) * first.spec.n;
+            response["choices"].push_back(std::move(c));
+          }
+        }
+        if (parts->size() > 1) response["usage"] = usage_json(stats);
+        return send_json(res, 200, response);
       }
-      const bool usage = r.include_usage;
+      const bool usage = first.include_usage;
       auto opened = std::make_shared<bool>(false);
-      auto last = std::make_shared<EngineEvent>();  // the request's last event, for the log line
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
-          [channel, builder, usage, opened, last](size_t, httplib::DataSink& sink) {
+          [parts, channel, usage, opened](size_t, httplib::DataSink& sink) {
             auto write = [&](const std::string& text) { return sink.write(text.data(), text.size()); };
             if (!*opened) {
               *opened = true;
-              for (const Json& j : builder->opening_chunks())
-                if (!write(sse(j))) return false;
+              for (const Part& p : *parts)
+                for (const Json& j : p.builder->opening_chunks())
+                  if (!write(sse(j))) return false;
             }
             if (!sink.is_writable()) return false;
-            for (const EngineEvent& e : channel->take(std::chrono::milliseconds(50))) {
-              for (const Json& j : builder->chunks(e))
+            for (const EngineEvent& e : channel->take(std::chrono::milliseconds(50)))
+              for (const Json& j : route(*parts, e))
                 if (!write(sse(j))) return false;
-              if (e.end == RequestEnd::kRunning) continue;
-              *last = e;
-              if (e.end == RequestEnd::kFailed) {
-                if (!write(sse(error_json(ApiError{500, e.error.to_string(), "server_error", "", ""})))) return false;
-              } else if (usage && !write(sse(builder->usage_chunk(e.stats)))) {
-                return false;
-              }
-              if (!write("data: [DONE]\n\n")) return false;
-              sink.done();
-              return true;
+            if (!all_ended(*parts)) return true;
+            const Status failure = first_failure(*parts);
+            if (!failure.ok()) {
+              if (!write(sse(error_json(ApiError{500, failure.to_string(), "server_error", "", ""})))) return false;
+            } else if (usage && !write(sse((*parts)[0].builder->usage_chunk(summed_stats(*parts))))) {
+              return false;
             }
+            if (!write("data: [DONE]\n\n")) return false;
+            sink.done();
             return true;
           },
-          [this, channel, id = *id, last, response_id, kind, user = r.user](bool success) {
-            bool ended;
-            {
-              std::lock_guard<std::mutex> lock(channel->mu);
-              ended = channel->ended;
-            }
-            if (!success || !ended) engine_.cancel(id);
-            const bool failed = last->end == RequestEnd::kFailed;
-            log_request(response_id, kind, true, 200, last->stats,
-                        failed ? last->error.to_string() : !success || !ended ? "cancelled: the client hung up" : "", user);
+          [this, parts, response_id, kind, cancel_all](bool success) {
+            // What the content provider did not see end is cancelled (cancelling an ended request
+            // does nothing).
+            const bool ended = all_ended(*parts);
+            if (!success || !ended) cancel_all();
+            const Status failure = first_failure(*parts);
+            log_request(response_id, kind, true, 200, summed_stats(*parts),
+                        !failure.ok() ? failure.to_string() : !success || !ended ? "cancelled: the client hung up" : "",
+                        parts->front().r.user);
             --in_flight_;
           });
     };

@@ -70,6 +70,11 @@ class HttpServer {
  private:
   struct Channel;
   class Waker;
+  struct Part;
+  static std::vector<Json> route(std::vector<Part>& parts, const EngineEvent& e);
+  static bool all_ended(const std::vector<Part>& parts);
+  static RequestStats summed_stats(const std::vector<Part>& parts);
+  static Status first_failure(const std::vector<Part>& parts);
   void routes();
   void count(int status);
   // A response id unique across requests and server runs: this run's random 64 bits, then a count.

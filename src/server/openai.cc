@@ -102,6 +102,7 @@ Status parse_prompt(Fields& f, ApiRequest& r) {
   if (!f.body.contains("prompt") || f.body["prompt"].is_null())
     return f.fail("prompt", Status::InvalidArgument("field 'prompt' is required"));
   const Json& p = f.body["prompt"];
+  // A list of several prompts is split by the server before this (one request each); `run` takes one.
   const std::string expected = "a string, a list of token ids or a list holding one string";
   if (p.is_string()) {
     r.prompt_text = p.get<std::string>();

@@ -519,6 +519,27 @@ def test_vllm_fields(s):
     streamed = "".join(p.choices[0].text for p in c.completions.create(
         model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, stream=True, extra_body={"ignore_eos": True}))
     check(streamed == prompt + plain, (streamed, plain))
+    # A list of prompts (texts, or token-id lists) is a batch: prompt k's choice i is choice k·n + i,
+    # each equal to the prompt sent alone; usage sums; streaming gives the same texts.
+    prompts = ["Once upon a time", "The capital of France is", "Count with me"]
+    alone = [c.completions.create(model=MODEL, prompt=q, max_tokens=4, temperature=0,
+                                  extra_body={"ignore_eos": True}) for q in prompts]
+    r = c.completions.create(model=MODEL, prompt=prompts, max_tokens=4, temperature=0, n=2,
+                             extra_body={"ignore_eos": True})
+    check(sorted(ch.index for ch in r.choices) == list(range(6)), [ch.index for ch in r.choices])
+    for ch in r.choices:
+        check(ch.text == alone[ch.index // 2].choices[0].text, (ch.index, ch.text))
+    check(r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone) and
+          r.usage.completion_tokens == 24, r.usage)
+    id_lists = [json.loads(s.raw("POST", "/tokenize", json.dumps({"prompt": q}))[1])["tokens"] for q in prompts]
+    texts = {}
+    for chunk in c.completions.create(model=MODEL, prompt=id_lists, max_tokens=4, temperature=0, stream=True,
+                                      extra_body={"ignore_eos": True}):
+        for ch in chunk.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+    check(texts == {k: alone[k].choices[0].text for k in range(3)}, texts)
+    status, data = s.raw("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": ["x"] * 1025, "max_tokens": 1}))
+    check(status == 400 and json.loads(data)["error"]["param"] == "prompt", data)
     # Asking for nothing is not refused.
     r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=2,
                              extra_body={"echo": False, "use_beam_search": False, "guided_json": None, "user": "u1",
