@@ -303,7 +303,9 @@ Status check_fields(Fields& f, ApiKind kind) {
   };
   const std::span<const std::string_view> own = kind == ApiKind::kChat ? std::span<const std::string_view>(kChatFields)
                                                                                   : std::span<const std::string_view>(kCompletionFields);
-  for (const auto& [key, value] : f.body.items()) {
+  for (const auto& item : f.body.items()) {
+    const std::string& key = item.key();
+    const Json& value = item.value();
     if (in(key, kEveryRequestFields) || in(key, own)) continue;
     auto rule = std::find_if(std::begin(kUnhonoured), std::end(kUnhonoured), [&](const Unhonoured& u) { return u.name == key; });
     if (rule == std::end(kUnhonoured))
