@@ -155,12 +155,13 @@ struct KdaGateBackwardArgs {
 // start state to S_end = A·S_start + B, A = M_T···M_1 and B = S_end from S_start = 0. A sequence
 // with no new rows has A = I, B = 0. Summaries of consecutive segments compose: (A2·A1, A2·B1 + B2).
 struct KdaSummaryArgs {
-  Tensor k;     // [N, H, dk] raw conv outputs: L2-normalised per head inside
+  Tensor k;     // [N, H, dk] raw conv outputs: L2-normalised per head inside (qk_norm)
   Tensor v;     // [N, H, dv]
   Tensor g;     // [N, H, dk] F32 log decay
   Tensor beta;  // [N, H] F32
   Tensor a;     // [B, H, dk, dk] F32 out: the transition A
   Tensor b;     // [B, H, dk, dv] F32 out: the zero-start end state B
+  KdaQkNorm qk_norm = KdaQkNorm::kInside;  // kGiven: k used as passed (CPU only, as KdaArgs)
 };
 
 // One decode step of a KDA layer after its projections (MODEL.md 4.8): every sequence of the layout has

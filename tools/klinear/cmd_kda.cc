@@ -1,14 +1,21 @@
 // `klinear kda`: the KDA core alone on .npy files, forward and (with --backward) backward, one
-// sequence on one rank. q and k are used as given (normalise them before), q is scaled by dk^-1/2
-// inside (KdaQkNorm::kGiven); the forward runs kda_chunked, the backward kda_chunked_backward.
+// sequence. q and k are used as given (normalise them before), q is scaled by dk^-1/2 inside
+// (KdaQkNorm::kGiven); the forward runs kda_chunked, the backward kda_chunked_backward. Under
+// `mpirun -np P ... --context-parallel-size P` the forward runs context-parallel (dist/kda_context.h):
+// rank r takes rows [T·r/P, T·(r+1)/P) of the inputs every rank reads, and rank 0 gathers the
+// output and writes the files.
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
+#include "dist/kda_context.h"
+#include "dist/mpi_comm.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "io/file.h"
@@ -18,8 +25,9 @@ namespace klinear::cli {
 namespace {
 
 struct KdaCmdArgs {
-  std::string inputs, out, device = "cpu", dtype;
+  std::string inputs, out, device = "cpu", dtype, cp_mode = "p2p";
   bool backward = false;
+  int context_parallel_size = 1;
 };
 
 std::string in_dir(const KdaCmdArgs& a, const std::string& name) {
@@ -46,12 +54,46 @@ Status write_output(const KdaCmdArgs& a, Backend& be, const std::string& name, c
   return write_npy((std::filesystem::path(a.out) / (name + ".npy")).string(), be.to_host(t).view(shape));
 }
 
+// The world of a context-parallel run: the launch's ranks, as many as --context-parallel-size.
+Result<std::unique_ptr<Comm>> cp_world(const KdaCmdArgs& a) {
+  if (a.backward) return Status::NotSupported("--backward with --context-parallel-size > 1: the context-parallel "
+                                              "backward is not implemented yet (issue 37)");
+  KL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> world, open_host_world());
+  if (world->size() != a.context_parallel_size)
+    return Status::InvalidArgument("--context-parallel-size " + std::to_string(a.context_parallel_size) + ", but " +
+                                   std::to_string(world->size()) + " rank(s) run: start it as mpirun -np " +
+                                   std::to_string(a.context_parallel_size) + " klinear kda ...");
+  return world;
+}
+
+// Rank 0 gets every rank's rows of `mine` ([n, H, dv] host, n = rows of rank r of `bounds`) in
+// order as one [T, H, dv] tensor; other ranks get an undefined one.
+Result<Tensor> gather_rows(Comm& comm, const Tensor& mine, const std::vector<int64_t>& bounds, int64_t width) {
+  int64_t most = 0;
+  for (size_t r = 0; r + 1 < bounds.size(); ++r) most = std::max(most, bounds[r + 1] - bounds[r]);
+  const Tensor padded = Tensor::empty(DType::kF32, {most * width}), all = Tensor::empty(DType::kF32, {comm.size() * most * width});
+  std::fill(padded.f32(), padded.f32() + most * width, 0.0f);
+  std::copy(mine.f32(), mine.f32() + mine.numel(), padded.f32());
+  KL_RETURN_IF_ERROR(comm.all_gather({padded, all}));
+  if (comm.rank() != 0) return Tensor();
+  Tensor out = Tensor::empty(DType::kF32, {bounds.back() * width});
+  for (int r = 0; r < comm.size(); ++r)
+    std::copy(all.f32() + r * most * width, all.f32() + (r * most + bounds[r + 1] - bounds[r]) * width,
+              out.f32() + bounds[r] * width);
+  return out;
+}
+
 Status run_kda(const KdaCmdArgs& a) {
   KL_ASSIGN_OR_RETURN(Device device, parse_device(a.device));
   KL_ASSIGN_OR_RETURN(DType dtype, parse_compute_dtype(a.dtype, device));
   if (device == Device::kCuda)
     return Status::NotSupported("--device cuda: q and k as given (not normalised inside) and the backward are not "
                                 "implemented on CUDA yet (issue 37); use --device cpu");
+  KL_ASSIGN_OR_RETURN(KdaCpMode cp_mode, parse_kda_cp_mode(a.cp_mode));
+  std::unique_ptr<Comm> world;
+  if (a.context_parallel_size > 1) {
+    KL_ASSIGN_OR_RETURN(world, cp_world(a));
+  }
   // q fixes T, H and dk; v fixes dv.
   KL_ASSIGN_OR_RETURN(Tensor q, read_npy(in_dir(a, "q")));
   if (q.rank() != 3 || q.dim(0) < 1 || q.dim(0) > std::numeric_limits<int32_t>::max() || q.dim(1) < 1 ||
@@ -65,21 +107,41 @@ Status run_kda(const KdaCmdArgs& a) {
                                    std::to_string(heads) + ", Dv] (T and H of q.npy), got " +
                                    shape_to_string(v.shape()));
   const int64_t dv = v.dim(2);
-  const Shape qk{t_len, heads, dk}, vs{t_len, heads, dv}, state{heads, dk, dv};
+  const Shape qk{t_len, heads, dk}, vs{t_len, heads, dv}, state_shape{heads, dk, dv};
   KL_ASSIGN_OR_RETURN(std::optional<Tensor> k, read_input(a, "k", qk, false));
   KL_ASSIGN_OR_RETURN(std::optional<Tensor> g, read_input(a, "g", qk, false));
   KL_ASSIGN_OR_RETURN(std::optional<Tensor> beta, read_input(a, "beta", {t_len, heads}, false));
-  KL_ASSIGN_OR_RETURN(std::optional<Tensor> h0, read_input(a, "h0", state, true));
+  KL_ASSIGN_OR_RETURN(std::optional<Tensor> h0, read_input(a, "h0", state_shape, true));
   std::optional<Tensor> d_out, d_ht;
   if (a.backward) {
     KL_ASSIGN_OR_RETURN(d_out, read_input(a, "do", vs, false));
-    KL_ASSIGN_OR_RETURN(d_ht, read_input(a, "dht", state, true));
+    KL_ASSIGN_OR_RETURN(d_ht, read_input(a, "dht", state_shape, true));
   }
   KL_ASSIGN_OR_RETURN(PathKind out_kind, path_kind(a.out));
   if (out_kind != PathKind::kDirectory) return Status::NotFound("--out " + a.out + ": not a directory");
 
   KL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, make_backend(BackendOptions{device, dtype}));
   be->begin_step();
+  if (world) {
+    const int ranks = world->size(), rank = world->rank();
+    std::vector<int64_t> bounds;
+    for (int r = 0; r <= ranks; ++r) bounds.push_back(t_len * r / ranks);
+    const int64_t r0 = bounds[rank], r1 = bounds[rank + 1], n = r1 - r0;
+    const DType act = be->activation_dtype();
+    auto rows = [&](const Tensor& t, DType dt) { return n > 0 ? be->to_device(t.rows(r0, r1), dt) : Tensor(); };
+    Tensor state = Tensor::empty(DType::kF32, {1, heads, dk, dv});
+    if (h0) std::copy(h0->f32(), h0->f32() + h0->numel(), state.f32());
+    else std::fill(state.f32(), state.f32() + state.numel(), 0.0f);
+    const Tensor o = n > 0 ? be->alloc(act, {n, heads, dv}) : Tensor();
+    KL_RETURN_IF_ERROR(kda_cp_forward(*be, *world, cp_mode,
+                                      {rows(q, act), rows(*k, act), rows(v, act), rows(*g, DType::kF32),
+                                       rows(*beta, DType::kF32), KdaQkNorm::kGiven, state, o}));
+    const Tensor mine = n > 0 ? be->to_host(o) : Tensor::empty(DType::kF32, {0});
+    KL_ASSIGN_OR_RETURN(Tensor all, gather_rows(*world, mine, bounds, heads * dv));
+    if (rank != 0) return Status();
+    KL_RETURN_IF_ERROR(write_output(a, *be, "o", all, vs));
+    return write_output(a, *be, "ht", state, state_shape);
+  }
   SeqLayout layout;
   layout.cu_seqlens = {0, static_cast<int32_t>(t_len)};
   layout.cached = {0};
@@ -97,7 +159,7 @@ Status run_kda(const KdaCmdArgs& a) {
   const Tensor o = be->alloc(act, vs);
   be->kda_chunked({dq_in, dk_in, dv_in, dg_in, dbeta_in, states, o, KdaQkNorm::kGiven}, layout);
   KL_RETURN_IF_ERROR(write_output(a, *be, "o", o, vs));
-  KL_RETURN_IF_ERROR(write_output(a, *be, "ht", states, state));
+  KL_RETURN_IF_ERROR(write_output(a, *be, "ht", states, state_shape));
   if (!a.backward) return Status();
 
   KdaBackwardArgs b{dq_in, dk_in, dv_in, dg_in, dbeta_in, state_or_undefined(h0), be->to_device(*d_out, act),
@@ -110,7 +172,7 @@ Status run_kda(const KdaCmdArgs& a) {
   KL_RETURN_IF_ERROR(write_output(a, *be, "dv", b.dv, vs));
   KL_RETURN_IF_ERROR(write_output(a, *be, "dg", b.dg, qk));
   KL_RETURN_IF_ERROR(write_output(a, *be, "dbeta", b.dbeta, {t_len, heads}));
-  return write_output(a, *be, "dh0", b.dh0, state);
+  return write_output(a, *be, "dh0", b.dh0, state_shape);
 }
 
 }  // namespace
@@ -126,6 +188,13 @@ void add_kda_commands(CLI::App& app, int& exit_code) {
   sub->add_option("--inputs", a->inputs, "Directory with the input .npy files (float32)")->required();
   sub->add_option("--out", a->out, "Existing directory the output .npy files are written to")->required();
   sub->add_flag("--backward", a->backward, "Also compute the gradients (CPU only so far)");
+  sub->add_option("--context-parallel-size", a->context_parallel_size,
+                  "Ranks the sequence is split over (run under mpirun -np P; forward only so far)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  sub->add_option("--cp-mode", a->cp_mode, "How the ranks pass the state: p2p (a chain) or allgather (every "
+                                           "rank scans every segment's summary); grouped, ulysses, hybrid: not yet")
+      ->capture_default_str();
   add_device_options(sub, a->device, a->dtype);
   sub->callback([a, &exit_code] {
     const Status s = run_kda(*a);

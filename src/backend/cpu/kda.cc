@@ -275,7 +275,7 @@ void CpuBackend::kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) {
 #pragma omp parallel for
     for (int64_t h = 0; h < heads; ++h) {
       std::vector<float> kn(t_len * dk), X(dk * w, 0.0f), vn(kChunk * w);
-      normalized_head(a.k.f32() + r0 * heads * dk, t_len, heads, h, dk, 1.0f, KdaQkNorm::kInside, kn.data());
+      normalized_head(a.k.f32() + r0 * heads * dk, t_len, heads, h, dk, 1.0f, a.qk_norm, kn.data());
       for (int64_t j = 0; j < dk; ++j) X[j * w + j] = 1.0f;
       ChunkFactors f(dk, dv);
       for (int64_t c0 = 0; c0 < t_len; c0 += kChunk) {

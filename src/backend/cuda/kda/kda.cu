@@ -608,6 +608,8 @@ void CudaBackend::kda_gate_backward(const KdaGateBackwardArgs&) {
 }
 
 void CudaBackend::kda_summary(const KdaSummaryArgs& a, const SeqLayout& layout) {
+  KL_CHECK(a.qk_norm == KdaQkNorm::kInside, "kda_summary: k as given (KdaQkNorm::kGiven) is not implemented on CUDA yet "
+                                            "(issue 37); the kernels normalise it");
   const KdaSummaryDims d = check_kda_summary(a, layout);
   const int64_t heads = d.heads, dk = d.dk, dv = d.dv, seqs = d.seqs;
   KL_CHECK(dk >= 1 && dk <= kMaxDk, "kda_summary: key head dim " + std::to_string(dk) + " is over " +
