@@ -547,14 +547,13 @@ Json ResponseBuilder::logprobs_json(const std::vector<TokenOutput>& tokens, size
     const std::string b = tokenizer_ ? tokenizer_->token_bytes(id) : std::string();
     return Json(std::vector<unsigned char>(b.begin(), b.end()));  // OpenAI's bytes: integers 0-255
   };
-  auto name_of = [&](int32_t id) { return token_name(id); };
   auto chosen = [&](const TokenOutput& t) { return tokens_as_ids_ ? token_name(t.id) : t.text; };
   if (kind_ == ApiKind::kChat) {
     Json content = Json::array();
     for (const TokenOutput& t : tokens) {
       Json top = Json::array();
       for (const TokenLogprob& alt : t.logprobs.top)
-        top.push_back({{"token", name_of(alt.id)}, {"logprob", alt.logprob}, {"bytes", bytes_of(alt.id)}});
+        top.push_back({{"token", token_name(alt.id)}, {"logprob", alt.logprob}, {"bytes", bytes_of(alt.id)}});
       content.push_back({{"token", chosen(t)}, {"logprob", t.logprobs.logprob}, {"bytes", bytes_of(t.id)}, {"top_logprobs", top}});
     }
     return Json{{"content", content}};
@@ -564,7 +563,7 @@ Json ResponseBuilder::logprobs_json(const std::vector<TokenOutput>& tokens, size
     j["tokens"].push_back(chosen(t));
     j["token_logprobs"].push_back(t.logprobs.logprob);
     Json top = Json::object();
-    for (const TokenLogprob& alt : t.logprobs.top) top[name_of(alt.id)] = alt.logprob;
+    for (const TokenLogprob& alt : t.logprobs.top) top[token_name(alt.id)] = alt.logprob;
     j["top_logprobs"].push_back(top);
     j["text_offset"].push_back(text_offset);
     text_offset += t.text.size();
