@@ -2,12 +2,7 @@
 // on random non-zero data, checked on every rank against what it computes itself (rank r's data
 // is a counter-based stream of a seed shared by rank 0, so any rank can make any rank's data).
 //
-// Run directly for a world of one (SelfComm), or under a launcher for Open MPI's:
-//   mpirun -np 4 --oversubscribe build/klinear_dist_tests     (CTest: Dist.Self, Dist.Mpi2, Dist.Mpi4)
-// Every rank runs every test in the same order and makes the same collective calls whatever it
-// found (EXPECT, never an early return, so a failure cannot leave the other ranks waiting). Only
-// rank 0 prints gtest's report; the others print their failures prefixed with their rank, each
-// test's TearDown fails it on rank 0 when any rank failed it, and the exit status is every rank's.
+// How the ranks run and report: tests/dist/ranks.h.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,12 +17,11 @@
 #include "core/counter_rng.h"
 #include "dist/comm.h"
 #include "dist/mpi_comm.h"
+#include "dist/ranks.h"
 #include "test_util.h"
 
 namespace klinear {
 namespace {
-
-Comm* g_world = nullptr;  // set by main() before any test runs
 
 void expect_ok(const Status& status) { EXPECT_TRUE(status.ok()) << status.to_string(); }
 
@@ -92,36 +86,12 @@ Tensor concat(const std::vector<Tensor>& parts, DType dtype) {
   return out;
 }
 
-class CommTest : public ::testing::Test {
+class CommTest : public testing::RanksTest {
  protected:
-  // A fresh seed drawn (and printed) by rank 0 and shared with every rank.
-  void SetUp() override {
-    Tensor seed = Tensor::empty(DType::kI64, {1});
-    seed.data_as<int64_t>()[0] = world().rank() == 0 ? static_cast<int64_t>(testing::fresh_seed()) : 0;
-    expect_ok(world().broadcast({.data = seed, .root = 0}));
-    seed_ = static_cast<uint64_t>(seed.data_as<int64_t>()[0]);
-  }
-
-  void TearDown() override {
-    Tensor mine = Tensor::empty(DType::kI32, {1});
-    mine.data_as<int32_t>()[0] = HasFailure() ? 1 : 0;
-    Tensor all = Tensor::empty(DType::kI32, {world().size()});
-    expect_ok(world().all_gather({.input = mine, .output = all}));
-    if (world().rank() != 0) return;
-    for (int r = 1; r < world().size(); ++r) {
-      if (all.data_as<int32_t>()[r] != 0) ADD_FAILURE() << "rank " << r << " failed this test (its lines start [rank " << r << "])";
-    }
-  }
-
-  static Comm& world() { return *g_world; }
-  int rank() const { return g_world->rank(); }
-  int size() const { return g_world->size(); }
   // The stream of rank `r`'s data for part `part` of this test.
   uint64_t stream(int r, int part = 0) const {
-    return splitmix64(seed_ ^ (static_cast<uint64_t>(r) << 32 | static_cast<uint64_t>(part)));
+    return splitmix64(seed() ^ (static_cast<uint64_t>(r) << 32 | static_cast<uint64_t>(part)));
   }
-
-  uint64_t seed_ = 0;
 };
 
 TEST_F(CommTest, WorldIsTheLaunchersOrOneRank) {
@@ -208,7 +178,7 @@ TEST_F(CommTest, AllToAllMovesUnevenPartsIncludingEmptyOnes) {
   // Rank r sends count(r, q) elements to rank q: nothing to rank 0 (which then receives nothing
   // at all), and 0 to 4 elements elsewhere, varying with the seed.
   auto count = [&](int from, int to) -> int64_t {
-    return to == 0 ? 0 : static_cast<int64_t>((static_cast<uint64_t>(from + 2 * to) + seed_) % 5);
+    return to == 0 ? 0 : static_cast<int64_t>((static_cast<uint64_t>(from + 2 * to) + seed()) % 5);
   };
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(dtype_name(dtype));
@@ -309,45 +279,5 @@ TEST_F(CommTest, BrokenArgumentsAbortWithFileAndLine) {
                "comm\\.cc:[0-9]+: .*no reduction over U8");
 }
 
-// Ranks other than 0 print only their failures, each line naming the rank.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (!result.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, result.file_name() ? result.file_name() : "?",
-                 result.line_number(), result.summary());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace klinear
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  klinear::Result<std::unique_ptr<klinear::Comm>> world = klinear::open_host_world();
-  if (!world.ok()) {
-    std::fprintf(stderr, "klinear_dist_tests: %s\n", world.status().to_string().c_str());
-    return 1;
-  }
-  klinear::g_world = world->get();
-  const int rank = klinear::g_world->rank();
-  if (rank != 0) {
-    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new klinear::RankFailurePrinter(rank));
-  }
-  const int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
-  // Every rank exits non-zero when any rank failed.
-  klinear::Tensor any = klinear::Tensor::empty(klinear::DType::kI32, {1});
-  any.data_as<int32_t>()[0] = failed;
-  const klinear::Status status = klinear::g_world->all_reduce({.input = any, .output = any, .op = klinear::ReduceOp::kMax});
-  if (!status.ok()) {
-    std::fprintf(stderr, "klinear_dist_tests: %s\n", status.to_string().c_str());
-    return 1;
-  }
-  return any.data_as<int32_t>()[0];
-}
