@@ -37,7 +37,7 @@ bool wanted(const char* shape) { return g_shape_filter.empty() || std::strstr(sh
 Tensor random_tensor(cuda::CudaBackend& be, Shape shape, std::mt19937_64& gen, DType dtype, float lo = -1.0f,
                      float hi = 1.0f) {
   Tensor t = be.alloc_persistent(dtype, std::move(shape));
-  be.random_fill(t, gen(), lo, hi);
+  be.random_fill(t, gen(), lo, hi, FillWindow{});
   return t;
 }
 

@@ -25,6 +25,7 @@
 #include "core/kinds.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "dist/comm.h"
 
 namespace klinear {
 
@@ -58,13 +59,18 @@ struct SharedExperts {
   Tensor down;     // [Dout, Fs]
 };
 
-// MODEL.md 3.3: sigmoid scores, bias for selection only, grouped top-k, renormalise, scale.
+// MODEL.md 3.3: sigmoid scores, bias for selection only, grouped top-k, renormalise, scale. Under
+// expert parallelism a rank holds the experts [first_expert, first_expert + local_experts): the
+// router picks over all of them as one rank would, and writes a pick of a held expert as its local
+// index, any other as −1 (another rank's: moe_experts skips it), the weights unchanged.
 struct RouteParams {
   int top_k = 1;
   int num_groups = 1;   // grouped selection runs when num_groups > topk_group
   int topk_group = 1;
   bool renormalize = true;
   float scale = 1.0f;
+  int first_expert = 0;
+  int local_experts = -1;  // −1: every expert is held here
 };
 
 // The sequences of one step (docs/DESIGN.md "One step, many sequences"). Sequence b owns rows
@@ -239,6 +245,24 @@ struct SampleRow {
   int32_t counter = 0;
 };
 
+// Where a random_fill writes inside the whole tensor it is part of (a rank's rows or columns of a
+// dummy weight): element (i, j) of the part is element offset + i · stride + j of the whole.
+struct FillWindow {
+  int64_t offset = 0;  // the whole's flat index of the part's first element
+  int64_t stride = 0;  // the whole's row length; 0: the part's own last dim (a contiguous part)
+};
+
+// out [N, C] ← the embedding rows of ids [N] (I32 in [0, vocab), validated by the caller). The
+// table holds the rows of ids [first_id, first_id + Vr): all of them, or a vocab-parallel rank's
+// window; ids outside it give zero rows (another rank adds them).
+struct EmbeddingArgs {
+  Tensor ids;            // [N] I32
+  Tensor table;          // [Vr, C]
+  int64_t first_id = 0;  // the id of table row 0
+  int64_t vocab = 0;     // every id is below it
+  Tensor out;            // [N, C]
+};
+
 // Whether decode steps run as captured CUDA graphs (--cuda-graphs); the CPU always runs eagerly.
 enum class CudaGraphs { kOff, kOn };
 Result<CudaGraphs> parse_cuda_graphs(const std::string& name);
@@ -278,9 +302,10 @@ class Backend {
   // t ← value in every element (an I32 tensor takes the integral value). Zeroes fresh state slots;
   // tests poison outputs with NaN.
   virtual void fill(const Tensor& t, float value) = 0;
-  // t[i] ← counter_uniform(seed, i, lo, hi) (core/counter_rng.h): the same values on every
-  // backend. Dummy weights are made on the device this way, with no host copy.
-  virtual void random_fill(const Tensor& t, uint64_t seed, float lo, float hi) = 0;
+  // t[i, j] ← counter_uniform(seed, w.offset + i · stride + j, lo, hi) (core/counter_rng.h) over
+  // t as [rows, last dim]: the same values on every backend. Dummy weights are made on the device
+  // this way, with no host copy; a rank holding part of a weight makes exactly its part of them.
+  virtual void random_fill(const Tensor& t, uint64_t seed, float lo, float hi, const FillWindow& w) = 0;
   // Persistent device copy of a host tensor of any float dtype, converted to `dtype` (the
   // activation dtype for weight matrices; F32 for the vectors used in fp32 math: router bias,
   // dt_bias, A_log, AttnRes queries).
@@ -328,8 +353,8 @@ class Backend {
   virtual void plan_step(const SeqLayout& layout) { (void)layout; }
 
   // ---- elementwise and small ops
-  // out [N, C] ← table [V, C] rows ids [N] (I32, validated by the caller).
-  virtual void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
+  // See EmbeddingArgs.
+  virtual void embedding(const EmbeddingArgs& a) = 0;
   // acc ← acc + x (same shape). In place.
   virtual void add(const Tensor& acc, const Tensor& x) = 0;
   // x ← x ⊙ σ(gate) (same shape). In place.
@@ -403,7 +428,9 @@ class Backend {
   // Router: logits [N, E] (F32), bias [E] (F32) → idx [N, K] (I32), weights [N, K] (F32).
   virtual void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
                          const Tensor& weights) = 0;
-  // out [N, Dout] ← Σ_k weights[n,k] · down_e(glu(gate_up_e(x[n]))) with e = idx[n, k];
+  // out [N, Dout] ← Σ_k weights[n,k] · down_e(glu(gate_up_e(x[n]))) with e = idx[n, k], picks
+  // of e = −1 (another rank's expert, RouteParams) adding nothing (the CPU only: the CUDA paths
+  // trap on them, so expert parallelism is refused on CUDA at load);
   // x [N, Din], w13 [E, 2F, Din], w2 [E, Dout, F] (as returned by upload / upload_mxfp4). With
   // `shared` defined, then out ← out + shared.down · glu(shared.gate_up) (add_shared_experts).
   virtual void moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
@@ -454,6 +481,7 @@ struct BackendOptions {
   DType dtype = DType::kF32;
   CudaGraphs graphs = CudaGraphs::kOn;              // CUDA only
   AttentionKernels attention = AttentionKernels::kBest;  // CUDA only
+  int gpu = -1;  // CUDA only: the device ordinal (a rank's local rank); −1: the current device
 };
 
 // The only place a device is chosen. kCpu always works; kCuda needs a CUDA build and a GPU.
@@ -462,5 +490,10 @@ Result<Device> parse_device(const std::string& name);
 // bfloat16 on CUDA, float32 (the exact reference) on the CPU.
 Result<DType> parse_compute_dtype(const std::string& name, Device device);
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options);
+// The communicator a model split over the ranks of `host_world` (dist/mpi_comm.h) sums and
+// gathers its tensors over, on the backend's device: a communicator of its own over the same ranks
+// for the CPU (MPI), NCCL over them on the backend's stream for CUDA. A collective call of every
+// rank of `host_world`.
+Result<std::unique_ptr<Comm>> make_backend_comm(Backend& backend, Comm& host_world);
 
 }  // namespace klinear

@@ -3,6 +3,7 @@
 #include "backend/cpu/backend.h"
 #ifdef KLINEAR_WITH_CUDA
 #include "backend/cuda/backend.h"
+#include "dist/nccl_comm.h"
 #endif
 
 namespace klinear {
@@ -40,7 +41,7 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& o) {
       return std::unique_ptr<Backend>(std::make_unique<cpu::CpuBackend>());
     case Device::kCuda: {
 #ifdef KLINEAR_WITH_CUDA
-      auto be = cuda::CudaBackend::create(o.dtype, o.graphs, o.attention);
+      auto be = cuda::CudaBackend::create(o.dtype, o.graphs, o.attention, o.gpu);
       if (!be.ok()) return be.status();
       return std::unique_ptr<Backend>(std::move(be).value());
 #else
@@ -49,6 +50,20 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& o) {
     }
   }
   return Status::InvalidArgument("unknown device");
+}
+
+Result<std::unique_ptr<Comm>> make_backend_comm(Backend& backend, Comm& host_world) {
+  switch (backend.device()) {
+    case Device::kCpu:
+      return host_world.split(SplitArgs{0, host_world.rank()});
+    case Device::kCuda:
+#ifdef KLINEAR_WITH_CUDA
+      return open_gpu_world(host_world, static_cast<cuda::CudaBackend&>(backend).stream());
+#else
+      break;
+#endif
+  }
+  return Status::NotSupported(std::string("ranks on the ") + backend.name() + " backend");
 }
 
 }  // namespace klinear

@@ -205,6 +205,12 @@ bool launched_by_mpi() {
          std::getenv("PMI_RANK") != nullptr;
 }
 
+int launcher_local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"})
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  return 0;
+}
+
 Result<std::unique_ptr<Comm>> open_host_world() {
   if (!launched_by_mpi()) return std::unique_ptr<Comm>(std::make_unique<SelfComm>());
   KL_ASSIGN_OR_RETURN(auto session, MpiSession::start());

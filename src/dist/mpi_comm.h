@@ -18,6 +18,10 @@ namespace klinear {
 // True when the environment says a launcher started this process as one of its ranks.
 bool launched_by_mpi();
 
+// This process's rank among the launch's ranks on its host (Open MPI's OMPI_COMM_WORLD_LOCAL_RANK,
+// MPICH's MPI_LOCALRANKID, PMI_LOCAL_RANK): the GPU it takes. 0 without a launcher.
+int launcher_local_rank();
+
 // The world communicator (host tensors): every rank of the launch under mpirun, a one-rank
 // SelfComm otherwise. Errors: MPI failing to start, or starting after it was finalised.
 Result<std::unique_ptr<Comm>> open_host_world();

@@ -99,17 +99,41 @@ Result<Checkpoint::Ref> Checkpoint::find(const std::string& name, const Shape* s
   return r;
 }
 
-Result<Tensor> Checkpoint::take(const std::string& name, const Shape& shape, StoredAs stored) {
+Tensor slice_of(const Tensor& t, const Slice& slice) {
+  if (slice.along == Along::kWhole) return t;
+  const int64_t n = slice.along == Along::kRows ? t.dim(0) : t.dim(-1), part = n / slice.count;
+  KL_CHECK(slice.count >= 1 && n % slice.count == 0 && slice.index >= 0 && slice.index < slice.count,
+           "slice " + std::to_string(slice.index) + " of " + std::to_string(slice.count) + " of " +
+               shape_to_string(t.shape()));
+  if (slice.along == Along::kRows) return t.rows(slice.index * part, (slice.index + 1) * part);
+  Shape shape = t.shape();
+  shape.back() = part;
+  Tensor out = Tensor::empty(t.dtype(), shape);
+  const size_t elem = dtype_size(t.dtype()), row_bytes = static_cast<size_t>(part) * elem;
+  const int64_t rows = n == 0 ? 0 : t.numel() / n;
+  const auto* src = static_cast<const uint8_t*>(t.data()) + static_cast<size_t>(slice.index * part) * elem;
+  auto* dst = static_cast<uint8_t*>(out.data());
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * row_bytes, src + static_cast<size_t>(r * n) * elem, row_bytes);
+  return out;
+}
+
+Result<Tensor> Checkpoint::take(const std::string& name, const Shape& shape, StoredAs stored, const Slice& slice) {
   KL_ASSIGN_OR_RETURN(Ref r, find(name, &shape, stored));
-  return r.file->tensor(*r.entry);
+  return slice_of(r.file->tensor(*r.entry), slice);
+}
+
+Status Checkpoint::leave(const std::string& name) {
+  if (tensors_.count(name) == 0) return Status::NotFound(dir_ + ": missing tensor '" + name + "'");
+  used_.insert(name);
+  return Status();
 }
 
 Result<Tensor> Checkpoint::take_concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes,
-                                       StoredAs stored) {
+                                       StoredAs stored, const Slice& slice) {
   KL_CHECK(parts.size() == shapes.size() && !parts.empty(), "take_concat arguments");
   std::vector<Tensor> views;
   for (size_t i = 0; i < parts.size(); ++i) {
-    auto t = take(parts[i], shapes[i], stored);
+    auto t = take(parts[i], shapes[i], stored, slice);
     if (!t.ok()) return t.status().with_context("fused tensor part " + std::to_string(i) + " of " + std::to_string(parts.size()));
     views.push_back(std::move(t).value());
   }
@@ -141,7 +165,7 @@ Result<Tensor> Checkpoint::take_stacked(const std::vector<std::string>& parts, c
   return cat.view(stacked);
 }
 
-Result<Tensor> Checkpoint::take_head_vector(const std::string& name, int64_t heads) {
+Result<Tensor> Checkpoint::take_head_vector(const std::string& name, int64_t heads, const Slice& slice) {
   KL_ASSIGN_OR_RETURN(Ref r, find(name, nullptr, StoredAs::kFloat));
   const Shape& s = r.entry->shape;
   const int64_t n = shape_numel(s);
@@ -160,7 +184,7 @@ Result<Tensor> Checkpoint::take_head_vector(const std::string& name, int64_t hea
                                      std::to_string(heads) + " entries are heads)");
   Tensor out = Tensor::empty(DType::kF32, {heads});
   std::memcpy(out.data(), all.data(), static_cast<size_t>(heads) * 4);
-  return out;
+  return slice_of(out, slice);
 }
 
 Status Checkpoint::finish() const {

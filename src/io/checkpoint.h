@@ -29,13 +29,28 @@ namespace klinear {
 // packed format (MXFP4 nibbles and E8M0 scales).
 enum class StoredAs { kFloat, kU8 };
 
+// Which part of a tensor a rank reads (model/shard.h says which): all of it, or block `index` of
+// `count` equal blocks of its first dimension (a view of the mapped file: only those bytes are
+// read) or of its last (copied row by row).
+enum class Along { kWhole, kRows, kColumns };
+struct Slice {
+  Along along = Along::kWhole;
+  int64_t index = 0, count = 1;
+};
+// The part `slice` of host tensor `t` (a view for kWhole and kRows); the dimension must divide.
+Tensor slice_of(const Tensor& t, const Slice& slice);
+
 class Checkpoint {
  public:
   // Opens `dir`/model.safetensors.index.json (sharded) or `dir`/model.safetensors.
   static Result<Checkpoint> open(const std::string& dir);
 
-  // The tensor `name`, which must have `shape` and a dtype of the `stored` kind.
-  Result<Tensor> take(const std::string& name, const Shape& shape, StoredAs stored = StoredAs::kFloat);
+  // The tensor `name`, which must have `shape` and a dtype of the `stored` kind; its part `slice`.
+  Result<Tensor> take(const std::string& name, const Shape& shape, StoredAs stored = StoredAs::kFloat,
+                      const Slice& slice = {});
+  // Marks `name`, which must exist, as another rank's (its experts under expert parallelism):
+  // finish() does not count it as unused, and nothing of it is read.
+  Status leave(const std::string& name);
   // Whether the checkpoint holds `name` (does not mark it used).
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
   // The stored shape of `name`, if present (does not mark it used).
@@ -43,16 +58,16 @@ class Checkpoint {
     auto it = tensors_.find(name);
     return it == tensors_.end() ? std::nullopt : std::optional<Shape>(it->second.entry->shape);
   }
-  // Concatenation along dim 0 of `parts`, each with its expected shape (same trailing dims).
-  // Parts of one dtype keep it; mixed dtypes are converted to F32.
+  // Concatenation along dim 0 of `parts` (the part `slice` of each), each with its expected shape
+  // (same trailing dims). Parts of one dtype keep it; mixed dtypes are converted to F32.
   Result<Tensor> take_concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes,
-                             StoredAs stored = StoredAs::kFloat);
+                             StoredAs stored = StoredAs::kFloat, const Slice& slice = {});
   // Stacks `parts` (all of `shape`) into one [parts.size(), shape...] tensor.
   Result<Tensor> take_stacked(const std::vector<std::string>& parts, const Shape& shape,
                               StoredAs stored = StoredAs::kFloat);
   // A per-head vector stored as [H], [1, 1, H, 1] or zero-padded [>H] (KDA A_log, MODEL.md D7):
   // returns the first H entries as F32 [H]; a non-zero padding entry is an error.
-  Result<Tensor> take_head_vector(const std::string& name, int64_t heads);
+  Result<Tensor> take_head_vector(const std::string& name, int64_t heads, const Slice& slice = {});
 
   // OK when every tensor has been taken; otherwise names the first unused ones and their files.
   Status finish() const;

@@ -35,20 +35,26 @@ Status check_page_size(int64_t page_size) {
   return {};
 }
 
+CacheSizes cache_unit_sizes(const ModelConfig& c, DType activation, int64_t page_size) {
+  const uint64_t act = dtype_size(activation);
+  const int64_t P = c.kda_proj(), latent = c.kv_lora_rank + c.qk_rope_dim;
+  int64_t kda_layers = 0, mla_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) (c.mixer(l) == Mixer::kKda ? kda_layers : mla_layers)++;
+  CacheSizes s;
+  s.page_size = page_size;
+  s.bytes_per_slot = kda_layers * (static_cast<uint64_t>(c.kda_heads * c.kda_head_dim * c.kda_head_dim) * 4 +
+                                   static_cast<uint64_t>((c.conv_kernel - 1) * 3 * P) * act);
+  s.bytes_per_page = mla_layers * static_cast<uint64_t>(page_size * latent) * act;
+  return s;
+}
+
 Result<std::unique_ptr<Cache>> Cache::create(const ModelConfig& c, Backend& be, const CacheOptions& o) {
   if (o.max_sequences < 1)
     return Status::InvalidArgument("cache: max_sequences (" + std::to_string(o.max_sequences) + ") must be at least 1");
   KL_RETURN_IF_ERROR(check_page_size(o.page_size));
   std::unique_ptr<Cache> cache(new Cache(c, be));
   CacheSizes& s = cache->sizes_;
-  const uint64_t act = dtype_size(be.activation_dtype());
-  const int64_t P = c.kda_proj(), latent = c.kv_lora_rank + c.qk_rope_dim;
-  int64_t kda_layers = 0, mla_layers = 0;
-  for (int64_t l = 0; l < c.num_layers; ++l) (c.mixer(l) == Mixer::kKda ? kda_layers : mla_layers)++;
-  s.page_size = o.page_size;
-  s.bytes_per_slot = kda_layers * (static_cast<uint64_t>(c.kda_heads * c.kda_head_dim * c.kda_head_dim) * 4 +
-                                   static_cast<uint64_t>((c.conv_kernel - 1) * 3 * P) * act);
-  s.bytes_per_page = mla_layers * static_cast<uint64_t>(o.page_size * latent) * act;
+  s = cache_unit_sizes(c, be.activation_dtype(), o.page_size);
 
   const int64_t context = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
   const int64_t pages_per_seq = (context + o.page_size - 1) / o.page_size;
@@ -72,9 +78,9 @@ Result<std::unique_ptr<Cache>> Cache::create(const ModelConfig& c, Backend& be, 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     if (c.mixer(l) == Mixer::kKda) {
       cache->kda_states_[l] = be.alloc_persistent(DType::kF32, {s.slots + 1, c.kda_heads, c.kda_head_dim, c.kda_head_dim});
-      cache->conv_states_[l] = be.alloc_persistent(be.activation_dtype(), {s.slots + 1, c.conv_kernel - 1, 3 * P});
+      cache->conv_states_[l] = be.alloc_persistent(be.activation_dtype(), {s.slots + 1, c.conv_kernel - 1, 3 * c.kda_proj()});
     } else if (s.pages > 0) {
-      cache->mla_pages_[l] = be.alloc_persistent(be.activation_dtype(), {s.pages + 1, o.page_size, latent});
+      cache->mla_pages_[l] = be.alloc_persistent(be.activation_dtype(), {s.pages + 1, o.page_size, c.kv_lora_rank + c.qk_rope_dim});
     }
   }
   for (int64_t i = s.slots - 1; i >= 0; --i) cache->free_slots_.push_back(i);

@@ -53,6 +53,8 @@ struct CacheSizes {
   int64_t page_size = 0;
   uint64_t bytes() const { return bytes_per_slot * slots + bytes_per_page * pages; }
 };
+// The bytes of one slot and one page of `config`'s caches (no slots or pages counted yet).
+CacheSizes cache_unit_sizes(const ModelConfig& config, DType activation, int64_t page_size);
 
 // Copy the KDA and conv state of a sequence, as it stands after `after` of its new tokens, into
 // `slot` (a slot from take_slot) while the step runs: the snapshots of prefix caching. `after` is

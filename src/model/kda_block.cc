@@ -48,6 +48,7 @@ Tensor Model::kda(const KdaWeights& w, const Tensor& x, int64_t layer, const Bat
   }
   Tensor out = act({N, c.hidden_size});
   be.linear(y, w.o_proj, out);
+  if (!ranks_.shard.heads.whole()) sum_over_ranks(out);  // each rank's heads' part of o_proj
   return out;
 }
 

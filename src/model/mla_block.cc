@@ -45,6 +45,7 @@ Tensor Model::mla(const MlaWeights& w, const Tensor& x, int64_t layer, const Bat
   if (gated) be.sigmoid_mul(attn, gate);
   Tensor out = act({N, c.hidden_size});
   be.linear(attn.view({N, H * v}), w.o_proj, out);
+  if (!ranks_.shard.heads.whole()) sum_over_ranks(out);  // each rank's heads' part of o_proj
   return out;
 }
 

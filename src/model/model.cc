@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "dist/comm.h"
 #include "io/checkpoint.h"
 
 namespace klinear {
@@ -15,17 +16,25 @@ Result<LoadFormat> parse_load_format(const std::string& name) {
   return Status::InvalidArgument("load format '" + name + "' is not one of: safetensors, dummy");
 }
 
-Result<std::unique_ptr<Model>> Model::load(const std::string& dir, Backend& backend, LoadFormat format) {
+Result<std::unique_ptr<Model>> Model::load(const std::string& dir, Backend& backend, LoadFormat format,
+                                           const ModelRanks& ranks) {
   KL_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
+  KL_CHECK(ranks.shard.whole() || ranks.comm != nullptr, "a model split over ranks needs their communicator");
+  if (!ranks.shard.experts.whole() && backend.device() != Device::kCpu)
+    return Status::NotSupported("expert parallelism on the " + std::string(backend.name()) +
+                                " backend: its MoE kernels do not skip other ranks' picks yet (the CPU backend runs it)");
   std::optional<Checkpoint> ckpt;
-  // Refuse up front rather than die of OOM half-way: every weight element (an MXFP4 byte holds
-  // two) takes weight_element_bytes() on the backend.
-  uint64_t elements = 0;
   if (format == LoadFormat::kSafetensors) {
     KL_ASSIGN_OR_RETURN(ckpt, Checkpoint::open(dir));
+  }
+  // Refuse up front rather than die of OOM half-way: every weight element (an MXFP4 byte holds two)
+  // takes weight_element_bytes() on the backend. A rank of several holds its part of what the
+  // config names (the loader refuses whatever else a checkpoint holds).
+  uint64_t elements = 0;
+  if (ckpt && ranks.shard.whole()) {
     for (const auto& [dtype, s] : ckpt->stats()) elements += static_cast<uint64_t>(dtype == DType::kU8 ? 2 * s.bytes : s.params);
   } else {
-    elements = count_parameters(config, backend);
+    elements = count_parameters(config, backend, ranks.shard);
   }
   const uint64_t need = elements * backend.weight_element_bytes(), have = backend.available_bytes();
   if (need > have) {
@@ -33,10 +42,25 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, Backend& back
     return Status::ResourceExhausted(dir + ": the weights need about " + gib(need) + " GiB on the " + backend.name() +
                                      " backend, " + gib(have) + " GiB is available");
   }
-  KL_ASSIGN_OR_RETURN(ModelWeights weights,
-                      ckpt ? load_weights(config, *ckpt, backend) : dummy_weights(config, backend));
-  return std::make_unique<Model>(std::move(config), std::move(weights), backend);
+  KL_ASSIGN_OR_RETURN(ModelWeights weights, ckpt ? load_weights(config, *ckpt, backend, ranks.shard)
+                                                : dummy_weights(config, backend, ranks.shard));
+  return std::make_unique<Model>(rank_config(config, ranks.shard), std::move(weights), backend, ranks);
 }
+
+Result<int32_t> Model::first_rank_token(int32_t token) {
+  if (ranks_.comm == nullptr || ranks_.comm->size() == 1) return token;
+  Tensor host = Tensor::empty(DType::kI32, {1});
+  host.data_as<int32_t>()[0] = token;
+  const Tensor shared = backend_.to_device(host, DType::kI32);
+  KL_RETURN_IF_ERROR(ranks_.comm->broadcast(BroadcastArgs{shared, 0}));
+  return backend_.to_host(shared).data_as<const int32_t>()[0];
+}
+
+void Model::sum_over_ranks(const Tensor& t) {
+  if (!comm_failed_.ok()) return;
+  comm_failed_ = ranks_.comm->all_reduce(AllReduceArgs{t, t, ReduceOp::kSum});
+}
+
 
 Tensor Model::attn_res_read(std::vector<Tensor> candidates, const Tensor& query) {
   if (candidates.size() == 1) return candidates[0];  // MODEL.md 7.1: one candidate is returned unchanged
@@ -68,7 +92,10 @@ Result<Tensor> Model::logits(const Batch& batch, Cache& cache, const Tensor& ids
   KL_CHECK(N == static_cast<int64_t>(batch.ids.size()) && N > 0, "forward: batch not from Cache::plan");
   const float eps = static_cast<float>(c.rms_norm_eps);
   Tensor h = act({N, D});
-  be.embedding(ids, weights_.embed, h);
+  const ModelShard& shard = ranks_.shard;
+  comm_failed_ = Status();
+  be.embedding(EmbeddingArgs{ids, weights_.embed, shard.embed.first(c.vocab_size), c.vocab_size, h});
+  if (!shard.embed.whole()) sum_over_ranks(h);
 
   Status finite;  // the first non-finite sublayer output, with check_finite_
   auto checked = [&](int64_t l, const char* part, Tensor out) {
@@ -145,11 +172,21 @@ Result<Tensor> Model::logits(const Batch& batch, Cache& cache, const Tensor& ids
   }
   KL_RETURN_IF_ERROR(finite);
 
-  const int64_t R = static_cast<int64_t>(batch.logit_rows.size());
+  const int64_t R = static_cast<int64_t>(batch.logit_rows.size()), V = c.vocab_size;
   Tensor selected = act({R, D});
   be.gather_rows(x, logit_rows, selected);
-  Tensor logits = be.alloc(DType::kF32, {R, c.vocab_size});
-  be.linear(normed(selected, weights_.final_norm), weights_.lm_head, logits);
+  Tensor logits = be.alloc(DType::kF32, {R, V});
+  const Tensor final = normed(selected, weights_.final_norm);
+  if (shard.lm_head.whole()) {
+    be.linear(final, weights_.lm_head, logits);
+  } else {  // each rank's columns, gathered rank after rank, then put side by side
+    const int64_t n = shard.lm_head.count, cols = V / n;
+    const Tensor mine = be.alloc(DType::kF32, {R, cols}), all = be.alloc(DType::kF32, {n * R, cols});
+    be.linear(final, weights_.lm_head, mine);
+    if (comm_failed_.ok()) comm_failed_ = ranks_.comm->all_gather(AllGatherArgs{mine, all});
+    for (int64_t k = 0; k < n; ++k) be.copy_columns(all.rows(k * R, (k + 1) * R), 0, logits, k * cols, cols);
+  }
+  KL_RETURN_IF_ERROR(comm_failed_);
   return logits;
 }
 

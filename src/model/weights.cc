@@ -14,36 +14,52 @@ namespace {
 // (dummy weights made on the device, or only counted).
 enum class Source { kCheckpoint, kDummy, kCount };
 
+// The shape of part `slice` of a tensor of `shape`.
+Shape sliced_shape(Shape shape, const Slice& slice) {
+  if (slice.along == Along::kRows) shape[0] /= slice.count;
+  if (slice.along == Along::kColumns) shape.back() /= slice.count;
+  return shape;
+}
+
+// Where part `slice` of a tensor of `shape` sits in it, for random_fill.
+FillWindow window_of(const Shape& shape, const Slice& slice) {
+  const int64_t numel = shape_numel(shape);
+  switch (slice.along) {
+    case Along::kWhole: return {};
+    case Along::kRows: return {slice.index * (shape[0] / slice.count) * (numel / shape[0]), 0};
+    case Along::kColumns: return {slice.index * (shape.back() / slice.count), shape.back()};
+  }
+  return {};
+}
+
 class Loader {
  public:
   Loader(Checkpoint* ckpt, Backend& backend, Source source) : ckpt_(ckpt), backend_(backend), source_(source) {}
 
   // Weight matrices and norm weights are stored in the activation dtype; `dtype` overrides it for
-  // the vectors that enter fp32 math.
-  Status take(const std::string& name, const Shape& shape, Tensor* out) {
-    return take(name, shape, backend_.activation_dtype(), out);
+  // the vectors that enter fp32 math. `slice`: the part of the weight of `shape` this rank holds.
+  Status take(const std::string& name, const Shape& shape, Tensor* out, const Slice& slice = {}) {
+    return take(name, shape, backend_.activation_dtype(), out, slice);
   }
-  Status take(const std::string& name, const Shape& shape, DType dtype, Tensor* out) {
-    if (source_ != Source::kCheckpoint) return dummy(name, shape, dtype, out);
-    KL_ASSIGN_OR_RETURN(Tensor host, ckpt_->take(name, shape));
+  Status take(const std::string& name, const Shape& shape, DType dtype, Tensor* out, const Slice& slice = {}) {
+    if (source_ != Source::kCheckpoint) return dummy(name, {shape}, dtype, out, slice);
+    KL_ASSIGN_OR_RETURN(Tensor host, ckpt_->take(name, shape, StoredAs::kFloat, slice));
     *out = backend_.upload(host, dtype);
     return Status();
   }
-  // Parts stacked along the first dimension (fused projections, convs).
-  Status concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes, Tensor* out) {
-    if (source_ != Source::kCheckpoint) {
-      Shape all = shapes[0];
-      for (size_t i = 1; i < shapes.size(); ++i) all[0] += shapes[i][0];
-      return dummy(parts[0], all, backend_.activation_dtype(), out);
-    }
-    KL_ASSIGN_OR_RETURN(Tensor host, ckpt_->take_concat(parts, shapes));
+  // Parts stacked along the first dimension (fused projections, convs), the rows `slice` of each.
+  Status concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes, Tensor* out,
+                const Slice& slice = {}) {
+    KL_CHECK(slice.along != Along::kColumns, "fused parts are cut by rows");
+    if (source_ != Source::kCheckpoint) return dummy(parts[0], shapes, backend_.activation_dtype(), out, slice);
+    KL_ASSIGN_OR_RETURN(Tensor host, ckpt_->take_concat(parts, shapes, StoredAs::kFloat, slice));
     *out = backend_.upload(host, backend_.activation_dtype());
     return Status();
   }
-  // A per-head vector stored as [H], [1,1,H,1] or zero-padded (A_log).
-  Status head_vector(const std::string& name, int64_t heads, Tensor* out) {
-    if (source_ != Source::kCheckpoint) return dummy(name, {heads}, DType::kF32, out);
-    KL_ASSIGN_OR_RETURN(Tensor host, ckpt_->take_head_vector(name, heads));
+  // A per-head vector stored as [H], [1,1,H,1] or zero-padded (A_log); the heads `slice`.
+  Status head_vector(const std::string& name, int64_t heads, Tensor* out, const Slice& slice = {}) {
+    if (source_ != Source::kCheckpoint) return dummy(name, {{heads}}, DType::kF32, out, slice);
+    KL_ASSIGN_OR_RETURN(Tensor host, ckpt_->take_head_vector(name, heads, slice));
     *out = backend_.upload(host, DType::kF32);
     return Status();
   }
@@ -55,28 +71,35 @@ class Loader {
 
   // [w1; w3] of each expert stacked into [E, 2F, in] and w2 into [E, out, F]; MXFP4 experts are
   // stored as weight_packed [rows, in/2] + weight_scale [rows, in/32] (MODEL.md 2.3). Dummy experts
-  // are dense in the activation dtype whatever the format.
+  // are dense in the activation dtype whatever the format. Only the experts `part` are read (the
+  // others are left to their ranks).
   Status experts(const std::string& prefix, int64_t num_experts, int64_t f, int64_t din, int64_t dout,
-                 ExpertFormat format, Tensor* w13, Tensor* w2) {
-    auto names = [&](std::vector<const char*> mats, const char* suffix) {
+                 ExpertFormat format, const Part& part, Tensor* w13, Tensor* w2) {
+    const int64_t first = part.first(num_experts), count = part.size(num_experts);
+    auto names = [&](std::vector<const char*> mats, const char* suffix, int64_t e0, int64_t e1) {
       std::vector<std::string> out;
-      for (int64_t e = 0; e < num_experts; ++e)
+      for (int64_t e = e0; e < e1; ++e)
         for (const char* m : mats) out.push_back(prefix + std::to_string(e) + "." + m + suffix);
       return out;
     };
     auto stack = [&](std::vector<const char*> mats, int64_t rows, int64_t in, Tensor* out) -> Status {
       const int64_t rows_all = rows * static_cast<int64_t>(mats.size());
-      if (source_ != Source::kCheckpoint) return dummy(prefix + mats[0], {num_experts, rows_all, in}, backend_.activation_dtype(), out);
+      if (source_ != Source::kCheckpoint)
+        return dummy(prefix + mats[0], {{num_experts, rows_all, in}}, backend_.activation_dtype(), out, part.rows());
+      std::vector<const char*> suffixes = {".weight"};
+      if (format == ExpertFormat::kMxfp4) suffixes = {".weight_packed", ".weight_scale"};
+      for (const char* suffix : suffixes)
+        for (const auto& others : {names(mats, suffix, 0, first), names(mats, suffix, first + count, num_experts)})
+          for (const std::string& name : others) KL_RETURN_IF_ERROR(ckpt_->leave(name));
       if (format == ExpertFormat::kDense) {
-        KL_ASSIGN_OR_RETURN(Tensor t, ckpt_->take_stacked(names(mats, ".weight"), {rows, in}));
-        *out = backend_.upload(t.view({num_experts, rows_all, in}), backend_.activation_dtype());
+        KL_ASSIGN_OR_RETURN(Tensor t, ckpt_->take_stacked(names(mats, ".weight", first, first + count), {rows, in}));
+        *out = backend_.upload(t.view({count, rows_all, in}), backend_.activation_dtype());
       } else {
-        KL_ASSIGN_OR_RETURN(Tensor packed,
-                            ckpt_->take_stacked(names(mats, ".weight_packed"), {rows, in / 2}, StoredAs::kU8));
-        KL_ASSIGN_OR_RETURN(Tensor scale,
-                            ckpt_->take_stacked(names(mats, ".weight_scale"), {rows, in / 32}, StoredAs::kU8));
-        *out = backend_.upload_mxfp4(packed.view({num_experts, rows_all, in / 2}),
-                                     scale.view({num_experts, rows_all, in / 32}));
+        KL_ASSIGN_OR_RETURN(Tensor packed, ckpt_->take_stacked(names(mats, ".weight_packed", first, first + count),
+                                                               {rows, in / 2}, StoredAs::kU8));
+        KL_ASSIGN_OR_RETURN(Tensor scale, ckpt_->take_stacked(names(mats, ".weight_scale", first, first + count),
+                                                              {rows, in / 32}, StoredAs::kU8));
+        *out = backend_.upload_mxfp4(packed.view({count, rows_all, in / 2}), scale.view({count, rows_all, in / 32}));
       }
       return Status();
     };
@@ -85,7 +108,7 @@ class Loader {
   }
   // The AttnRes effective query e = w_norm ⊙ w_proj (MODEL.md 7.1 step 2), computed once in F32.
   Status attn_res_query(const std::string& prefix, int64_t d, Tensor* out) {
-    if (source_ != Source::kCheckpoint) return dummy(prefix + "_proj.weight", {d}, DType::kF32, out);
+    if (source_ != Source::kCheckpoint) return dummy(prefix + "_proj.weight", {{d}}, DType::kF32, out, {});
     KL_ASSIGN_OR_RETURN(Tensor norm, ckpt_->take(prefix + "_norm.weight", {d}));
     KL_ASSIGN_OR_RETURN(Tensor proj, ckpt_->take(prefix + "_proj.weight", {1, d}));
     Tensor e = Tensor::empty(DType::kF32, {d});
@@ -101,31 +124,47 @@ class Loader {
   uint64_t dummy_elements() const { return dummy_elements_; }
 
  private:
-  // A dummy weight, seeded by its name, scaled so activations keep their size: norms are ones,
-  // A_log uniform in [0, ln 16) (decay rates 1..16), dt_bias in [−5, −2) (small softplus steps),
-  // every other tensor uniform with std 1/sqrt(fan_in) (its last dimension).
-  Status dummy(const std::string& name, const Shape& shape, DType dtype, Tensor* out) {
-    dummy_elements_ += static_cast<uint64_t>(shape_numel(shape));
+  // A dummy weight: the part `slice` of the rows of `parts` (one shape, or the fused parts stacked
+  // along the first dimension) as one rank holds it, each part's values those of the whole, seeded
+  // by the name, scaled so activations keep their size: norms are ones, A_log uniform in [0, ln 16)
+  // (decay rates 1..16), dt_bias in [−5, −2) (small softplus steps), every other tensor uniform
+  // with std 1/sqrt(fan_in) (its last dimension).
+  Status dummy(const std::string& name, const std::vector<Shape>& parts, DType dtype, Tensor* out, const Slice& slice) {
+    Shape whole = parts[0], local = sliced_shape(parts[0], slice);
+    for (size_t i = 1; i < parts.size(); ++i) {
+      whole[0] += parts[i][0];
+      local[0] += sliced_shape(parts[i], slice)[0];
+    }
+    dummy_elements_ += static_cast<uint64_t>(shape_numel(local));
     if (source_ == Source::kCount) {  // a shape without storage, so views still work
-      *out = Tensor::wrap(dtype, shape, nullptr, nullptr, backend_.device());
+      *out = Tensor::wrap(dtype, local, nullptr, nullptr, backend_.device());
       return Status();
     }
-    *out = backend_.alloc_persistent(dtype, shape);
+    *out = backend_.alloc_persistent(dtype, local);
     auto ends_with = [&](const char* t) {
       const std::string e(t);
       return name.size() >= e.size() && name.compare(name.size() - e.size(), e.size(), e) == 0;
     };
-    uint64_t seed = 0x6b6c696e656172ull;  // "klinear"
-    for (char ch : name) seed = splitmix64(seed ^ static_cast<uint8_t>(ch));
     if (ends_with("norm.weight") || ends_with("layernorm.weight")) {
       backend_.fill(*out, 1.0f);
-    } else if (ends_with("A_log")) {
-      backend_.random_fill(*out, seed, 0.0f, std::log(16.0f));
-    } else if (ends_with("dt_bias")) {
-      backend_.random_fill(*out, seed, -5.0f, -2.0f);
-    } else {
-      const float a = std::sqrt(3.0f / static_cast<float>(shape.back()));
-      backend_.random_fill(*out, seed, -a, a);
+      return Status();
+    }
+    uint64_t seed = 0x6b6c696e656172ull;  // "klinear"
+    for (char ch : name) seed = splitmix64(seed ^ static_cast<uint8_t>(ch));
+    float lo = -std::sqrt(3.0f / static_cast<float>(whole.back())), hi = -lo;
+    if (ends_with("A_log")) lo = 0.0f, hi = std::log(16.0f);
+    if (ends_with("dt_bias")) lo = -5.0f, hi = -2.0f;
+    // Each part's rows sit at its own offset in the whole (parts stacked) and in the local tensor.
+    const int64_t row_elems = shape_numel(whole) / whole[0];
+    int64_t whole_row = 0, local_row = 0;
+    for (const Shape& part : parts) {
+      const Shape mine = sliced_shape(part, slice);
+      FillWindow w = window_of(part, slice);
+      w.offset += whole_row * row_elems;
+      const Tensor rows = out->view({local[0], shape_numel(local) / local[0]}).rows(local_row, local_row + mine[0]);
+      backend_.random_fill(rows.view(mine), seed, lo, hi, w);
+      whole_row += part[0];
+      local_row += mine[0];
     }
     return Status();
   }
@@ -136,56 +175,66 @@ class Loader {
   uint64_t dummy_elements_ = 0;
 };
 
-Status load_mlp(Loader& ld, const std::string& prefix, int64_t f, int64_t d, MlpWeights* w) {
-  KL_RETURN_IF_ERROR(ld.concat({prefix + "gate_proj.weight", prefix + "up_proj.weight"}, {{f, d}, {f, d}}, &w->gate_up));
-  return ld.take(prefix + "down_proj.weight", {d, f}, &w->down);
+// The intermediate `part` of a gated MLP: its gate and up rows, its down columns.
+Status load_mlp(Loader& ld, const std::string& prefix, int64_t f, int64_t d, const Part& part, MlpWeights* w) {
+  KL_RETURN_IF_ERROR(ld.concat({prefix + "gate_proj.weight", prefix + "up_proj.weight"}, {{f, d}, {f, d}}, &w->gate_up,
+                               part.rows()));
+  return ld.take(prefix + "down_proj.weight", {d, f}, &w->down, part.columns());
 }
 
-Status load_kda(Loader& ld, const ModelConfig& c, const std::string& p, KdaWeights* w) {
+// The heads `part` of a KDA layer: the rows of every per-head projection, conv channel and
+// vector, o_proj's columns.
+Status load_kda(Loader& ld, const ModelConfig& c, const std::string& p, const Part& part, KdaWeights* w) {
   const int64_t D = c.hidden_size, H = c.kda_heads, d = c.kda_head_dim, P = c.kda_proj(), Kc = c.conv_kernel;
+  const Slice rows = part.rows();
   KL_RETURN_IF_ERROR(ld.concat({p + "q_proj.weight", p + "k_proj.weight", p + "v_proj.weight"},
-                               {{P, D}, {P, D}, {P, D}}, &w->qkv_proj));
+                               {{P, D}, {P, D}, {P, D}}, &w->qkv_proj, rows));
   {
     KL_RETURN_IF_ERROR(ld.concat({p + "q_conv1d.weight", p + "k_conv1d.weight", p + "v_conv1d.weight"},
-                                 {{P, 1, Kc}, {P, 1, Kc}, {P, 1, Kc}}, &w->conv));
-    w->conv = w->conv.view({3 * P, Kc});
+                                 {{P, 1, Kc}, {P, 1, Kc}, {P, 1, Kc}}, &w->conv, rows));
+    w->conv = w->conv.view({3 * part.size(P), Kc});
   }
   KL_RETURN_IF_ERROR(ld.take(p + "f_a_proj.weight", {d, D}, &w->f_a));
-  KL_RETURN_IF_ERROR(ld.take(p + "f_b_proj.weight", {P, d}, &w->f_b));
+  KL_RETURN_IF_ERROR(ld.take(p + "f_b_proj.weight", {P, d}, &w->f_b, rows));
   // dt_bias is [P] in the published checkpoints; per-head [H, d] layouts are the same numbers.
   const Shape dt_shape = ld.shape_of(p + "dt_bias") == Shape{H, d} ? Shape{H, d} : Shape{P};
-  KL_RETURN_IF_ERROR(ld.take(p + "dt_bias", dt_shape, DType::kF32, &w->dt_bias));
-  w->dt_bias = w->dt_bias.view({P});
-  KL_RETURN_IF_ERROR(ld.head_vector(p + "A_log", H, &w->a_log));
-  KL_RETURN_IF_ERROR(ld.take(p + "b_proj.weight", {H, D}, &w->b_proj));
+  KL_RETURN_IF_ERROR(ld.take(p + "dt_bias", dt_shape, DType::kF32, &w->dt_bias, rows));
+  w->dt_bias = w->dt_bias.view({part.size(P)});
+  KL_RETURN_IF_ERROR(ld.head_vector(p + "A_log", H, &w->a_log, rows));
+  KL_RETURN_IF_ERROR(ld.take(p + "b_proj.weight", {H, D}, &w->b_proj, rows));
   if (c.kda_output_gate == KdaOutputGate::kFullRank) {
-    KL_RETURN_IF_ERROR(ld.take(p + "g_proj.weight", {P, D}, &w->g_proj));
+    KL_RETURN_IF_ERROR(ld.take(p + "g_proj.weight", {P, D}, &w->g_proj, rows));
   } else {
     KL_RETURN_IF_ERROR(ld.take(p + "g_a_proj.weight", {d, D}, &w->g_a));
-    KL_RETURN_IF_ERROR(ld.take(p + "g_b_proj.weight", {P, d}, &w->g_b));
+    KL_RETURN_IF_ERROR(ld.take(p + "g_b_proj.weight", {P, d}, &w->g_b, rows));
   }
   KL_RETURN_IF_ERROR(ld.take(p + "o_norm.weight", {d}, &w->o_norm));
-  return ld.take(p + "o_proj.weight", {D, P}, &w->o_proj);
+  return ld.take(p + "o_proj.weight", {D, P}, &w->o_proj, part.columns());
 }
 
-Status load_mla(Loader& ld, const ModelConfig& c, const std::string& p, MlaWeights* w) {
+// The heads `part` of an MLA layer: the per-head rows of q and kv_b (and the gate), o_proj's
+// columns; the latent projection whole (every rank keeps the whole latent cache).
+Status load_mla(Loader& ld, const ModelConfig& c, const std::string& p, const Part& part, MlaWeights* w) {
   const int64_t D = c.hidden_size, H = c.mla_heads, qk = c.mla_qk_head_dim(), v = c.v_head_dim;
   const int64_t kvc = c.kv_lora_rank, r = c.qk_rope_dim;
+  const Slice rows = part.rows();
   if (c.q_lora_rank > 0) {
     KL_RETURN_IF_ERROR(ld.take(p + "q_a_proj.weight", {c.q_lora_rank, D}, &w->q_a));
     KL_RETURN_IF_ERROR(ld.take(p + "q_a_layernorm.weight", {c.q_lora_rank}, &w->q_a_norm));
-    KL_RETURN_IF_ERROR(ld.take(p + "q_b_proj.weight", {H * qk, c.q_lora_rank}, &w->q_b));
+    KL_RETURN_IF_ERROR(ld.take(p + "q_b_proj.weight", {H * qk, c.q_lora_rank}, &w->q_b, rows));
   } else {
-    KL_RETURN_IF_ERROR(ld.take(p + "q_proj.weight", {H * qk, D}, &w->q_proj));
+    KL_RETURN_IF_ERROR(ld.take(p + "q_proj.weight", {H * qk, D}, &w->q_proj, rows));
   }
   KL_RETURN_IF_ERROR(ld.take(p + "kv_a_proj_with_mqa.weight", {kvc + r, D}, &w->kv_a));
   KL_RETURN_IF_ERROR(ld.take(p + "kv_a_layernorm.weight", {kvc}, &w->kv_a_norm));
-  KL_RETURN_IF_ERROR(ld.take(p + "kv_b_proj.weight", {H * (c.qk_nope_dim + v), kvc}, &w->kv_b));
-  if (c.mla_output_gate) KL_RETURN_IF_ERROR(ld.take(p + "g_proj.weight", {H * v, D}, &w->g_proj));
-  return ld.take(p + "o_proj.weight", {D, H * v}, &w->o_proj);
+  KL_RETURN_IF_ERROR(ld.take(p + "kv_b_proj.weight", {H * (c.qk_nope_dim + v), kvc}, &w->kv_b, rows));
+  if (c.mla_output_gate) KL_RETURN_IF_ERROR(ld.take(p + "g_proj.weight", {H * v, D}, &w->g_proj, rows));
+  return ld.take(p + "o_proj.weight", {D, H * v}, &w->o_proj, part.columns());
 }
 
-Status load_moe(Loader& ld, const ModelConfig& c, const std::string& p, MoeWeights* w) {
+// The experts `shard.experts` of a MoE block, the shared experts' intermediate `shard.heads`; the
+// router and the latent projections whole.
+Status load_moe(Loader& ld, const ModelConfig& c, const std::string& p, const ModelShard& shard, MoeWeights* w) {
   const int64_t D = c.hidden_size, E = c.num_experts, F = c.moe_intermediate_size, L = c.expert_io_dim();
   KL_RETURN_IF_ERROR(ld.take(p + "gate.weight", {E, D}, &w->router));
   if (ld.has(p + "gate.e_score_correction_bias")) {
@@ -193,25 +242,26 @@ Status load_moe(Loader& ld, const ModelConfig& c, const std::string& p, MoeWeigh
   } else {
     w->router_bias = ld.backend().upload(Tensor::zeros(DType::kF32, {E}), DType::kF32);
   }
-  KL_RETURN_IF_ERROR(ld.experts(p + "experts.", E, F, L, L, c.expert_format, &w->w13, &w->w2));
+  KL_RETURN_IF_ERROR(ld.experts(p + "experts.", E, F, L, L, c.expert_format, shard.experts, &w->w13, &w->w2));
   if (c.has_latent_moe()) {
     KL_RETURN_IF_ERROR(ld.take(p + "routed_expert_down_proj.weight", {L, D}, &w->latent_down));
     if (c.latent_moe_use_norm) KL_RETURN_IF_ERROR(ld.take(p + "routed_expert_norm.weight", {L}, &w->latent_norm));
     KL_RETURN_IF_ERROR(ld.take(p + "routed_expert_up_proj.weight", {D, L}, &w->latent_up));
   }
   w->has_shared = c.num_shared_experts > 0;
-  if (w->has_shared) KL_RETURN_IF_ERROR(load_mlp(ld, p + "shared_experts.", F * c.num_shared_experts, D, &w->shared));
+  if (w->has_shared)
+    KL_RETURN_IF_ERROR(load_mlp(ld, p + "shared_experts.", F * c.num_shared_experts, D, shard.heads, &w->shared));
   return Status();
 }
 
-// Every weight of `c` from `ld`'s source.
-Result<ModelWeights> load_all(const ModelConfig& c, Loader& ld) {
+// Every weight of `c` from `ld`'s source, the part `shard` of each.
+Result<ModelWeights> load_all(const ModelConfig& c, const ModelShard& shard, Loader& ld) {
   ModelWeights w;
   const int64_t D = c.hidden_size, V = c.vocab_size;
-  KL_RETURN_IF_ERROR(ld.take("model.embed_tokens.weight", {V, D}, &w.embed));
+  KL_RETURN_IF_ERROR(ld.take("model.embed_tokens.weight", {V, D}, &w.embed, shard.embed.rows()));
   KL_RETURN_IF_ERROR(ld.take("model.norm.weight", {D}, &w.final_norm));
-  if (c.tie_word_embeddings && !ld.has("lm_head.weight")) w.lm_head = w.embed;
-  else KL_RETURN_IF_ERROR(ld.take("lm_head.weight", {V, D}, &w.lm_head));
+  if (c.tie_word_embeddings && !ld.has("lm_head.weight")) w.lm_head = w.embed;  // check_parallel: the same rows
+  else KL_RETURN_IF_ERROR(ld.take("lm_head.weight", {V, D}, &w.lm_head, shard.lm_head.rows()));
   if (c.has_attn_res()) KL_RETURN_IF_ERROR(ld.attn_res_query("model.output_attn_res", D, &w.output_res_query));
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -225,10 +275,10 @@ Result<ModelWeights> load_all(const ModelConfig& c, Loader& ld) {
       KL_RETURN_IF_ERROR(ld.attn_res_query(p + "self_attention_res", D, &lw.attn_res_query));
       KL_RETURN_IF_ERROR(ld.attn_res_query(p + "mlp_res", D, &lw.mlp_res_query));
     }
-    if (lw.mixer == Mixer::kKda) KL_RETURN_IF_ERROR(load_kda(ld, c, p + "self_attn.", &lw.kda));
-    else KL_RETURN_IF_ERROR(load_mla(ld, c, p + "self_attn.", &lw.mla));
-    if (lw.ffn == Ffn::kDense) KL_RETURN_IF_ERROR(load_mlp(ld, p + "mlp.", c.intermediate_size, D, &lw.mlp));
-    else KL_RETURN_IF_ERROR(load_moe(ld, c, p + "block_sparse_moe.", &lw.moe));
+    if (lw.mixer == Mixer::kKda) KL_RETURN_IF_ERROR(load_kda(ld, c, p + "self_attn.", shard.heads, &lw.kda));
+    else KL_RETURN_IF_ERROR(load_mla(ld, c, p + "self_attn.", shard.heads, &lw.mla));
+    if (lw.ffn == Ffn::kDense) KL_RETURN_IF_ERROR(load_mlp(ld, p + "mlp.", c.intermediate_size, D, shard.heads, &lw.mlp));
+    else KL_RETURN_IF_ERROR(load_moe(ld, c, p + "block_sparse_moe.", shard, &lw.moe));
     w.layers.push_back(std::move(lw));
   }
   KL_RETURN_IF_ERROR(ld.finish());
@@ -237,19 +287,20 @@ Result<ModelWeights> load_all(const ModelConfig& c, Loader& ld) {
 
 }  // namespace
 
-Result<ModelWeights> load_weights(const ModelConfig& config, Checkpoint& ckpt, Backend& backend) {
+Result<ModelWeights> load_weights(const ModelConfig& config, Checkpoint& ckpt, Backend& backend,
+                                  const ModelShard& shard) {
   Loader ld(&ckpt, backend, Source::kCheckpoint);
-  return load_all(config, ld);
+  return load_all(config, shard, ld);
 }
 
-Result<ModelWeights> dummy_weights(const ModelConfig& config, Backend& backend) {
+Result<ModelWeights> dummy_weights(const ModelConfig& config, Backend& backend, const ModelShard& shard) {
   Loader ld(nullptr, backend, Source::kDummy);
-  return load_all(config, ld);
+  return load_all(config, shard, ld);
 }
 
-uint64_t count_parameters(const ModelConfig& config, Backend& backend) {
+uint64_t count_parameters(const ModelConfig& config, Backend& backend, const ModelShard& shard) {
   Loader ld(nullptr, backend, Source::kCount);
-  KL_CHECK(load_all(config, ld).ok(), "counting parameters cannot fail");
+  KL_CHECK(load_all(config, shard, ld).ok(), "counting parameters cannot fail");
   return ld.dummy_elements();
 }
 

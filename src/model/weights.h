@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "io/checkpoint.h"
 #include "io/config.h"
+#include "model/shard.h"
 
 namespace klinear {
 
@@ -74,14 +75,16 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
-// Loads every parameter `config` needs from `ckpt` onto `backend`; fails if anything is missing,
-// has a wrong shape, or is left over in the checkpoint.
-Result<ModelWeights> load_weights(const ModelConfig& config, Checkpoint& ckpt, Backend& backend);
-// Every parameter of `config` as dummy weights made on the backend (Backend::random_fill, seeded
-// by each tensor's name, well scaled; routed experts dense in the activation dtype): real shapes
-// without a download.
-Result<ModelWeights> dummy_weights(const ModelConfig& config, Backend& backend);
-// How many parameter elements dummy_weights would make.
-uint64_t count_parameters(const ModelConfig& config, Backend& backend);
+// Loads the part `shard` of every parameter `config` needs from `ckpt` onto `backend` (reading
+// only that part of the mapped files); fails if anything is missing, has a wrong shape, or is left
+// over in the checkpoint. The weights' shapes are the rank's (rank_config's heads).
+Result<ModelWeights> load_weights(const ModelConfig& config, Checkpoint& ckpt, Backend& backend,
+                                  const ModelShard& shard = {});
+// The part `shard` of every parameter of `config` as dummy weights made on the backend
+// (Backend::random_fill, seeded by each tensor's name, well scaled, a rank's part holding the
+// values of the whole; routed experts dense in the activation dtype): real shapes without a download.
+Result<ModelWeights> dummy_weights(const ModelConfig& config, Backend& backend, const ModelShard& shard = {});
+// How many parameter elements dummy_weights would make for `shard`.
+uint64_t count_parameters(const ModelConfig& config, Backend& backend, const ModelShard& shard = {});
 
 }  // namespace klinear

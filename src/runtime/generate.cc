@@ -61,14 +61,19 @@ Result<GenerateResult> generate(StepExecutor& executor, SeqId seq, std::span<con
                                                                                  : std::span<const SampleRow>()));
     if (!sample) return -1;
     const int64_t position = cache.tokens(seq) - 1;
+    // −1: non-finite logits, agreed on by every rank like a token.
+    int32_t id = -1;
+    Status finite;
     if (on_device) {
-      const int32_t id = model.backend().to_host(out.ids).data_as<const int32_t>()[0];
-      if (id < 0) return non_finite_logits(position, "");
-      return id;
+      id = model.backend().to_host(out.ids).data_as<const int32_t>()[0];
+    } else {
+      const Tensor logits = model.backend().to_host(out.logits);
+      finite = check_finite_logits(logits, position);
+      if (finite.ok()) id = sampler.sample(std::span<const float>(logits.f32(), static_cast<size_t>(logits.numel())));
     }
-    const Tensor logits = model.backend().to_host(out.logits);
-    KL_RETURN_IF_ERROR(check_finite_logits(logits, position));
-    return sampler.sample(std::span<const float>(logits.f32(), static_cast<size_t>(logits.numel())));
+    KL_ASSIGN_OR_RETURN(id, model.first_rank_token(id));
+    if (id < 0) return finite.ok() ? non_finite_logits(position, "") : finite;
+    return id;
   };
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();

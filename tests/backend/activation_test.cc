@@ -72,19 +72,32 @@ TEST_P(Activations, SigmoidGateSigmoidAndAdd) {
   EXPECT_TRUE(testing::all_close(host(acc), sum, tol())) << "add";
 }
 
+// The whole table, and a vocab-parallel rank's window of it (ids outside give zero rows).
 TEST_P(Activations, EmbeddingRows) {
   std::mt19937_64 rng(testing::fresh_seed());
-  const int64_t vocab = 50, c = 17;
+  const int64_t vocab = 50, c = 17, n = 9;
   Tensor table = testing::random_tensor(rng, {vocab, c});
-  Tensor ids = Tensor::empty(DType::kI32, {9});
-  for (int64_t i = 0; i < 9; ++i) ids.data_as<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+  Tensor ids = Tensor::empty(DType::kI32, {n});
+  for (int64_t i = 0; i < n; ++i) ids.data_as<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
   ids.data_as<int32_t>()[3] = ids.data_as<int32_t>()[7];  // a repeated id
-  Tensor out = poisoned({9, c});
-  be().embedding(dev(ids, DType::kI32), persistent(table, act()), out);
-  Tensor expect = Tensor::empty(DType::kF32, {9, c});
-  for (int64_t i = 0; i < 9; ++i)
-    for (int64_t j = 0; j < c; ++j) expect.f32()[i * c + j] = table.f32()[ids.data_as<int32_t>()[i] * c + j];
-  EXPECT_TRUE(testing::all_close(host(out), expect, tol()));
+  ids.data_as<int32_t>()[5] = 12;                         // one inside the window, one outside
+  ids.data_as<int32_t>()[6] = 40;
+  struct Window {
+    int64_t first, rows;
+  };
+  for (const Window w : {Window{0, vocab}, Window{10, 25}}) {
+    SCOPED_TRACE("rows [" + std::to_string(w.first) + ", " + std::to_string(w.first + w.rows) + ")");
+    Tensor out = poisoned({n, c});
+    be().embedding(EmbeddingArgs{dev(ids, DType::kI32), persistent(table.rows(w.first, w.first + w.rows), act()),
+                                 w.first, vocab, out});
+    Tensor expect = Tensor::empty(DType::kF32, {n, c});
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = ids.data_as<int32_t>()[i];
+      const bool mine = id >= w.first && id < w.first + w.rows;
+      for (int64_t j = 0; j < c; ++j) expect.f32()[i * c + j] = mine ? table.f32()[id * c + j] : 0.0f;
+    }
+    EXPECT_TRUE(testing::all_close(host(out), expect, tol()));
+  }
 }
 
 KL_BACKEND_SUITE(Activations);

@@ -216,6 +216,31 @@ TEST_P(RouterTest, RandomGroupedMatchesReference) {
   }
 }
 
+// Under expert parallelism a rank routes over every expert and keeps the picks of its block: the
+// index within the block, −1 for another rank's expert, the weights as the whole route's.
+TEST_P(RouterTest, ExpertParallelRankKeepsItsBlock) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::normal_distribution<float> d(0.0f, 1.5f);
+  const int n = 24, e = 16, k = 4, first = 4, local = 4;
+  std::vector<float> flat(n * e), bias(e);
+  for (float& x : flat) x = d(rng);
+  for (float& b : bias) b = 0.2f * d(rng);
+  auto run = [&](RouteParams p) {
+    Tensor idx = poisoned({n, k}, DType::kI32), w = poisoned({n, k}, DType::kF32);
+    be().moe_route(dev(Tensor::from_f32({n, e}, flat), DType::kF32), dev(Tensor::from_f32({e}, bias), DType::kF32), p,
+                   idx, w);
+    return std::pair{host(idx), host(w)};
+  };
+  const auto [all_idx, all_w] = run(RouteParams{k, 4, 2, true, kScale});
+  const auto [idx, w] = run(RouteParams{k, 4, 2, true, kScale, first, local});
+  for (int64_t i = 0; i < n * k; ++i) {
+    const int32_t global = all_idx.data_as<int32_t>()[i];
+    const bool mine = global >= first && global < first + local;
+    EXPECT_EQ(idx.data_as<int32_t>()[i], mine ? global - first : -1) << "pick " << i;
+    EXPECT_EQ(w.f32()[i], all_w.f32()[i]) << "pick " << i;
+  }
+}
+
 KL_BACKEND_SUITE(RouterTest);
 
 }  // namespace

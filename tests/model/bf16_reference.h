@@ -49,7 +49,9 @@ class ForwardingBackend : public Backend {
   Tensor alloc(DType d, const Shape& s) override { return in_.alloc(d, s); }
   Tensor alloc_persistent(DType d, const Shape& s) override { return in_.alloc_persistent(d, s); }
   void fill(const Tensor& t, float v) override { in_.fill(t, v); }
-  void random_fill(const Tensor& t, uint64_t seed, float lo, float hi) override { in_.random_fill(t, seed, lo, hi); }
+  void random_fill(const Tensor& t, uint64_t seed, float lo, float hi, const FillWindow& w) override {
+    in_.random_fill(t, seed, lo, hi, w);
+  }
   Tensor upload(const Tensor& h, DType d) override { return in_.upload(h, d); }
   Tensor upload_mxfp4(const Tensor& p, const Tensor& s) override { return in_.upload_mxfp4(p, s); }
   Tensor to_device(const Tensor& h, DType d) override { return in_.to_device(h, d); }
@@ -61,7 +63,7 @@ class ForwardingBackend : public Backend {
     in_.copy_columns(s, sc, d, dc, w), stored(d);
   }
   void gather_rows(const Tensor& s, const Tensor& r, const Tensor& o) override { in_.gather_rows(s, r, o), stored(o); }
-  void embedding(const Tensor& i, const Tensor& t, const Tensor& o) override { in_.embedding(i, t, o), stored(o); }
+  void embedding(const EmbeddingArgs& a) override { in_.embedding(a), stored(a.out); }
   void add(const Tensor& a, const Tensor& x) override { in_.add(a, x), stored(a); }
   void sigmoid_mul(const Tensor& x, const Tensor& g) override { in_.sigmoid_mul(x, g), stored(x); }
   void sigmoid(const Tensor& x, const Tensor& y) override { in_.sigmoid(x, y), stored(y); }

@@ -12,9 +12,12 @@ everything else completes, memory stays flat) and a drain on SIGTERM. Scripted-m
 (tests/server/scripted_server.cc) give the exact output needed for tool-call round trips: K2
 (content before the section, two calls, streamed arguments) and K3 (reasoning_content, content,
 two calls with typed arguments; thinking, thinking_effort, tool_choice and response_format
-accepted or refused with the field named).
+accepted or refused with the field named). With --mpirun, the same checkpoint also served over two
+CPU ranks (tensor parallel, `mpirun -np 2 klinear serve --tensor-parallel-size 2`): the chat,
+completion and concurrency checks on it, and its greedy answers equal to the one-rank server's.
 
 usage: openai_client_test.py --klinear BIN --scripted-server BIN --source REPO [--soak-seconds N]
+                             [--mpirun BIN]
 """
 import argparse
 import concurrent.futures
@@ -333,6 +336,24 @@ def test_concurrent_equals_serial(s):
     tokens = sum(grew[f'klinear:engine_step_tokens_total{{kind="{k}"}}'] for k in kinds)
     check(tokens >= 40 * 9, f"{tokens} step tokens for 40 requests of 10 generated tokens")
     check(grew['klinear:engine_step_seconds_count{kind="decode"}'] >= 9, grew)
+
+
+def test_ranks_equal_one_rank(pair):
+    one, ranks = pair
+    prompts = [f"Tell me about item {i}" + "!" * i for i in range(8)]
+
+    def answers(s):
+        c = s.client()
+
+        def ask(p):
+            r = c.completions.create(model=MODEL, prompt=p, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+            return r.choices[0].text
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            return list(pool.map(ask, prompts))
+
+    want, got = answers(one), answers(ranks)
+    check(got == want, f"two ranks answered {got}, one rank {want}")
+    check(len(set(want)) > 1, "all answers equal: the test would not see a mix-up")
 
 
 def test_disconnect_frees(s):
@@ -765,6 +786,7 @@ def main():
     ap.add_argument("--scripted-server", required=True)
     ap.add_argument("--source", required=True)
     ap.add_argument("--soak-seconds", type=int, default=int(os.environ.get("KLINEAR_SOAK_SECONDS", "45")))
+    ap.add_argument("--mpirun", help="Open MPI's mpirun: also serve over two tensor-parallel CPU ranks")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="klinear_openai_")
     failures = []
@@ -784,12 +806,24 @@ def main():
         scripted_k3 = Server([a.scripted_server, "--format", "k3", "--tokenizer", os.path.join(a.source, "tokenizers/kimi-k3")] +
                              sum([["--script", s] for s in K3_SCRIPTS], []), r"listening on (\d+)", stream="stdout")
         servers = [main_server, small, scripted, scripted_k3]
+        ranks = None
+        if a.mpirun:
+            env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                       OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1")
+            ranks = Server([a.mpirun, "-np", "2", "--oversubscribe"] + serve +
+                           ["--api-key", KEY, "--max-num-tokens", "64", "--cache-memory", "64M",
+                            "--tensor-parallel-size", "2"], r"on http://[^:]+:(\d+)", env=env)
+            servers.append(ranks)
         tests = [(f.__name__, f, main_server) for f in (test_models, test_operations, test_chat_and_usage, test_completions,
                                                           test_logprobs_concatenate, test_stop_strings_span_tokens,
                                                           test_n2_and_seed, test_concurrent_equals_serial,
                                                           test_disconnect_frees, test_disconnect_nonstream_frees,
                                                           test_connection_burst, test_malformed, test_vllm_fields)]
         tests.append(("test_limits", test_limits, small))
+        if ranks:
+            tests += [(f.__name__ + " (2 ranks)", f, ranks) for f in (test_chat_and_usage, test_completions,
+                                                                       test_concurrent_equals_serial)]
+            tests.append(("test_ranks_equal_one_rank", test_ranks_equal_one_rank, (main_server, ranks)))
         tests.append(("test_tool_round_trip", test_tool_round_trip, scripted))
         tests.append(("test_k3_round_trip", test_k3_round_trip, scripted_k3))
         if a.soak_seconds > 0:

@@ -12,6 +12,7 @@
 #include "cli_parse.h"
 #include "core/status.h"
 #include "io/json.h"
+#include "model/shard.h"
 #include "runtime/generate.h"
 
 namespace klinear::cli {
@@ -55,6 +56,39 @@ inline void add_device_options(CLI::App* sub, std::string& device, std::string& 
   sub->add_option("--dtype", dtype, "float32 or bfloat16 (default: float32 on the CPU, bfloat16 on CUDA)")
       ->check(parsed_by([](const std::string& name) { return parse_compute_dtype(name, Device::kCpu); },
                         "float32|bfloat16"));
+}
+
+// The degrees of a model split over the ranks of an mpirun launch (model/shard.h), under vLLM's
+// flag names where it has one; the seed runner's parallel_config names in the help.
+struct ParallelArgs {
+  int tensor = 1, data = 1, expert = 1;
+  bool enable_expert = false;  // the experts over every rank
+  int embed = 0, lm_head = 0;  // 0: the tensor-parallel size
+  ParallelSizes sizes() const {
+    return ParallelSizes{1, tensor, data, enable_expert ? 0 : expert, embed ? embed : tensor, lm_head ? lm_head : tensor};
+  }
+};
+
+inline void add_parallel_options(CLI::App* sub, ParallelArgs& p) {
+  const auto degree = CLI::Range(1, 1 << 16);
+  sub->add_option("--tensor-parallel-size,--tp", p.tensor,
+                  "ranks the attention heads, the dense FFN and the shared experts are split over (attn_tp_size); "
+                  "run under mpirun -np N")
+      ->check(degree)
+      ->capture_default_str();
+  sub->add_option("--data-parallel-size", p.data, "data-parallel attention (attn_dp_size): not built yet beyond 1")
+      ->check(degree)
+      ->capture_default_str();
+  sub->add_option("--expert-parallel-size", p.expert, "ranks the routed experts are split over (moe_ep_size): 1 or all")
+      ->check(degree)
+      ->capture_default_str();
+  sub->add_flag("--enable-expert-parallel", p.enable_expert, "split the routed experts over every rank");
+  sub->add_option("--embed-tp-size", p.embed, "ranks the embedding's vocabulary is split over: 1 or the tensor-parallel "
+                                              "size (default)")
+      ->check(degree);
+  sub->add_option("--lmhead-tp-size", p.lm_head, "ranks the lm head's vocabulary is split over: 1 or the "
+                                                 "tensor-parallel size (default)")
+      ->check(degree);
 }
 
 inline void add_generate_options(CLI::App* sub, GenerateOptions& o) {

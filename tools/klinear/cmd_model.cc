@@ -22,6 +22,8 @@
 #include "io/tokenizer.h"
 #include "runtime/chat_session.h"
 #include "runtime/generate.h"
+#include "runtime/model_world.h"
+#include "dist/mpi_comm.h"
 
 namespace klinear::cli {
 
@@ -36,6 +38,7 @@ struct ModelArgs {
   std::string load_format = "safetensors";
   std::string cuda_graphs = "on";
   std::string attention_kernels = "best";
+  ParallelArgs parallel;
 };
 
 void add_model_args(CLI::App* sub, ModelArgs& a) {
@@ -49,10 +52,14 @@ void add_model_args(CLI::App* sub, ModelArgs& a) {
   sub->add_flag("--check-finite", a.check_finite,
                 "check every layer's output and name the first one that is not finite (slower)");
   add_cuda_options(sub, a.cuda_graphs, a.attention_kernels);
+  add_parallel_options(sub, a.parallel);
 }
 
+// Every rank of a launch runs the same command on its part of the model (the same steps, the
+// tokens agreed through Model::first_rank_token); rank 0 writes the files and stdout.
 struct LoadedModel {
   std::unique_ptr<Backend> backend;
+  ModelWorld world;
   std::unique_ptr<Model> model;
   CacheOptions cache_options;  // one sequence
 };
@@ -76,10 +83,13 @@ Result<LoadedModel> load(const ModelArgs& a) {
   KL_ASSIGN_OR_RETURN(o.graphs, parse_cuda_graphs(a.cuda_graphs));
   KL_ASSIGN_OR_RETURN(o.attention, parse_attention_kernels(a.attention_kernels));
   KL_RETURN_IF_ERROR(check_page_size(a.page_size));
+  o.gpu = launched_by_mpi() ? launcher_local_rank() : -1;
   LoadedModel m;
   KL_ASSIGN_OR_RETURN(m.backend, make_backend(o));
   KL_ASSIGN_OR_RETURN(LoadFormat format, parse_load_format(a.load_format));
-  KL_ASSIGN_OR_RETURN(m.model, Model::load(a.model_dir, *m.backend, format));
+  KL_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(a.model_dir));
+  KL_ASSIGN_OR_RETURN(m.world, open_model_world(a.parallel.sizes(), config, *m.backend));
+  KL_ASSIGN_OR_RETURN(m.model, Model::load(a.model_dir, *m.backend, format, m.world.model_ranks()));
   m.model->set_check_finite(a.check_finite);
   m.cache_options.page_size = a.page_size;
   return m;
@@ -111,6 +121,7 @@ int run_logits(const LogitsArgs& a) {
   const int64_t first = seq->cache->tokens(seq->seq) - logits->dim(0);
   if (Status finite = check_finite_logits(*logits, first); !finite.ok()) return fail("logits", finite);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!m->world.leader()) return 0;
   Status s = write_npy(a.out, *logits);
   if (!s.ok()) return fail("logits", s);
   const int64_t tokens = seq->cache->tokens(seq->seq);
@@ -125,7 +136,31 @@ struct InfoArgs {
   std::string model_dir;
   bool verify = false;
   std::string load_format = "safetensors";
+  ParallelArgs parallel;
 };
+
+// With a layout over ranks: what one rank holds of the weights and caches (every rank holds an
+// equal part), beside the whole model, at 2 bytes per weight and activation (bfloat16, the CUDA
+// default; routed MXFP4 experts are widened to it today).
+Status print_rank_plan(const ModelConfig& c, const ParallelArgs& p) {
+  ParallelSizes sizes = p.sizes();
+  sizes.world = sizes.tensor * sizes.data;
+  if (sizes.expert == 0) sizes.expert = sizes.world;
+  if (sizes.world == 1 && sizes.expert == 1 && sizes.embed == 1 && sizes.lm_head == 1) return Status();
+  KL_RETURN_IF_ERROR(check_parallel(c, sizes));
+  KL_ASSIGN_OR_RETURN(auto cpu, make_backend(BackendOptions{}));
+  const ModelShard shard = shard_of(sizes, 0);
+  std::printf("\nper rank over %d ranks: tensor %d, expert %d, embedding %d, lm head %d (bfloat16)\n", sizes.world,
+              sizes.tensor, sizes.expert, sizes.embed, sizes.lm_head);
+  std::printf("%-10s %15s %12s %18s %16s\n", "", "parameters", "weight GiB", "KDA state MiB/seq", "MLA KiB/token");
+  for (const auto& [name, part] : {std::pair{"one rank", ModelShard{}}, {"each rank", shard}}) {
+    const uint64_t n = count_parameters(c, *cpu, part);
+    const CacheSizes cs = cache_unit_sizes(rank_config(c, part), DType::kBF16, 1);
+    std::printf("%-10s %15llu %12.2f %18.2f %16.2f\n", name, static_cast<unsigned long long>(n),
+                static_cast<double>(n) * 2 / (1u << 30), cs.bytes_per_slot / 1048576.0, cs.bytes_per_page / 1024.0);
+  }
+  return Status();
+}
 
 // --verify: every weight read once; each tensor holding NaN/Inf (or an E8M0 scale of 0xFF) is
 // named on stderr. Returns the exit code: 0 when all are finite, 1 otherwise.
@@ -178,6 +213,7 @@ int run_info(const InfoArgs& a) {
                 c.ffn(l) == Ffn::kDense ? "dense" : "MoE",
                 c.has_attn_res() ? (std::to_string(l / c.attn_res_block_size) + (l % c.attn_res_block_size == 0 ? " (seal)" : "")).c_str() : "-");
   }
+  if (Status plan = print_rank_plan(c, a.parallel); !plan.ok()) return fail("info", plan);
   if (!ckpt) {
     auto cpu = make_backend(BackendOptions{});
     const uint64_t n = count_parameters(c, **cpu);
@@ -313,7 +349,8 @@ int run_generate(const GenerateArgs& a) {
   if (a.chat)
     if (auto stop = tok->special_id(chat_stop_marker(chat_format_for(m->model->config())))) options.stop_ids.push_back(*stop);
   std::optional<StreamDecoder> stream;
-  const bool stream_text = tok && !a.json;
+  const bool leader = m->world.leader();
+  const bool stream_text = tok && !a.json && leader;
   if (stream_text) stream.emplace(*tok);
   auto on_token = [&](int32_t id) {
     if (stream_text && !is_stop_token(m->model->config(), options, id)) {
@@ -327,6 +364,7 @@ int run_generate(const GenerateArgs& a) {
   StepExecutor executor(*m->model, *s->cache);
   auto result = generate(executor, s->seq, *ids, options, on_token);
   if (!result.ok()) return fail("generate", result.status());
+  if (!leader) return 0;
   if (stream_text) {
     std::printf("%s\n", stream->finish().c_str());
     std::fflush(stdout);
@@ -352,6 +390,9 @@ int run_chat(const ChatArgs& a) {
   if (Status s = validate_generate_options(a.options); !s.ok()) return fail("chat", s);  // before the first message
   auto m = load(a.model);
   if (!m.ok()) return fail("chat", m.status());
+  if (m->world.size() > 1)
+    return fail("chat", Status::NotSupported("chat over " + std::to_string(m->world.size()) +
+                                             " ranks: the other ranks would not see the typed messages; use serve"));
   auto tok = Tokenizer::load(a.tokenizer.empty() ? a.model.model_dir : a.tokenizer);
   if (!tok.ok()) return fail("chat", tok.status().with_context("tokenizer (use --tokenizer DIR)"));
   auto created = ChatSession::create(*m->model, m->cache_options, *tok, chat_format_for(m->model->config()), a.system);
@@ -434,6 +475,7 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     sub->add_option("--load-format", a->load_format, "safetensors, or dummy (config.json alone)")->capture_default_str();
     sub->add_flag("--verify", a->verify, "read every weight and name the tensors holding NaN/Inf (or an MXFP4 "
                                          "scale of 0xFF); exit 1 when there are any");
+    add_parallel_options(sub, a->parallel);
     sub->callback([a, &exit_code] { exit_code = run_info(*a); });
   }
   {

@@ -31,6 +31,9 @@
 #include "runtime/chat_session.h"
 #include "runtime/engine.h"
 #include "runtime/model_runner.h"
+#include "runtime/model_world.h"
+#include "runtime/rank_runner.h"
+#include "dist/mpi_comm.h"
 #include "bench_client.h"
 #include "server/http_server.h"
 #include "server/openai.h"
@@ -106,11 +109,13 @@ struct EngineArgs {
   std::string attention_kernels = "best";
   std::optional<int64_t> max_model_len;            // not given: Engine::sequence_capacity
   bool truncate_prompt = false;
+  ParallelArgs parallel;
 };
 
 void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
   sub->add_option("--model", a.model_dir, "checkpoint directory (config.json + safetensors)")->required();
   add_device_options(sub, a.device, a.dtype);
+  add_parallel_options(sub, a.parallel);
   sub->add_option("--tokenizer", a.tokenizer, "tokenizer directory (default: the model directory, if it has one)");
   sub->add_option("--load-format", a.load_format,
                   "safetensors, or dummy: seeded random weights made on the device from config.json alone")
@@ -160,13 +165,26 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
                 "instead of being refused; a request's truncate_prompt_tokens overrides it");
 }
 
+// Over ranks (runtime/rank_runner.h) rank 0 serves through a LeaderRunner; the other ranks have
+// no engine and follow (follow()).
 struct Serving {
   std::unique_ptr<Backend> backend;
+  ModelWorld world;
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;  // behind a pointer: the engine keeps its address
   ChatFormat format = ChatFormat::kKimiK2;
   std::unique_ptr<ModelRunner> runner;
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<LeaderRunner> leader;  // rank 0 of several
+  std::unique_ptr<Engine> engine;        // rank 0
+
+  // On ranks other than 0: runs rank 0's schedule until it stops; the exit code. A signal (mpirun
+  // passes Ctrl-C to every rank) is rank 0's to act on: it drains, then stops the followers.
+  int follow(const char* cmd) {
+    std::signal(SIGINT, SIG_IGN);
+    std::signal(SIGTERM, SIG_IGN);
+    const Status s = follow_leader(*runner, *world.host);
+    return s.ok() ? 0 : fail(cmd, s);
+  }
 };
 
 Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char* cmd) {
@@ -176,6 +194,7 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   }
   BackendOptions bo;
   KL_ASSIGN_OR_RETURN(bo.device, parse_device(a.device));
+  bo.gpu = launched_by_mpi() ? launcher_local_rank() : -1;
   const int64_t max_num_tokens = a.max_num_tokens.value_or(default_max_num_tokens(bo.device));
   KL_RETURN_IF_ERROR(check_page_size(a.page_size));
   KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(a.dtype, bo.device));
@@ -188,7 +207,9 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   KL_ASSIGN_OR_RETURN(s.backend, make_backend(bo));
   const uint64_t free_at_start = s.backend->available_bytes();
   KL_ASSIGN_OR_RETURN(const LoadFormat format, parse_load_format(a.load_format));
-  KL_ASSIGN_OR_RETURN(s.model, Model::load(a.model_dir, *s.backend, format));
+  KL_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(a.model_dir));
+  KL_ASSIGN_OR_RETURN(s.world, open_model_world(a.parallel.sizes(), config, *s.backend));
+  KL_ASSIGN_OR_RETURN(s.model, Model::load(a.model_dir, *s.backend, format, s.world.model_ranks()));
   if (by_fraction) {
     KL_RETURN_IF_ERROR(profile_step(*s.model, max_num_tokens, a.max_num_seqs, a.page_size));
     const MemoryFraction f{a.gpu_memory_utilization.value_or(0.9), free_at_start, s.backend->available_bytes()};
@@ -224,7 +245,10 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
                                    std::to_string(s.runner->max_model_len()) + ", or the cache: raise --cache-memory)");
   eo.max_model_len = a.max_model_len.value_or(0);
   for (int64_t id : c.eos_token_ids) eo.eos_ids.push_back(static_cast<int32_t>(id));
-  s.engine = std::make_unique<Engine>(*s.runner, s.tokenizer.get(), eo);
+  if (!s.world.leader()) return s;
+  StepRunner* runner = s.runner.get();
+  if (s.world.size() > 1) runner = (s.leader = std::make_unique<LeaderRunner>(*s.runner, *s.world.host)).get();
+  s.engine = std::make_unique<Engine>(*runner, s.tokenizer.get(), eo);
   const CacheSizes& z = s.runner->sizes();
   std::fprintf(stderr,
                "klinear %s: cache %.1f MiB: %.2f MiB per state slot, %.1f KiB per token; %lld slots (%lld for prefix "
@@ -333,6 +357,7 @@ int run_serve(const ServeArgs& a) {
   if (!key.ok()) return fail("serve", key.status());
   auto s = make_serving(a.engine, a.max_queue, "serve");
   if (!s.ok()) return fail("serve", s.status());
+  if (!s->world.leader()) return s->follow("serve");
   ServerOptions so = a.server;
   so.api_key = *key;
   auto origins = parse_origins(a.allowed_origins);
@@ -537,6 +562,7 @@ int run_run(const RunArgs& a) {
   const int64_t read_ahead = read_ahead_lines(a.engine.max_num_seqs);
   auto s = make_serving(a.engine, read_ahead + 1, "run");
   if (!s.ok()) return fail("run", s.status());
+  if (!s->world.leader()) return s->follow("run");
   std::ofstream out(a.output, std::ios::trunc);
   if (!out) return fail("run", Status::IOError(a.output + ": cannot open for writing"));
 

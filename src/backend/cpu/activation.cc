@@ -6,13 +6,15 @@
 
 namespace klinear::cpu {
 
-void CpuBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
-  const int64_t c = table.dim(1), n = ids.numel();
-  KL_CHECK(ids.dtype() == DType::kI32 && out.numel() == n * c, "embedding output shape");
-  const int32_t* id = ids.data_as<const int32_t>();
+void CpuBackend::embedding(const EmbeddingArgs& a) {
+  const int64_t c = a.table.dim(1), n = a.ids.numel(), rows = a.table.dim(0);
+  KL_CHECK(a.ids.dtype() == DType::kI32 && a.out.numel() == n * c, "embedding output shape");
+  const int32_t* id = a.ids.data_as<const int32_t>();
   for (int64_t i = 0; i < n; ++i) {
-    KL_CHECK(id[i] >= 0 && id[i] < table.dim(0), "embedding id out of range (callers validate ids)");
-    std::memcpy(out.f32() + i * c, table.f32() + id[i] * c, c * sizeof(float));
+    KL_CHECK(id[i] >= 0 && id[i] < a.vocab, "embedding id out of range (callers validate ids)");
+    const int64_t row = id[i] - a.first_id;
+    if (row >= 0 && row < rows) std::memcpy(a.out.f32() + i * c, a.table.f32() + row * c, c * sizeof(float));
+    else std::fill_n(a.out.f32() + i * c, c, 0.0f);
   }
 }
 

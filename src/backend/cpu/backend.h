@@ -29,7 +29,7 @@ class CpuBackend final : public Backend {
   void step_release(const Arena::Mark& mark) override { arena_.release(mark); }
   Tensor alloc_persistent(DType dtype, const Shape& shape) override { return Tensor::empty(dtype, shape); }
   void fill(const Tensor& t, float value) override;
-  void random_fill(const Tensor& t, uint64_t seed, float lo, float hi) override;
+  void random_fill(const Tensor& t, uint64_t seed, float lo, float hi, const FillWindow& w) override;
   Tensor upload(const Tensor& host, DType dtype) override;
   Tensor upload_mxfp4(const Tensor& packed, const Tensor& scale) override;
   Tensor to_device(const Tensor& host, DType dtype) override;
@@ -40,7 +40,7 @@ class CpuBackend final : public Backend {
   void gather_rows(const Tensor& src, const Tensor& rows, const Tensor& out) override;
   void write(const Tensor& host, const Tensor& dst) override;
 
-  void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
+  void embedding(const EmbeddingArgs& a) override;
   void add(const Tensor& acc, const Tensor& x) override;
   void sigmoid_mul(const Tensor& x, const Tensor& gate) override;
   void sigmoid(const Tensor& x, const Tensor& y) override;

@@ -81,10 +81,12 @@ void CpuBackend::fill(const Tensor& t, float value) {
   std::fill(p, p + t.numel(), value);
 }
 
-void CpuBackend::random_fill(const Tensor& t, uint64_t seed, float lo, float hi) {
+void CpuBackend::random_fill(const Tensor& t, uint64_t seed, float lo, float hi, const FillWindow& w) {
   float* p = t.f32();
+  const int64_t cols = t.numel() == 0 ? 1 : t.dim(-1), stride = w.stride > 0 ? w.stride : cols;
 #pragma omp parallel for if (t.numel() > (1 << 16))
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = counter_uniform(seed, static_cast<uint64_t>(i), lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    p[i] = counter_uniform(seed, static_cast<uint64_t>(w.offset + i / cols * stride + i % cols), lo, hi);
 }
 
 Tensor CpuBackend::upload(const Tensor& host, DType dtype) {

@@ -58,7 +58,9 @@ void CpuBackend::moe_route(const Tensor& logits, const Tensor& bias, const Route
     for (int i = 0; i < p.top_k; ++i) {
       float w = score[chosen[i]];
       if (p.renormalize && p.top_k > 1) w /= (sum + 1e-20f);
-      idx.data_as<int32_t>()[t * p.top_k + i] = chosen[i];
+      const int local = chosen[i] - p.first_expert;
+      const bool held = p.local_experts < 0 || (local >= 0 && local < p.local_experts);
+      idx.data_as<int32_t>()[t * p.top_k + i] = held ? local : -1;
       weights.f32()[t * p.top_k + i] = w * p.scale;
     }
   }
@@ -76,8 +78,8 @@ void CpuBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& w
   // slots[e] = the (token, k) pairs routed to expert e.
   std::vector<std::vector<int64_t>> slots(num_experts);
   for (int64_t s = 0; s < n * k; ++s) {
-    KL_CHECK(ids[s] >= 0 && ids[s] < num_experts, "expert index out of range");
-    slots[ids[s]].push_back(s);
+    KL_CHECK(ids[s] >= -1 && ids[s] < num_experts, "expert index out of range");
+    if (ids[s] >= 0) slots[ids[s]].push_back(s);
   }
   std::vector<float> slot_out(static_cast<size_t>(n * k * dout), 0.0f);
 #pragma omp parallel for schedule(dynamic)
@@ -96,6 +98,7 @@ void CpuBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& w
     float* o = out.f32() + t * dout;
     std::fill_n(o, dout, 0.0f);
     for (int64_t i = 0; i < k; ++i) {
+      if (ids[t * k + i] < 0) continue;  // another rank's expert
       const float w = weights.f32()[t * k + i];
       const float* y = slot_out.data() + (t * k + i) * dout;
       for (int64_t j = 0; j < dout; ++j) o[j] += w * y[j];

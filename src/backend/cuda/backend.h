@@ -72,9 +72,10 @@ class MlaDecodeSm90;
 
 class CudaBackend final : public Backend {
  public:
-  // Fails (NotSupported) when no CUDA device is visible or `dtype` is not F32/BF16.
+  // On device `gpu` (−1: the current one). Fails (NotSupported) when no CUDA device is visible or
+  // `dtype` is not F32/BF16, InvalidArgument when `gpu` is not a visible device.
   static Result<std::unique_ptr<CudaBackend>> create(DType dtype, CudaGraphs graphs = CudaGraphs::kOn,
-                                                     AttentionKernels attention = AttentionKernels::kBest);
+                                                     AttentionKernels attention = AttentionKernels::kBest, int gpu = -1);
   ~CudaBackend() override;
 
   Device device() const override { return Device::kCuda; }
@@ -89,7 +90,7 @@ class CudaBackend final : public Backend {
   void step_release(const Arena::Mark& mark) override { arena_->release(mark); }
   Tensor alloc_persistent(DType dtype, const Shape& shape) override;
   void fill(const Tensor& t, float value) override;
-  void random_fill(const Tensor& t, uint64_t seed, float lo, float hi) override;
+  void random_fill(const Tensor& t, uint64_t seed, float lo, float hi, const FillWindow& w) override;
   Tensor upload(const Tensor& host, DType dtype) override;
   Tensor upload_mxfp4(const Tensor& packed, const Tensor& scale) override;
   Tensor to_device(const Tensor& host, DType dtype) override;
@@ -104,7 +105,7 @@ class CudaBackend final : public Backend {
   // Plans the FlashInfer MLA decode (mla_decode_sm90.cu) for `layout` once one has run.
   void plan_step(const SeqLayout& layout) override;
 
-  void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
+  void embedding(const EmbeddingArgs& a) override;
   void add(const Tensor& acc, const Tensor& x) override;
   void sigmoid_mul(const Tensor& x, const Tensor& gate) override;
   void sigmoid(const Tensor& x, const Tensor& y) override;

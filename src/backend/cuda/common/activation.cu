@@ -17,10 +17,13 @@ namespace {
   pdl_enter();               \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
 
-__global__ void embedding_kernel(const int32_t* ids, In table, int64_t vocab, int64_t rows, int64_t c, Out o) {
+__global__ void embedding_kernel(const int32_t* ids, In table, int64_t first, int64_t table_rows, int64_t vocab,
+                                 int64_t rows, int64_t c, Out o) {
   KL_GRID_STRIDE(i, rows * c) {
     const int32_t id = ids[i / c];
-    o.set(i, id >= 0 && id < vocab ? table[id * c + i % c] : __int_as_float(0x7fc00000));  // NaN marks a bad id
+    const int64_t row = id - first;
+    o.set(i, id < 0 || id >= vocab ? __int_as_float(0x7fc00000)  // NaN marks a bad id
+             : row >= 0 && row < table_rows ? table[row * c + i % c] : 0.0f);  // another rank's window
   }
 }
 
@@ -60,13 +63,15 @@ __global__ void glu_kernel(In gate_up, int64_t rows, int64_t f, bool vec, Activa
 
 }  // namespace
 
-void CudaBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& o) {
+void CudaBackend::embedding(const EmbeddingArgs& a) {
+  const Tensor &ids = a.ids, &table = a.table, &o = a.out;
   const int64_t c = table.dim(1), rows = ids.numel();
   KL_CHECK(ids.dtype() == DType::kI32 && o.numel() == rows * c && o.dtype() == table.dtype(),
            "embedding ids " + shapes(ids) + " table " + shapes(table) + " out " + shapes(o));
   if (o.numel() == 0) return;
   launch_dependent(stream_, embedding_kernel, dim3(blocks_for(o.numel(), 256)), dim3(256), 0, "embedding " + shapes(o),
-                   ids.data_as<const int32_t>(), in(table, "embedding"), table.dim(0), rows, c, out(o, "embedding"));
+                   ids.data_as<const int32_t>(), in(table, "embedding"), a.first_id, table.dim(0), a.vocab, rows, c,
+                   out(o, "embedding"));
 }
 
 void CudaBackend::add(const Tensor& acc, const Tensor& x) {

@@ -123,9 +123,10 @@ __global__ void fill_kernel(Out t, int64_t n, float value) {
     t.set(i, value);
 }
 
-__global__ void random_fill_kernel(Out t, int64_t n, uint64_t seed, float lo, float hi) {
+__global__ void random_fill_kernel(Out t, int64_t n, int64_t cols, int64_t offset, int64_t stride, uint64_t seed,
+                                   float lo, float hi) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    t.set(i, counter_uniform(seed, static_cast<uint64_t>(i), lo, hi));
+    t.set(i, counter_uniform(seed, static_cast<uint64_t>(offset + i / cols * stride + i % cols), lo, hi));
 }
 
 __global__ void fill_i32_kernel(int32_t* t, int64_t n, int32_t value) {
@@ -197,7 +198,8 @@ void free_held_blocks() {
   for (void* p : blocks) cudaFree(p);
 }
 
-Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype, CudaGraphs graphs, AttentionKernels attention) {
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype, CudaGraphs graphs, AttentionKernels attention,
+                                                         int gpu) {
   if (dtype != DType::kF32 && dtype != DType::kBF16)
     return Status::InvalidArgument(std::string("CUDA dtype must be float32 or bfloat16, got ") + dtype_name(dtype));
   int count = 0;
@@ -205,6 +207,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(DType dtype, CudaGraphs
   if (err != cudaSuccess || count == 0)
     return Status::NotSupported(std::string("no CUDA device is visible (") +
                                 (err == cudaSuccess ? "0 devices" : cudaGetErrorString(err)) + "); use --device cpu");
+  if (gpu >= count)
+    return Status::InvalidArgument("CUDA device " + std::to_string(gpu) + ": " + std::to_string(count) +
+                                   " device(s) are visible (one GPU per rank on a host: as many ranks as GPUs)");
+  if (gpu >= 0) KL_CUDA(cudaSetDevice(gpu), "backend start");
   std::unique_ptr<CudaBackend> b(new CudaBackend(dtype, graphs, attention));
   KL_CUDA(cudaGetDevice(&b->device_), "backend start");
   cudaDeviceProp prop{};
@@ -290,10 +296,12 @@ void CudaBackend::fill(const Tensor& t, float value) {
   KL_LAUNCHED("fill " + shapes(t));
 }
 
-void CudaBackend::random_fill(const Tensor& t, uint64_t seed, float lo, float hi) {
+void CudaBackend::random_fill(const Tensor& t, uint64_t seed, float lo, float hi, const FillWindow& w) {
   const Out o = out(t, "random_fill");
   if (t.numel() == 0) return;
-  random_fill_kernel<<<blocks_for(t.numel(), 256), 256, 0, stream_>>>(o, t.numel(), seed, lo, hi);
+  const int64_t cols = t.dim(-1);
+  random_fill_kernel<<<blocks_for(t.numel(), 256), 256, 0, stream_>>>(o, t.numel(), cols, w.offset,
+                                                                        w.stride > 0 ? w.stride : cols, seed, lo, hi);
   KL_LAUNCHED("random_fill " + shapes(t));
 }
 

@@ -160,7 +160,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
   for (int i = lane; i < p.top_k; i += 32) {
     float w = score[chosen[warp][i]];
     if (p.renormalize && p.top_k > 1) w /= (sum + 1e-20f);
-    idx[t * p.top_k + i] = chosen[warp][i];
+    const int local = chosen[warp][i] - p.first_expert;
+    idx[t * p.top_k + i] = p.local_experts < 0 || (local >= 0 && local < p.local_experts) ? local : -1;
     weights[t * p.top_k + i] = w * p.scale;
   }
 }
