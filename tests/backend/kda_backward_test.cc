@@ -170,12 +170,6 @@ class KdaBackward : public testing::BackendTest {
   }
 };
 
-// The bound of the backward's fp32 gradients against exact ones or each other. Globally they agree
-// to below 1e-6 (max|a−b|/max|b|, T up to 1000); per row, the chunk form's dg of a chunk's first
-// rows is the difference of sums over the whole chunk (dg = the reverse cumulative sum of dG, whose
-// pair terms cancel) and is off by up to 7.4e-5 of the row (8 runs of these tests, 2026-12-06).
-// 2e-4 in f32.
-constexpr testing::Tolerance kGradients{0, 3360};
 
 struct FdCase {
   std::vector<int32_t> lens;
@@ -195,7 +189,7 @@ TEST_P(KdaBackward, GradientsMatchCentralDifferences) {
   std::mt19937_64 rng(testing::fresh_seed());
   // fp32 gradients against exact ones (central differences in double are good to ~1e-9 here);
   // a wrong sign or a missing term is off by O(1).
-  const double bound = tol(kGradients);
+  const double bound = tol(testing::kGradients);
   for (const FdCase& c : cases) {
     std::string what = "lens";
     for (int32_t l : c.lens) what += " " + std::to_string(l);
@@ -281,7 +275,7 @@ TEST_P(KdaBackward, ChunkedMatchesRecurrent) {
     for (int64_t i = 0; i < g.numel(); ++i) x.g[i] = 0.05f * g.f32()[i];
     const Grads rec = backward(Form::kRecurrent, x, c.norm, true, true);
     const Grads chk = backward(Form::kChunked, x, c.norm, true, true);
-    const double bound = tol(kGradients);
+    const double bound = tol(testing::kGradients);
     expect_close(chk, rec, bound);
   }
 }

@@ -1,6 +1,6 @@
 // `klinear kda` end to end: random .npy inputs (T = 70, not a multiple of 64), the command run
 // forward and backward, its outputs equal to the CPU ops run here on the same inputs (q and k as
-// given), the context-parallel forward under mpirun equal to one rank, and missing files, wrong
+// given), context parallelism under mpirun equal to one rank, and missing files, wrong
 // shapes and CUDA answered with a clear error.
 #include <gtest/gtest.h>
 
@@ -93,37 +93,49 @@ TEST(KdaCli, ForwardAndBackwardEqualTheOps) {
   EXPECT_FALSE(std::filesystem::exists(out2.file("dq.npy")));
 }
 
-// Context-parallel forward on 2 and 4 CPU ranks (mpirun), both strategies: o and ht equal the one-rank
-// command's within 1e-5 for lengths a rank count does not divide (1: ranks without rows), with and
-// without h0; what is not there yet is refused naming it.
+// Context parallelism on 2 and 4 CPU ranks (mpirun), every strategy, forward and backward: every
+// output file equals the one-rank command's within 1e-5 (dg's rows within testing::kGradients: the
+// segments move the chunk boundaries) for lengths a rank count does not divide
+// (1: ranks without rows), with and without h0 and dht; what cannot run is refused naming it.
 TEST(KdaCli, ContextParallelEqualsOneRank) {
   const std::string mpirun = KLINEAR_MPIRUN;
   if (mpirun.empty()) GTEST_SKIP() << "no mpirun (openmpi-bin) in this build";
   const std::string launch = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                             "OMPI_MCA_btl_vader_single_copy_mechanism=none " + mpirun + " --oversubscribe -np ";
-  const int64_t H = 2, dk = 8, dv = 4;
+                             "OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1 " + mpirun +
+                             " --oversubscribe -np ";
+  const int64_t H = 4, dk = 8, dv = 4;
+  const char* const modes[] = {"p2p", "allgather", "grouped --allgather-group-size 2", "ulysses",
+                               "hybrid --ulysses-degree 2"};
   for (int64_t T : {1, 65, 200}) {
     const KdaFiles f = random_files(T, H, dk, dv);
     const testing::ScratchDir in, one;
-    for (auto [name, t] : {std::pair{"q", &f.q}, {"k", &f.k}, {"v", &f.v}, {"g", &f.g}, {"beta", &f.beta}})
+    for (auto [name, t] : {std::pair{"q", &f.q}, {"k", &f.k}, {"v", &f.v}, {"g", &f.g}, {"beta", &f.beta},
+                           {"do", &f.d_out}})
       write(in, name, *t);
-    if (T != 65) write(in, "h0", f.h0);
-    const CliRun single = testing::run_cli("kda --inputs " + in.str() + " --out " + one.str());
+    if (T != 65) {
+      write(in, "h0", f.h0);
+      write(in, "dht", f.d_ht);
+    }
+    const CliRun single = testing::run_cli("kda --backward --inputs " + in.str() + " --out " + one.str());
     ASSERT_EQ(single.exit_code, 0) << single.all();
     for (int ranks : {2, 4})
-      for (const char* mode : {"p2p", "allgather"}) {
+      for (const char* mode : modes) {
+        if (T == 1 && ranks == 2) continue;  // 4 ranks show ranks without rows
         SCOPED_TRACE("T " + std::to_string(T) + ", " + std::to_string(ranks) + " ranks, " + mode);
         const testing::ScratchDir out;
         const CliRun r = testing::run_cli_prefixed(launch + std::to_string(ranks) + " ",
-                                                   "kda --inputs " + in.str() + " --out " + out.str() +
+                                                   "kda --backward --inputs " + in.str() + " --out " + out.str() +
                                                        " --context-parallel-size " + std::to_string(ranks) +
                                                        " --cp-mode " + mode);
         ASSERT_EQ(r.exit_code, 0) << r.all();
-        for (const char* name : {"o", "ht"}) EXPECT_TRUE(testing::all_close(read(out, name), read(one, name), 1e-5)) << name;
+        for (const char* name : {"o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"})
+          EXPECT_TRUE(testing::all_close(read(out, name), read(one, name),
+                                         name == std::string("dg") ? testing::kGradients.rel(DType::kF32) : 1e-5))
+              << name;
       }
   }
   const testing::ScratchDir in, out;
-  const KdaFiles f = random_files(9, H, dk, dv);
+  const KdaFiles f = random_files(9, 2, dk, dv);  // 2 heads: Ulysses over 4 ranks cannot split them
   for (auto [name, t] : {std::pair{"q", &f.q}, {"k", &f.k}, {"v", &f.v}, {"g", &f.g}, {"beta", &f.beta}, {"do", &f.d_out}})
     write(in, name, *t);
   const std::string base = "kda --inputs " + in.str() + " --out " + out.str();
@@ -131,11 +143,14 @@ TEST(KdaCli, ContextParallelEqualsOneRank) {
     std::string prefix, flags, says;
   };
   const Refusal refusals[] = {
-      {launch + "2 ", " --context-parallel-size 2 --cp-mode ulysses", "--cp-mode ulysses: not implemented yet"},
-      {launch + "2 ", " --context-parallel-size 2 --backward", "the context-parallel backward is not implemented yet"},
+      {launch + "4 ", " --context-parallel-size 4 --cp-mode ulysses", "ulysses degree 4 does not divide the 2 heads"},
+      {launch + "2 ", " --context-parallel-size 2 --cp-mode hybrid", "--cp-mode hybrid needs --ulysses-degree"},
+      {launch + "2 ", " --context-parallel-size 2 --cp-mode grouped --allgather-group-size 3",
+       "--allgather-group-size 3: must divide the 2 ranks"},
+      {"", " --ulysses-degree 2", "--allgather-group-size and --ulysses-degree need --context-parallel-size > 1"},
       {launch + "2 ", " --context-parallel-size 4", "--context-parallel-size 4, but 2 rank(s) run"},
       {"", " --context-parallel-size 2", "--context-parallel-size 2, but 1 rank(s) run"},
-      {"", " --cp-mode ring", "--cp-mode ring: expected one of p2p, allgather"},
+      {"", " --cp-mode ring", "--cp-mode ring: expected one of p2p, allgather, grouped, ulysses, hybrid"},
   };
   for (const Refusal& x : refusals) {
     const CliRun r = testing::run_cli_prefixed(x.prefix, base + x.flags);

@@ -1,9 +1,9 @@
 // `klinear kda`: the KDA core alone on .npy files, forward and (with --backward) backward, one
 // sequence. q and k are used as given (normalise them before), q is scaled by dk^-1/2 inside
 // (KdaQkNorm::kGiven); the forward runs kda_chunked, the backward kda_chunked_backward. Under
-// `mpirun -np P ... --context-parallel-size P` the forward runs context-parallel (dist/kda_context.h):
-// rank r takes rows [T·r/P, T·(r+1)/P) of the inputs every rank reads, and rank 0 gathers the
-// output and writes the files.
+// `mpirun -np P ... --context-parallel-size P` both run context-parallel (dist/kda_context.h) by
+// the strategy --cp-mode names: rank r takes rows [T·r/P, T·(r+1)/P) of the inputs every rank
+// reads, and rank 0 gathers the rows and writes the files.
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -28,6 +28,8 @@ struct KdaCmdArgs {
   std::string inputs, out, device = "cpu", dtype, cp_mode = "p2p";
   bool backward = false;
   int context_parallel_size = 1;
+  int allgather_group_size = 0;  // 0: not given
+  int ulysses_degree = 0;        // 0: not given
 };
 
 std::string in_dir(const KdaCmdArgs& a, const std::string& name) {
@@ -56,8 +58,6 @@ Status write_output(const KdaCmdArgs& a, Backend& be, const std::string& name, c
 
 // The world of a context-parallel run: the launch's ranks, as many as --context-parallel-size.
 Result<std::unique_ptr<Comm>> cp_world(const KdaCmdArgs& a) {
-  if (a.backward) return Status::NotSupported("--backward with --context-parallel-size > 1: the context-parallel "
-                                              "backward is not implemented yet (issue 37)");
   KL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> world, open_host_world());
   if (world->size() != a.context_parallel_size)
     return Status::InvalidArgument("--context-parallel-size " + std::to_string(a.context_parallel_size) + ", but " +
@@ -66,8 +66,8 @@ Result<std::unique_ptr<Comm>> cp_world(const KdaCmdArgs& a) {
   return world;
 }
 
-// Rank 0 gets every rank's rows of `mine` ([n, H, dv] host, n = rows of rank r of `bounds`) in
-// order as one [T, H, dv] tensor; other ranks get an undefined one.
+// Rank 0 gets every rank's rows of `mine` (host F32 [n, ...], `width` values a row, n = the rows of
+// this rank in `bounds`) in order as one [T · width] tensor; other ranks get an undefined one.
 Result<Tensor> gather_rows(Comm& comm, const Tensor& mine, const std::vector<int64_t>& bounds, int64_t width) {
   int64_t most = 0;
   for (size_t r = 0; r + 1 < bounds.size(); ++r) most = std::max(most, bounds[r + 1] - bounds[r]);
@@ -83,6 +83,61 @@ Result<Tensor> gather_rows(Comm& comm, const Tensor& mine, const std::vector<int
   return out;
 }
 
+// The inputs as read (host F32); h0, d_out and d_ht as given.
+struct KdaInputs {
+  Tensor q, k, v, g, beta;
+  std::optional<Tensor> h0, d_out, d_ht;
+};
+
+// The context-parallel run on `world`: this rank's rows forward (and backward), rank 0 writing
+// what one rank writes.
+Status run_kda_cp(const KdaCmdArgs& a, Backend& be, Comm& world, const KdaCpMesh& mesh, const KdaInputs& in) {
+  const int ranks = world.size(), rank = world.rank();
+  const int64_t t_len = in.q.dim(0), heads = in.q.dim(1), dk = in.q.dim(2), dv = in.v.dim(2);
+  const Shape qk{t_len, heads, dk}, vs{t_len, heads, dv}, state_shape{heads, dk, dv};
+  std::vector<int64_t> bounds;
+  for (int r = 0; r <= ranks; ++r) bounds.push_back(t_len * r / ranks);
+  const int64_t r0 = bounds[rank], r1 = bounds[rank + 1], n = r1 - r0;
+  const DType act = be.activation_dtype();
+  auto rows = [&](const Tensor& t, DType dt) { return n > 0 ? be.to_device(t.rows(r0, r1), dt) : Tensor(); };
+  auto alloc = [&](DType dt, Shape shape) {
+    shape[0] = n;
+    return n > 0 ? be.alloc(dt, shape) : Tensor();
+  };
+  auto state_or_zero = [&](const std::optional<Tensor>& t) {
+    Tensor s = Tensor::zeros(DType::kF32, {1, heads, dk, dv});
+    if (t) std::copy(t->f32(), t->f32() + t->numel(), s.f32());
+    return s;
+  };
+  // Rank 0 writes `name`.npy of every rank's rows of `mine` (a backend tensor of this rank's rows).
+  auto write_rows = [&](const std::string& name, const Tensor& mine, const Shape& shape) -> Status {
+    int64_t width = 1;
+    for (size_t i = 1; i < shape.size(); ++i) width *= shape[i];
+    const Tensor host = n > 0 ? be.to_host(mine) : Tensor::empty(DType::kF32, {0});
+    KL_ASSIGN_OR_RETURN(Tensor all, gather_rows(world, host, bounds, width));
+    return rank == 0 ? write_output(a, be, name, all, shape) : Status();
+  };
+  const Tensor q = rows(in.q, act), k = rows(in.k, act), v = rows(in.v, act), g = rows(in.g, DType::kF32),
+               beta = rows(in.beta, DType::kF32);
+  const Tensor state = state_or_zero(in.h0), o = alloc(act, vs);
+  KL_RETURN_IF_ERROR(kda_cp_forward(be, world, mesh, {q, k, v, g, beta, KdaQkNorm::kGiven, state, o}));
+  KL_RETURN_IF_ERROR(write_rows("o", o, vs));
+  if (rank == 0) KL_RETURN_IF_ERROR(write_output(a, be, "ht", state, state_shape));
+  if (!a.backward) return Status();
+
+  const Tensor d_state = state_or_zero(in.d_ht);
+  KdaCpBackwardArgs b{q, k, v, g, beta, rows(*in.d_out, act), KdaQkNorm::kGiven, state_or_zero(in.h0), d_state,
+                      alloc(act, qk), alloc(act, qk), alloc(act, vs), alloc(DType::kF32, qk),
+                      alloc(DType::kF32, {t_len, heads})};
+  KL_RETURN_IF_ERROR(kda_cp_backward(be, world, mesh, b));
+  KL_RETURN_IF_ERROR(write_rows("dq", b.dq, qk));
+  KL_RETURN_IF_ERROR(write_rows("dk", b.dk, qk));
+  KL_RETURN_IF_ERROR(write_rows("dv", b.dv, vs));
+  KL_RETURN_IF_ERROR(write_rows("dg", b.dg, qk));
+  KL_RETURN_IF_ERROR(write_rows("dbeta", b.dbeta, {t_len, heads}));
+  return rank == 0 ? write_output(a, be, "dh0", d_state, state_shape) : Status();
+}
+
 Status run_kda(const KdaCmdArgs& a) {
   KL_ASSIGN_OR_RETURN(Device device, parse_device(a.device));
   KL_ASSIGN_OR_RETURN(DType dtype, parse_compute_dtype(a.dtype, device));
@@ -90,6 +145,8 @@ Status run_kda(const KdaCmdArgs& a) {
     return Status::NotSupported("--device cuda: q and k as given (not normalised inside) and the backward are not "
                                 "implemented on CUDA yet (issue 37); use --device cpu");
   KL_ASSIGN_OR_RETURN(KdaCpMode cp_mode, parse_kda_cp_mode(a.cp_mode));
+  if (a.context_parallel_size == 1 && (a.allgather_group_size != 0 || a.ulysses_degree != 0))
+    return Status::InvalidArgument("--allgather-group-size and --ulysses-degree need --context-parallel-size > 1");
   std::unique_ptr<Comm> world;
   if (a.context_parallel_size > 1) {
     KL_ASSIGN_OR_RETURN(world, cp_world(a));
@@ -123,24 +180,9 @@ Status run_kda(const KdaCmdArgs& a) {
   KL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> be, make_backend(BackendOptions{device, dtype}));
   be->begin_step();
   if (world) {
-    const int ranks = world->size(), rank = world->rank();
-    std::vector<int64_t> bounds;
-    for (int r = 0; r <= ranks; ++r) bounds.push_back(t_len * r / ranks);
-    const int64_t r0 = bounds[rank], r1 = bounds[rank + 1], n = r1 - r0;
-    const DType act = be->activation_dtype();
-    auto rows = [&](const Tensor& t, DType dt) { return n > 0 ? be->to_device(t.rows(r0, r1), dt) : Tensor(); };
-    Tensor state = Tensor::empty(DType::kF32, {1, heads, dk, dv});
-    if (h0) std::copy(h0->f32(), h0->f32() + h0->numel(), state.f32());
-    else std::fill(state.f32(), state.f32() + state.numel(), 0.0f);
-    const Tensor o = n > 0 ? be->alloc(act, {n, heads, dv}) : Tensor();
-    KL_RETURN_IF_ERROR(kda_cp_forward(*be, *world, cp_mode,
-                                      {rows(q, act), rows(*k, act), rows(v, act), rows(*g, DType::kF32),
-                                       rows(*beta, DType::kF32), KdaQkNorm::kGiven, state, o}));
-    const Tensor mine = n > 0 ? be->to_host(o) : Tensor::empty(DType::kF32, {0});
-    KL_ASSIGN_OR_RETURN(Tensor all, gather_rows(*world, mine, bounds, heads * dv));
-    if (rank != 0) return Status();
-    KL_RETURN_IF_ERROR(write_output(a, *be, "o", all, vs));
-    return write_output(a, *be, "ht", state, state_shape);
+    KL_ASSIGN_OR_RETURN(KdaCpMesh mesh, kda_cp_mesh(cp_mode, world->size(), heads, a.allgather_group_size,
+                                                    a.ulysses_degree));
+    return run_kda_cp(a, *be, *world, mesh, {q, *k, v, *g, *beta, h0, d_out, d_ht});
   }
   SeqLayout layout;
   layout.cu_seqlens = {0, static_cast<int32_t>(t_len)};
@@ -189,12 +231,22 @@ void add_kda_commands(CLI::App& app, int& exit_code) {
   sub->add_option("--out", a->out, "Existing directory the output .npy files are written to")->required();
   sub->add_flag("--backward", a->backward, "Also compute the gradients (CPU only so far)");
   sub->add_option("--context-parallel-size", a->context_parallel_size,
-                  "Ranks the sequence is split over (run under mpirun -np P; forward only so far)")
+                  "Ranks the sequence is split over (run under mpirun -np P)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  sub->add_option("--cp-mode", a->cp_mode, "How the ranks pass the state: p2p (a chain) or allgather (every "
-                                           "rank scans every segment's summary); grouped, ulysses, hybrid: not yet")
+  sub->add_option("--cp-mode", a->cp_mode,
+                  "How the ranks share the work: p2p (the state along a chain), allgather (every rank scans every "
+                  "segment's summary), grouped (all-gather inside groups of --allgather-group-size, a chain between), "
+                  "ulysses (an all-to-all trades rows for heads: heads divisible by P), hybrid (Ulysses over "
+                  "--ulysses-degree ranks, the state scan over the rest)")
       ->capture_default_str();
+  sub->add_option("--allgather-group-size", a->allgather_group_size,
+                  "grouped and hybrid: consecutive segments that all-gather their summaries (dividing P; hybrid: "
+                  "dividing P / U, default all of them)")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--ulysses-degree", a->ulysses_degree,
+                  "ulysses and hybrid: ranks trading rows for heads (dividing P and the heads; ulysses: P)")
+      ->check(CLI::Range(1, 1 << 20));
   add_device_options(sub, a->device, a->dtype);
   sub->callback([a, &exit_code] {
     const Status s = run_kda(*a);
