@@ -25,11 +25,14 @@ std::string launch(int ranks) {
 
 struct Layout {
   int ranks;
-  const char* flags;
+  std::string flags;
 };
-constexpr Layout kLayouts[] = {{2, "--tensor-parallel-size 2"},
-                               {2, "--tp 2 --enable-expert-parallel"},
-                               {4, "--tp 4 --expert-parallel-size 4 --embed-tp-size 1 --lmhead-tp-size 1"}};
+
+// A settings file holding `json` in `dir`; returns its path.
+std::string write_settings(const testing::ScratchDir& dir, const std::string& name, const std::string& json) {
+  std::ofstream(dir.file(name)) << json;
+  return dir.file(name);
+}
 
 TEST(RanksCli, LogitsGenerateAndRunEqualOneRank) {
   if (std::string(KLINEAR_MPIRUN).empty()) GTEST_SKIP() << "no mpirun (openmpi-bin) in this build";
@@ -45,6 +48,14 @@ TEST(RanksCli, LogitsGenerateAndRunEqualOneRank) {
       in << Json{{"id", i}, {"prompt_ids", p}, {"max_tokens", 1 + i % 6}}.dump() << "\n";
     }
   }
+  // The flags, and the same tensor + expert layout from a settings file by the seed runner's names.
+  const Layout layouts[] = {
+      {2, "--tensor-parallel-size 2"},
+      {2, "--tp 2 --enable-expert-parallel"},
+      {4, "--tp 4 --expert-parallel-size 4 --embed-tp-size 1 --lmhead-tp-size 1"},
+      {2, "--settings " + write_settings(dir, "tp2ep2.json",
+                                         R"({"parallel_config": {"world_size": 2, "attn_tp_size": 2, "moe_ep_size": 2,
+                                             "dense_tp_size": 2, "lmhead_tp_size": 1}})")}};
   for (const char* model : {"kimi-linear-tiny/model", "k3-tiny-mxfp4/model"}) {
     const std::string m = " --model " + testing::fixture_path(model);
     const CliRun logits = testing::run_cli("logits" + m + " --ids " + ids + " --out " + dir.file("one.npy"));
@@ -54,9 +65,9 @@ TEST(RanksCli, LogitsGenerateAndRunEqualOneRank) {
     const std::string run_flags = " --input " + dir.file("in.jsonl") + " --max-batch 4 --max-num-tokens 32 --ignore-eos";
     const CliRun run = testing::run_cli("run" + m + run_flags + " --output " + dir.file("one.jsonl"));
     ASSERT_EQ(run.exit_code, 0) << run.all();
-    for (const Layout& l : kLayouts) {
+    for (const Layout& l : layouts) {
       SCOPED_TRACE(std::string(model) + " on " + std::to_string(l.ranks) + " ranks: " + l.flags);
-      const std::string flags = std::string(" ") + l.flags;
+      const std::string flags = " " + l.flags;
       const CliRun r = testing::run_cli_prefixed(launch(l.ranks), "logits" + m + flags + " --ids " + ids + " --out " +
                                                                     dir.file("ranks.npy"));
       ASSERT_EQ(r.exit_code, 0) << r.all();
@@ -104,6 +115,20 @@ TEST(RanksCli, LayoutsThatDoNotFitAreRefusedNamingTheSetting) {
        "chat over 2 ranks"},
       {0, "info --model " + testing::fixture_path("kimi-linear-tiny/model") + " --tp 3", "tensor_parallel_size 3 does "
                                                                                          "not divide the 4 KDA heads"},
+      {0, "logits" + m + " --settings " + write_settings(dir, "tp2.json", R"({"parallel_config": {"attn_tp_size": 2}})"),
+       "the launch has world_size 1"},
+      {0, "logits" + m + " --tp 2 --settings " + dir.file("tp2.json"), "from its parallel_config or from the flags"},
+      {0, "logits" + m + " --settings " + write_settings(dir, "extra.json", R"({"parallel_config": {}, "next_n": 1})"),
+       "next_n is not a setting klinear reads from this file"},
+      {0, "logits" + m + " --settings " +
+              write_settings(dir, "world.json", R"({"parallel_config": {"world_size": 4, "attn_tp_size": 2}})"),
+       "parallel_config.world_size 4, but attn_tp_size 2 x attn_dp_size 1 make 2 ranks"},
+      {0, "logits" + m + " --settings " + write_settings(dir, "moetp.json", R"({"parallel_config": {"moe_tp_size": 2}})"),
+       "parallel_config.moe_tp_size 2: MoE tensor parallelism is fixed at 1"},
+      {2, "logits" + m + " --settings " +
+              write_settings(dir, "ep3.json", R"({"parallel_config": {"attn_tp_size": 2, "moe_ep_size": 3}})"),
+       "expert_parallel_size 3 with world_size 2"},
+      {0, "logits" + m + " --settings " + dir.file("missing.json"), "missing.json"},
   };
   for (const Refusal& x : refusals) {
     const CliRun r = testing::run_cli_prefixed(x.ranks ? launch(x.ranks) : "", x.args);

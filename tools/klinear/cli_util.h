@@ -64,10 +64,42 @@ struct ParallelArgs {
   int tensor = 1, data = 1, expert = 1;
   bool enable_expert = false;  // the experts over every rank
   int embed = 0, lm_head = 0;  // 0: the tensor-parallel size
-  ParallelSizes sizes() const {
+  std::string settings;        // --settings FILE: the sizes from its parallel_config instead
+  // The sizes the flags give (world 1 until the launch is known; expert 0: every rank).
+  ParallelSizes flag_sizes() const {
     return ParallelSizes{1, tensor, data, enable_expert ? 0 : expert, embed ? embed : tensor, lm_head ? lm_head : tensor};
   }
+  bool flags_given() const {
+    return tensor != 1 || data != 1 || expert != 1 || enable_expert || embed != 0 || lm_head != 0;
+  }
 };
+
+// The sizes of a run: the flags', or those of the settings file's parallel_config (the seed
+// runner's names, model/shard.h), the file holding nothing else; its world_size, when given, must
+// be the ranks its attn_tp_size and attn_dp_size make. Both at once is an error naming them.
+inline Result<ParallelSizes> parallel_sizes(const ParallelArgs& p) {
+  if (p.settings.empty()) return p.flag_sizes();
+  const std::string where = "--settings " + p.settings;
+  if (p.flags_given())
+    return Status::InvalidArgument(where + ": the parallel sizes come from its parallel_config or from the flags "
+                                   "(--tensor-parallel-size, --data-parallel-size, --expert-parallel-size, "
+                                   "--enable-expert-parallel, --embed-tp-size, --lmhead-tp-size), not both");
+  KL_ASSIGN_OR_RETURN(Json settings, read_json_file(p.settings));
+  if (!settings.is_object() || !settings.contains("parallel_config"))
+    return Status::InvalidArgument(where + ": expected a JSON object with a parallel_config object");
+  for (const auto& [key, unused] : settings.items())
+    if (key != "parallel_config")
+      return Status::InvalidArgument(where + ": " + key + " is not a setting klinear reads from this file (it reads "
+                                     "parallel_config)");
+  const Json& pc = settings["parallel_config"];
+  KL_ASSIGN_OR_RETURN(ParallelSizes sizes, parse_parallel_config(pc));
+  if (pc.contains("world_size") && sizes.world != sizes.tensor * sizes.data)
+    return Status::InvalidArgument(where + ": parallel_config.world_size " + std::to_string(sizes.world) +
+                                   ", but attn_tp_size " + std::to_string(sizes.tensor) + " x attn_dp_size " +
+                                   std::to_string(sizes.data) + " make " + std::to_string(sizes.tensor * sizes.data) +
+                                   " ranks");
+  return sizes;
+}
 
 inline void add_parallel_options(CLI::App* sub, ParallelArgs& p) {
   const auto degree = CLI::Range(1, 1 << 16);
@@ -89,6 +121,10 @@ inline void add_parallel_options(CLI::App* sub, ParallelArgs& p) {
   sub->add_option("--lmhead-tp-size", p.lm_head, "ranks the lm head's vocabulary is split over: 1 or the "
                                                  "tensor-parallel size (default)")
       ->check(degree);
+  sub->add_option("--settings", p.settings,
+                  "a JSON file whose parallel_config object gives the sizes by the seed runner's names (world_size, "
+                  "attn_tp_size, attn_dp_size, moe_tp_size, moe_ep_size, dense_tp_size, shared_tp_size, "
+                  "oproj_tp_size, embed_tp_size, lmhead_tp_size) instead of the flags above");
 }
 
 inline void add_generate_options(CLI::App* sub, GenerateOptions& o) {

@@ -88,7 +88,8 @@ Result<LoadedModel> load(const ModelArgs& a) {
   KL_ASSIGN_OR_RETURN(m.backend, make_backend(o));
   KL_ASSIGN_OR_RETURN(LoadFormat format, parse_load_format(a.load_format));
   KL_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(a.model_dir));
-  KL_ASSIGN_OR_RETURN(m.world, open_model_world(a.parallel.sizes(), config, *m.backend));
+  KL_ASSIGN_OR_RETURN(ParallelSizes sizes, parallel_sizes(a.parallel));
+  KL_ASSIGN_OR_RETURN(m.world, open_model_world(sizes, config, *m.backend));
   KL_ASSIGN_OR_RETURN(m.model, Model::load(a.model_dir, *m.backend, format, m.world.model_ranks()));
   m.model->set_check_finite(a.check_finite);
   m.cache_options.page_size = a.page_size;
@@ -143,7 +144,7 @@ struct InfoArgs {
 // equal part), beside the whole model, at 2 bytes per weight and activation (bfloat16, the CUDA
 // default; routed MXFP4 experts are widened to it today).
 Status print_rank_plan(const ModelConfig& c, const ParallelArgs& p) {
-  ParallelSizes sizes = p.sizes();
+  KL_ASSIGN_OR_RETURN(ParallelSizes sizes, parallel_sizes(p));
   sizes.world = sizes.tensor * sizes.data;
   if (sizes.expert == 0) sizes.expert = sizes.world;
   if (sizes.world == 1 && sizes.expert == 1 && sizes.embed == 1 && sizes.lm_head == 1) return Status();
