@@ -119,7 +119,7 @@ TEST(RanksCli, LayoutsThatDoNotFitAreRefusedNamingTheSetting) {
        "the launch has world_size 1"},
       {0, "logits" + m + " --tp 2 --settings " + dir.file("tp2.json"), "from its parallel_config or from the flags"},
       {0, "logits" + m + " --settings " + write_settings(dir, "extra.json", R"({"parallel_config": {}, "next_n": 1})"),
-       "next_n is not a setting klinear reads from this file"},
+       "next_n: not a section of the settings"},
       {0, "logits" + m + " --settings " +
               write_settings(dir, "world.json", R"({"parallel_config": {"world_size": 4, "attn_tp_size": 2}})"),
        "parallel_config.world_size 4, but attn_tp_size 2 x attn_dp_size 1 make 2 ranks"},
@@ -135,6 +135,17 @@ TEST(RanksCli, LayoutsThatDoNotFitAreRefusedNamingTheSetting) {
     EXPECT_NE(r.exit_code, 0) << x.args << "\n" << r.all();
     EXPECT_NE(r.err.find(x.says), std::string::npos) << x.args << "\n" << r.err;
   }
+  // A settings file's fields klinear does not use are named on stderr, once (rank 0).
+  const std::string seed_settings = write_settings(
+      dir, "seed.json",
+      R"({"model_config": {"exe_mode": "eager"}, "parallel_config": {"world_size": 2, "attn_tp_size": 2},
+          "data_config": {"pa_block_size": 128, "batch_size_per_rank": 8, "next_n": 0}})");
+  const CliRun named = testing::run_cli_prefixed(launch(2), "logits" + m + " --settings " + seed_settings);
+  ASSERT_EQ(named.exit_code, 0) << named.all();
+  const std::string note = "not used by klinear yet: data_config.batch_size_per_rank, data_config.next_n, "
+                           "data_config.pa_block_size, model_config.exe_mode";
+  EXPECT_NE(named.err.find(note), std::string::npos) << named.err;
+  EXPECT_EQ(named.err.find(note), named.err.rfind(note)) << named.err;
   // info prints one rank's part of a layout.
   const CliRun info = testing::run_cli("info --model " + testing::fixture_path("k3-tiny/model") + " --tp 4 --enable-expert-parallel");
   ASSERT_EQ(info.exit_code, 0) << info.all();

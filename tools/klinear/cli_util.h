@@ -14,6 +14,7 @@
 #include "io/json.h"
 #include "model/shard.h"
 #include "runtime/generate.h"
+#include "runtime/settings.h"
 
 namespace klinear::cli {
 
@@ -64,7 +65,7 @@ struct ParallelArgs {
   int tensor = 1, data = 1, expert = 1;
   bool enable_expert = false;  // the experts over every rank
   int embed = 0, lm_head = 0;  // 0: the tensor-parallel size
-  std::string settings;        // --settings FILE: the sizes from its parallel_config instead
+  std::string settings;        // --settings FILE (runtime/settings.h): its parallel_config instead of the flags
   // The sizes the flags give (world 1 until the launch is known; expert 0: every rank).
   ParallelSizes flag_sizes() const {
     return ParallelSizes{1, tensor, data, enable_expert ? 0 : expert, embed ? embed : tensor, lm_head ? lm_head : tensor};
@@ -74,31 +75,35 @@ struct ParallelArgs {
   }
 };
 
-// The sizes of a run: the flags', or those of the settings file's parallel_config (the seed
-// runner's names, model/shard.h), the file holding nothing else; its world_size, when given, must
-// be the ranks its attn_tp_size and attn_dp_size make. Both at once is an error naming them.
-inline Result<ParallelSizes> parallel_sizes(const ParallelArgs& p) {
-  if (p.settings.empty()) return p.flag_sizes();
-  const std::string where = "--settings " + p.settings;
-  if (p.flags_given())
-    return Status::InvalidArgument(where + ": the parallel sizes come from its parallel_config or from the flags "
-                                   "(--tensor-parallel-size, --data-parallel-size, --expert-parallel-size, "
-                                   "--enable-expert-parallel, --embed-tp-size, --lmhead-tp-size), not both");
-  KL_ASSIGN_OR_RETURN(Json settings, read_json_file(p.settings));
-  if (!settings.is_object() || !settings.contains("parallel_config"))
-    return Status::InvalidArgument(where + ": expected a JSON object with a parallel_config object");
-  for (const auto& [key, unused] : settings.items())
-    if (key != "parallel_config")
-      return Status::InvalidArgument(where + ": " + key + " is not a setting klinear reads from this file (it reads "
-                                     "parallel_config)");
-  const Json& pc = settings["parallel_config"];
-  KL_ASSIGN_OR_RETURN(ParallelSizes sizes, parse_parallel_config(pc));
-  if (pc.contains("world_size") && sizes.world != sizes.tensor * sizes.data)
-    return Status::InvalidArgument(where + ": parallel_config.world_size " + std::to_string(sizes.world) +
-                                   ", but attn_tp_size " + std::to_string(sizes.tensor) + " x attn_dp_size " +
-                                   std::to_string(sizes.data) + " make " + std::to_string(sizes.tensor * sizes.data) +
-                                   " ranks");
-  return sizes;
+// The layout of a run: the flags', or the settings file's parallel_config (runtime/settings.h),
+// with the settings fields klinear read but does not use; the file's parallel_config and the
+// size flags at once are an error naming them.
+struct RunParallel {
+  ParallelSizes sizes;
+  std::vector<std::string> unused;  // of the settings file
+};
+
+inline Result<RunParallel> run_parallel(const ParallelArgs& p) {
+  if (p.settings.empty()) return RunParallel{p.flag_sizes(), {}};
+  KL_ASSIGN_OR_RETURN(RunnerSettings settings, read_runner_settings(p.settings));
+  RunParallel r{p.flag_sizes(), std::move(settings.unused)};
+  if (settings.parallel) {
+    if (p.flags_given())
+      return Status::InvalidArgument("--settings " + p.settings + ": the parallel sizes come from its parallel_config "
+                                     "or from the flags (--tensor-parallel-size, --data-parallel-size, "
+                                     "--expert-parallel-size, --enable-expert-parallel, --embed-tp-size, "
+                                     "--lmhead-tp-size), not both");
+    r.sizes = *settings.parallel;
+  }
+  return r;
+}
+
+// Says on stderr which settings of the file this run does not use (rank 0 alone calls it).
+inline void note_unused_settings(const ParallelArgs& p, const RunParallel& r) {
+  if (r.unused.empty()) return;
+  std::string names;
+  for (const std::string& n : r.unused) names += (names.empty() ? "" : ", ") + n;
+  std::fprintf(stderr, "klinear: --settings %s: not used by klinear yet: %s\n", p.settings.c_str(), names.c_str());
 }
 
 inline void add_parallel_options(CLI::App* sub, ParallelArgs& p) {
@@ -122,9 +127,10 @@ inline void add_parallel_options(CLI::App* sub, ParallelArgs& p) {
                                                  "tensor-parallel size (default)")
       ->check(degree);
   sub->add_option("--settings", p.settings,
-                  "a JSON file whose parallel_config object gives the sizes by the seed runner's names (world_size, "
-                  "attn_tp_size, attn_dp_size, moe_tp_size, moe_ep_size, dense_tp_size, shared_tp_size, "
-                  "oproj_tp_size, embed_tp_size, lmhead_tp_size) instead of the flags above");
+                  "the seed runner's settings (JSON: model_config, parallel_config, data_config): parallel_config gives "
+                  "the sizes by its names (world_size, attn_tp_size, attn_dp_size, moe_tp_size, moe_ep_size, "
+                  "dense_tp_size, shared_tp_size, oproj_tp_size, embed_tp_size, lmhead_tp_size) instead of the flags "
+                  "above; the other fields are checked and named on stderr as not used yet");
 }
 
 inline void add_generate_options(CLI::App* sub, GenerateOptions& o) {

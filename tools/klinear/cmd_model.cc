@@ -88,8 +88,9 @@ Result<LoadedModel> load(const ModelArgs& a) {
   KL_ASSIGN_OR_RETURN(m.backend, make_backend(o));
   KL_ASSIGN_OR_RETURN(LoadFormat format, parse_load_format(a.load_format));
   KL_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(a.model_dir));
-  KL_ASSIGN_OR_RETURN(ParallelSizes sizes, parallel_sizes(a.parallel));
-  KL_ASSIGN_OR_RETURN(m.world, open_model_world(sizes, config, *m.backend));
+  KL_ASSIGN_OR_RETURN(RunParallel layout, run_parallel(a.parallel));
+  KL_ASSIGN_OR_RETURN(m.world, open_model_world(layout.sizes, config, *m.backend));
+  if (m.world.leader()) note_unused_settings(a.parallel, layout);
   KL_ASSIGN_OR_RETURN(m.model, Model::load(a.model_dir, *m.backend, format, m.world.model_ranks()));
   m.model->set_check_finite(a.check_finite);
   m.cache_options.page_size = a.page_size;
@@ -144,7 +145,9 @@ struct InfoArgs {
 // equal part), beside the whole model, at 2 bytes per weight and activation (bfloat16, the CUDA
 // default; routed MXFP4 experts are widened to it today).
 Status print_rank_plan(const ModelConfig& c, const ParallelArgs& p) {
-  KL_ASSIGN_OR_RETURN(ParallelSizes sizes, parallel_sizes(p));
+  KL_ASSIGN_OR_RETURN(RunParallel layout, run_parallel(p));
+  note_unused_settings(p, layout);
+  ParallelSizes sizes = layout.sizes;
   sizes.world = sizes.tensor * sizes.data;
   if (sizes.expert == 0) sizes.expert = sizes.world;
   if (sizes.world == 1 && sizes.expert == 1 && sizes.embed == 1 && sizes.lm_head == 1) return Status();

@@ -208,8 +208,9 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   const uint64_t free_at_start = s.backend->available_bytes();
   KL_ASSIGN_OR_RETURN(const LoadFormat format, parse_load_format(a.load_format));
   KL_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(a.model_dir));
-  KL_ASSIGN_OR_RETURN(ParallelSizes sizes, parallel_sizes(a.parallel));
-  KL_ASSIGN_OR_RETURN(s.world, open_model_world(sizes, config, *s.backend));
+  KL_ASSIGN_OR_RETURN(RunParallel layout, run_parallel(a.parallel));
+  KL_ASSIGN_OR_RETURN(s.world, open_model_world(layout.sizes, config, *s.backend));
+  if (s.world.leader()) note_unused_settings(a.parallel, layout);
   KL_ASSIGN_OR_RETURN(s.model, Model::load(a.model_dir, *s.backend, format, s.world.model_ranks()));
   if (by_fraction) {
     KL_RETURN_IF_ERROR(profile_step(*s.model, max_num_tokens, a.max_num_seqs, a.page_size));
