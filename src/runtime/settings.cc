@@ -84,12 +84,28 @@ Result<RunnerSettings> parse_runner_settings(const Json& settings, const std::st
       KL_RETURN_IF_ERROR(check_field(key, value, where));
       if (key == "draft_model_type") draft = &value;
       if (key == "next_n") next_n = &value;
-      r.unused.push_back(section + "." + key);
+      r.fields.push_back({section + "." + key, value, false});
     }
   }
   KL_RETURN_IF_ERROR(check_draft(draft, next_n, where));
-  std::sort(r.unused.begin(), r.unused.end());
+  std::sort(r.fields.begin(), r.fields.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   return r;
+}
+
+const Json* RunnerSettings::take(const std::string& key) {
+  for (Field& f : fields)
+    if (f.name == "model_config." + key || f.name == "data_config." + key) {
+      f.used = true;
+      return &f.value;
+    }
+  return nullptr;
+}
+
+std::vector<std::string> RunnerSettings::unused() const {
+  std::vector<std::string> names;
+  for (const Field& f : fields)
+    if (!f.used) names.push_back(f.name);
+  return names;
 }
 
 Result<RunnerSettings> read_runner_settings(const std::string& path) {

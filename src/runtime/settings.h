@@ -6,8 +6,10 @@
 // The fields of the other two sections are checked where the seed checks them and klinear has the
 // same rule (pa_block_size a positive multiple of 16; next_n 0 without a draft model and positive
 // with one; the draft model type none or dspark, and dspark refused until speculative decoding is
-// built; sizes positive integers), and listed as unused, for the caller to say so: nothing in the
-// file is silently ignored. Any other section is an error naming it.
+// built; sizes positive integers); a command takes those it has a setting for (pa_block_size: the
+// page size; batch_size_per_rank: the sequences at once; max_new_tokens: a request's default
+// max_tokens) and names the rest as unused: nothing in the file is silently ignored. Any other
+// section is an error naming it.
 #pragma once
 
 #include <optional>
@@ -21,8 +23,19 @@
 namespace klinear {
 
 struct RunnerSettings {
+  // One field of model_config or data_config, checked.
+  struct Field {
+    std::string name;  // "data_config.pa_block_size"
+    Json value;
+    bool used = false;  // a command took it (take_setting)
+  };
   std::optional<ParallelSizes> parallel;  // parallel_config's layout (world: its world_size or tp × dp)
-  std::vector<std::string> unused;        // "data_config.max_new_tokens", ...: checked, not used yet
+  std::vector<Field> fields;              // sorted by name
+
+  // The value of `key` (either section) for a command to use, marking it used; null when absent.
+  const Json* take(const std::string& key);
+  // The fields no command took, by name.
+  std::vector<std::string> unused() const;
 };
 
 // `where` names the file in the errors ("--settings run.json").

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 namespace klinear {
@@ -30,12 +31,20 @@ TEST(RunnerSettings, ParallelConfigAndTheFieldsNotUsed) {
                                            "data_config.max_new_tokens",   "data_config.next_n",
                                            "data_config.pa_block_size",    "model_config.custom_params",
                                            "model_config.exe_mode"};
-  EXPECT_EQ(s->unused, unused);
+  EXPECT_EQ(s->unused(), unused);
+  // A command takes the fields it has a setting for; they are no longer unused.
+  const Json* block = s->take("pa_block_size");
+  ASSERT_NE(block, nullptr);
+  EXPECT_EQ(*block, 128);
+  EXPECT_EQ(s->take("batch_size_per_rank"), nullptr);
+  const std::vector<std::string> left = s->unused();
+  EXPECT_EQ(left.size(), unused.size() - 1);
+  EXPECT_EQ(std::count(left.begin(), left.end(), "data_config.pa_block_size"), 0);
 
   auto none = parse(R"({"data_config": {"batch_size_per_rank": 2}})");
   ASSERT_TRUE(none.ok()) << none.status().to_string();
   EXPECT_FALSE(none->parallel.has_value());
-  EXPECT_EQ(none->unused, std::vector<std::string>{"data_config.batch_size_per_rank"});
+  EXPECT_EQ(none->unused(), std::vector<std::string>{"data_config.batch_size_per_rank"});
 }
 
 TEST(RunnerSettings, BadSettingsNameWhatIsWrong) {

@@ -283,5 +283,32 @@ TEST(CliRun, DummyWeightsFromConfigAlone) {
   EXPECT_NE(bad.err.find("pickle"), std::string::npos) << bad.err;
 }
 
+// --settings: the seed runner's data_config gives run its page size, sequences at once and default
+// tokens to generate; a field also given as a flag is refused naming both; the fields run has no
+// use for are named.
+TEST(CliRun, TakesTheSeedRunnersSettings) {
+  const testing::ScratchDir dir;
+  const std::string model = testing::fixture_path("kimi-linear-tiny/model");
+  std::ofstream(dir.file("in.jsonl")) << R"({"prompt_ids": [1, 2, 3]})" << "\n" << R"({"prompt_ids": [4, 5], "max_tokens": 2})"
+                                      << "\n";
+  std::ofstream(dir.file("s.json")) << R"({"data_config": {"pa_block_size": 16, "batch_size_per_rank": 1,
+                                                           "max_new_tokens": 5, "prefill_mini_batch_size": 4}})";
+  const std::string run = "run --model " + model + " --input " + dir.file("in.jsonl") + " --output " +
+                          dir.file("out.jsonl") + " --ignore-eos --settings " + dir.file("s.json");
+  const testing::CliRun ok = testing::run_cli(run);
+  ASSERT_EQ(ok.exit_code, 0) << ok.all();
+  std::ifstream out(dir.file("out.jsonl"));
+  std::string line;
+  std::vector<size_t> lengths;
+  while (std::getline(out, line)) lengths.push_back(parse_json(line, "output").value()["ids"].size());
+  EXPECT_EQ(lengths, (std::vector<size_t>{5, 2})) << "max_new_tokens is the default, a line's max_tokens wins";
+  EXPECT_NE(ok.err.find("not used by klinear yet: data_config.prefill_mini_batch_size\n"), std::string::npos) << ok.err;
+  for (const char* flag : {" --page-size 32", " --max-num-seqs 2", " --max-tokens 3"}) {
+    const testing::CliRun both = testing::run_cli(run + flag);
+    EXPECT_NE(both.exit_code, 0) << flag;
+    EXPECT_NE(both.err.find("both set it: give one of them"), std::string::npos) << flag << "\n" << both.err;
+  }
+}
+
 }  // namespace
 }  // namespace klinear

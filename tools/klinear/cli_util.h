@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdio>
+#include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,7 @@ struct ParallelArgs {
   bool enable_expert = false;  // the experts over every rank
   int embed = 0, lm_head = 0;  // 0: the tensor-parallel size
   std::string settings;        // --settings FILE (runtime/settings.h): its parallel_config instead of the flags
+  mutable std::shared_ptr<RunnerSettings> loaded;  // the file, read once (runner_settings)
   // The sizes the flags give (world 1 until the launch is known; expert 0: every rank).
   ParallelSizes flag_sizes() const {
     return ParallelSizes{1, tensor, data, enable_expert ? 0 : expert, embed ? embed : tensor, lm_head ? lm_head : tensor};
@@ -75,35 +78,53 @@ struct ParallelArgs {
   }
 };
 
-// The layout of a run: the flags', or the settings file's parallel_config (runtime/settings.h),
-// with the settings fields klinear read but does not use; the file's parallel_config and the
-// size flags at once are an error naming them.
-struct RunParallel {
-  ParallelSizes sizes;
-  std::vector<std::string> unused;  // of the settings file
-};
-
-inline Result<RunParallel> run_parallel(const ParallelArgs& p) {
-  if (p.settings.empty()) return RunParallel{p.flag_sizes(), {}};
-  KL_ASSIGN_OR_RETURN(RunnerSettings settings, read_runner_settings(p.settings));
-  RunParallel r{p.flag_sizes(), std::move(settings.unused)};
-  if (settings.parallel) {
-    if (p.flags_given())
-      return Status::InvalidArgument("--settings " + p.settings + ": the parallel sizes come from its parallel_config "
-                                     "or from the flags (--tensor-parallel-size, --data-parallel-size, "
-                                     "--expert-parallel-size, --enable-expert-parallel, --embed-tp-size, "
-                                     "--lmhead-tp-size), not both");
-    r.sizes = *settings.parallel;
+// The settings file (read on first use), or null without --settings.
+inline Result<RunnerSettings*> runner_settings(const ParallelArgs& p) {
+  if (p.settings.empty()) return static_cast<RunnerSettings*>(nullptr);
+  if (!p.loaded) {
+    KL_ASSIGN_OR_RETURN(RunnerSettings s, read_runner_settings(p.settings));
+    p.loaded = std::make_shared<RunnerSettings>(std::move(s));
   }
-  return r;
+  return p.loaded.get();
 }
 
-// Says on stderr which settings of the file this run does not use (rank 0 alone calls it).
-inline void note_unused_settings(const ParallelArgs& p, const RunParallel& r) {
-  if (r.unused.empty()) return;
+// `value` (the variable of `flag`, a subcommand's option) from the settings field `key` where the
+// file has it (a positive integer, checked when read); the flag given as well is an error naming both.
+template <typename Int>
+Status take_setting(const CLI::App& sub, const ParallelArgs& p, const char* key, const char* flag, Int& value) {
+  KL_ASSIGN_OR_RETURN(RunnerSettings* s, runner_settings(p));
+  const Json* v = s ? s->take(key) : nullptr;
+  if (!v) return Status();
+  if (sub.count(flag) > 0)
+    return Status::InvalidArgument("--settings " + p.settings + ": " + key + " and " + flag +
+                                   " both set it: give one of them");
+  if (v->get<int64_t>() > std::numeric_limits<Int>::max())
+    return Status::InvalidArgument("--settings " + p.settings + ": " + key + " " + v->dump() + ": too large");
+  value = static_cast<Int>(v->get<int64_t>());
+  return Status();
+}
+
+// The layout of a run: the flags', or the settings file's parallel_config; both at once is an
+// error naming them.
+inline Result<ParallelSizes> run_parallel(const ParallelArgs& p) {
+  KL_ASSIGN_OR_RETURN(RunnerSettings* s, runner_settings(p));
+  if (!s || !s->parallel) return p.flag_sizes();
+  if (p.flags_given())
+    return Status::InvalidArgument("--settings " + p.settings + ": the parallel sizes come from its parallel_config "
+                                   "or from the flags (--tensor-parallel-size, --data-parallel-size, "
+                                   "--expert-parallel-size, --enable-expert-parallel, --embed-tp-size, "
+                                   "--lmhead-tp-size), not both");
+  return *s->parallel;
+}
+
+// Says on stderr which fields of the settings file no part of the command took (rank 0 alone
+// calls it, after the command took its settings).
+inline void note_unused_settings(const ParallelArgs& p) {
+  if (!p.loaded) return;
   std::string names;
-  for (const std::string& n : r.unused) names += (names.empty() ? "" : ", ") + n;
-  std::fprintf(stderr, "klinear: --settings %s: not used by klinear yet: %s\n", p.settings.c_str(), names.c_str());
+  for (const std::string& n : p.loaded->unused()) names += (names.empty() ? "" : ", ") + n;
+  if (!names.empty())
+    std::fprintf(stderr, "klinear: --settings %s: not used by klinear yet: %s\n", p.settings.c_str(), names.c_str());
 }
 
 inline void add_parallel_options(CLI::App* sub, ParallelArgs& p) {
@@ -130,7 +151,9 @@ inline void add_parallel_options(CLI::App* sub, ParallelArgs& p) {
                   "the seed runner's settings (JSON: model_config, parallel_config, data_config): parallel_config gives "
                   "the sizes by its names (world_size, attn_tp_size, attn_dp_size, moe_tp_size, moe_ep_size, "
                   "dense_tp_size, shared_tp_size, oproj_tp_size, embed_tp_size, lmhead_tp_size) instead of the flags "
-                  "above; the other fields are checked and named on stderr as not used yet");
+                  "above; of the others pa_block_size, batch_size_per_rank and max_new_tokens set the page size, the "
+                  "sequences at once and the tokens to generate where the command has them, the rest is checked and "
+                  "named on stderr as not used yet");
 }
 
 inline void add_generate_options(CLI::App* sub, GenerateOptions& o) {

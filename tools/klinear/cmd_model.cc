@@ -41,6 +41,13 @@ struct ModelArgs {
   ParallelArgs parallel;
 };
 
+// The settings file's fields the model commands take (before they run): the page size, and for
+// generate and chat (`max_tokens` given) the tokens to generate.
+Status take_model_settings(const CLI::App& sub, ModelArgs& a, int* max_tokens) {
+  KL_RETURN_IF_ERROR(take_setting(sub, a.parallel, "pa_block_size", "--page-size", a.page_size));
+  return max_tokens ? take_setting(sub, a.parallel, "max_new_tokens", "--max-tokens", *max_tokens) : Status();
+}
+
 void add_model_args(CLI::App* sub, ModelArgs& a) {
   sub->add_option("--model", a.model_dir, "checkpoint directory (config.json + safetensors)")->required();
   add_device_options(sub, a.device, a.dtype);
@@ -88,9 +95,9 @@ Result<LoadedModel> load(const ModelArgs& a) {
   KL_ASSIGN_OR_RETURN(m.backend, make_backend(o));
   KL_ASSIGN_OR_RETURN(LoadFormat format, parse_load_format(a.load_format));
   KL_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(a.model_dir));
-  KL_ASSIGN_OR_RETURN(RunParallel layout, run_parallel(a.parallel));
-  KL_ASSIGN_OR_RETURN(m.world, open_model_world(layout.sizes, config, *m.backend));
-  if (m.world.leader()) note_unused_settings(a.parallel, layout);
+  KL_ASSIGN_OR_RETURN(ParallelSizes sizes, run_parallel(a.parallel));
+  KL_ASSIGN_OR_RETURN(m.world, open_model_world(sizes, config, *m.backend));
+  if (m.world.leader()) note_unused_settings(a.parallel);
   KL_ASSIGN_OR_RETURN(m.model, Model::load(a.model_dir, *m.backend, format, m.world.model_ranks()));
   m.model->set_check_finite(a.check_finite);
   m.cache_options.page_size = a.page_size;
@@ -145,9 +152,8 @@ struct InfoArgs {
 // equal part), beside the whole model, at 2 bytes per weight and activation (bfloat16, the CUDA
 // default; routed MXFP4 experts are widened to it today).
 Status print_rank_plan(const ModelConfig& c, const ParallelArgs& p) {
-  KL_ASSIGN_OR_RETURN(RunParallel layout, run_parallel(p));
-  note_unused_settings(p, layout);
-  ParallelSizes sizes = layout.sizes;
+  KL_ASSIGN_OR_RETURN(ParallelSizes sizes, run_parallel(p));
+  note_unused_settings(p);
   sizes.world = sizes.tensor * sizes.data;
   if (sizes.expert == 0) sizes.expert = sizes.world;
   if (sizes.world == 1 && sizes.expert == 1 && sizes.embed == 1 && sizes.lm_head == 1) return Status();
@@ -445,7 +451,10 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     sub->add_option("--ids", a->ids, "comma-separated token ids, run from an empty state")->required();
     sub->add_option("--then", a->then, "ids run as a second step from the state the first left");
     sub->add_option("--out", a->out, "output .npy path")->required();
-    sub->callback([a, &exit_code] { exit_code = run_logits(*a); });
+    sub->callback([a, sub, &exit_code] {
+      const Status s = take_model_settings(*sub, a->model, nullptr);
+      exit_code = s.ok() ? run_logits(*a) : fail("logits", s);
+    });
   }
   {
     auto a = std::make_shared<GenerateArgs>();
@@ -458,7 +467,10 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     sub->add_option("--tokenizer", a->tokenizer, "tokenizer directory (default: the model directory)");
     add_generate_options(sub, a->options);
     sub->add_flag("--json", a->json, "print one JSON object with the generated ids (and text) and timings");
-    sub->callback([a, &exit_code] { exit_code = run_generate(*a); });
+    sub->callback([a, sub, &exit_code] {
+      const Status s = take_model_settings(*sub, a->model, &a->options.max_tokens);
+      exit_code = s.ok() ? run_generate(*a) : fail("generate", s);
+    });
   }
   {
     auto a = std::make_shared<ChatArgs>();
@@ -470,7 +482,10 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     sub->add_option("--tokenizer", a->tokenizer, "tokenizer directory (default: the model directory)");
     sub->add_option("--system", a->system, "system message (default: the chat format's own)");
     add_generate_options(sub, a->options);
-    sub->callback([a, &exit_code] { exit_code = run_chat(*a); });
+    sub->callback([a, sub, &exit_code] {
+      const Status s = take_model_settings(*sub, a->model, &a->options.max_tokens);
+      exit_code = s.ok() ? run_chat(*a) : fail("chat", s);
+    });
   }
   {
     auto a = std::make_shared<InfoArgs>();

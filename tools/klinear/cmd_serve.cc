@@ -165,6 +165,14 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
                 "instead of being refused; a request's truncate_prompt_tokens overrides it");
 }
 
+// The settings file's fields run and serve take (before they run): the page size and the
+// sequences at once, and for run (`max_tokens` given) a request's default tokens to generate.
+Status take_engine_settings(const CLI::App& sub, EngineArgs& a, int* max_tokens) {
+  KL_RETURN_IF_ERROR(take_setting(sub, a.parallel, "pa_block_size", "--page-size", a.page_size));
+  KL_RETURN_IF_ERROR(take_setting(sub, a.parallel, "batch_size_per_rank", "--max-num-seqs", a.max_num_seqs));
+  return max_tokens ? take_setting(sub, a.parallel, "max_new_tokens", "--max-tokens", *max_tokens) : Status();
+}
+
 // Over ranks (runtime/rank_runner.h) rank 0 serves through a LeaderRunner; the other ranks have
 // no engine and follow (follow()).
 struct Serving {
@@ -208,9 +216,9 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   const uint64_t free_at_start = s.backend->available_bytes();
   KL_ASSIGN_OR_RETURN(const LoadFormat format, parse_load_format(a.load_format));
   KL_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(a.model_dir));
-  KL_ASSIGN_OR_RETURN(RunParallel layout, run_parallel(a.parallel));
-  KL_ASSIGN_OR_RETURN(s.world, open_model_world(layout.sizes, config, *s.backend));
-  if (s.world.leader()) note_unused_settings(a.parallel, layout);
+  KL_ASSIGN_OR_RETURN(ParallelSizes sizes, run_parallel(a.parallel));
+  KL_ASSIGN_OR_RETURN(s.world, open_model_world(sizes, config, *s.backend));
+  if (s.world.leader()) note_unused_settings(a.parallel);
   KL_ASSIGN_OR_RETURN(s.model, Model::load(a.model_dir, *s.backend, format, s.world.model_ranks()));
   if (by_fraction) {
     KL_RETURN_IF_ERROR(profile_step(*s.model, max_num_tokens, a.max_num_seqs, a.page_size));
@@ -728,7 +736,10 @@ void add_serve_commands(CLI::App& app, int& exit_code) {
                     "(429 for the next)")
         ->check(int_in({1, 65536}))
         ->capture_default_str();
-    sub->callback([a, &exit_code] { exit_code = run_serve(*a); });
+    sub->callback([a, sub, &exit_code] {
+      const Status s = take_engine_settings(*sub, a->engine, nullptr);
+      exit_code = s.ok() ? run_serve(*a) : fail("serve", s);
+    });
   }
   {
     auto a = std::make_shared<RunArgs>();
@@ -754,7 +765,10 @@ void add_serve_commands(CLI::App& app, int& exit_code) {
     sub->add_option("--repetition-penalty", a->repetition_penalty, "divides the logits of ids seen in prompt or output")
         ->check(number_in(1e-3, 100))
         ->capture_default_str();
-    sub->callback([a, &exit_code] { exit_code = run_run(*a); });
+    sub->callback([a, sub, &exit_code] {
+      const Status s = take_engine_settings(*sub, a->engine, &a->defaults.max_tokens);
+      exit_code = s.ok() ? run_run(*a) : fail("run", s);
+    });
   }
   {
     auto a = std::make_shared<BenchOptions>();
