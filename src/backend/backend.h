@@ -267,6 +267,12 @@ struct EmbeddingArgs {
 enum class CudaGraphs { kOff, kOn };
 Result<CudaGraphs> parse_cuda_graphs(const std::string& name);
 
+// Whether a row's results may depend on the other rows of its step (--batch-invariant): kOff lets
+// each op pick its fastest reduction order for the step's shape (OpenBLAS's for a row of x·wᵀ changes
+// with the row count); kOn reduces every row in an order fixed by its own sizes, so a sequence's logits
+// are the same bits alone or beside any others (the CPU; CUDA refuses it until issue 40's kernels).
+enum class BatchInvariance { kOff, kOn };
+
 // Which kernels run MLA attention on CUDA (--attention-kernels); the CPU has one of each.
 enum class AttentionKernels {
   kBest,  // FlashInfer's Hopper kernels where they fit the step and are the faster, else klinear's own
@@ -482,6 +488,7 @@ struct BackendOptions {
   CudaGraphs graphs = CudaGraphs::kOn;              // CUDA only
   AttentionKernels attention = AttentionKernels::kBest;  // CUDA only
   int gpu = -1;  // CUDA only: the device ordinal (a rank's local rank); −1: the current device
+  BatchInvariance batch_invariance = BatchInvariance::kOff;
 };
 
 // The only place a device is chosen. kCpu always works; kCuda needs a CUDA build and a GPU.

@@ -38,8 +38,11 @@ Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& o) {
     case Device::kCpu:
       if (o.dtype != DType::kF32)
         return Status::NotSupported(std::string("the CPU backend computes in float32 only, not ") + dtype_name(o.dtype));
-      return std::unique_ptr<Backend>(std::make_unique<cpu::CpuBackend>());
+      return std::unique_ptr<Backend>(std::make_unique<cpu::CpuBackend>(o.batch_invariance));
     case Device::kCuda: {
+      if (o.batch_invariance == BatchInvariance::kOn)
+        return Status::NotSupported("--batch-invariant on CUDA: its batch-invariant kernels are not built yet "
+                                    "(issue 40); the CPU backend has the mode (--device cpu)");
 #ifdef KLINEAR_WITH_CUDA
       auto be = cuda::CudaBackend::create(o.dtype, o.graphs, o.attention, o.gpu);
       if (!be.ok()) return be.status();

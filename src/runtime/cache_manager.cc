@@ -9,7 +9,7 @@ Result<std::unique_ptr<CacheManager>> CacheManager::create(const ModelConfig& co
                                    std::to_string(prefix.snapshot_interval));
   KL_ASSIGN_OR_RETURN(std::unique_ptr<Cache> cache, Cache::create(config, backend, options));
   std::unique_ptr<CacheManager> m(new CacheManager(std::move(cache)));
-  if (prefix.mode == PrefixCaching::kOn) m->prefix_ = std::make_unique<PrefixCache>(*m->cache_, prefix.snapshot_interval);
+  if (prefix.mode == PrefixCaching::kOn) m->prefix_ = std::make_unique<PrefixCache>(*m->cache_, prefix.snapshot_interval, prefix.batch_invariance);
   return m;
 }
 

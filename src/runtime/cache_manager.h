@@ -28,6 +28,9 @@ enum class PrefixCaching { kOff, kOn };
 struct PrefixCacheOptions {
   PrefixCaching mode = PrefixCaching::kOn;
   int64_t snapshot_interval = 256;  // tokens between KDA snapshots, a multiple of 64
+  // kOn: no snapshot at a prompt's end off the 64-token grid (a sequence resumed there would chunk
+  // its KDA rows from another origin than one prefilled from the start).
+  BatchInvariance batch_invariance = BatchInvariance::kOff;
 };
 
 class CacheManager {

@@ -34,9 +34,9 @@ struct PrefixCache::Found {
   std::vector<int32_t> pages;  // covering [0, tokens)
 };
 
-PrefixCache::PrefixCache(Cache& cache, int64_t interval)
-    : cache_(cache), interval_(interval), page_size_(cache.sizes().page_size), paged_(cache.sizes().pages > 0),
-      root_(std::make_unique<Node>()) {
+PrefixCache::PrefixCache(Cache& cache, int64_t interval, BatchInvariance invariance)
+    : cache_(cache), interval_(interval), page_size_(cache.sizes().page_size), invariance_(invariance),
+      paged_(cache.sizes().pages > 0), root_(std::make_unique<Node>()) {
   KL_CHECK(interval_ >= 64 && interval_ % 64 == 0, "prefix snapshot interval " + std::to_string(interval_) + " is not a multiple of 64");
 }
 
@@ -144,6 +144,7 @@ std::vector<Snapshot> PrefixCache::plan_snapshots(SeqId seq, std::span<const int
   const std::vector<Node*> nodes = chain(history.first(static_cast<size_t>(end)));
   for (int64_t g : points) {
     if ((g - done) % 64 != 0 && g != done + n) continue;  // the scheduler's chunks avoid this
+    if (invariance_ == BatchInvariance::kOn && g % 64 != 0) continue;
     const int64_t j = g / page_size_;
     if (j < static_cast<int64_t>(nodes.size())) {
       const auto rest = history.subspan(static_cast<size_t>(j * page_size_), static_cast<size_t>(g - j * page_size_));

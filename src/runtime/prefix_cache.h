@@ -36,7 +36,8 @@ namespace klinear {
 class PrefixCache {
  public:
   // `interval`: snapshot grid in tokens (a multiple of 64, >= 64). `cache` must outlive this.
-  PrefixCache(Cache& cache, int64_t interval);
+  // `invariance` kOn: snapshots on multiples of 64 only (a prompt's end elsewhere is not kept).
+  PrefixCache(Cache& cache, int64_t interval, BatchInvariance invariance = BatchInvariance::kOff);
   ~PrefixCache();
 
   // The deepest usable prefix of `tokens` that leaves at least one token to run.
@@ -92,6 +93,7 @@ class PrefixCache {
 
   Cache& cache_;
   int64_t interval_, page_size_;
+  BatchInvariance invariance_;
   bool paged_;
   std::unique_ptr<Node> root_;
   std::unordered_map<int32_t, int64_t> holds_;  // page -> references the prefix cache holds on it

@@ -37,13 +37,16 @@ int64_t tokens_within(int64_t from, int64_t pairs) {
 // Tokens of s to run from `from` within `budget` tokens and `pairs` query-key pairs, ended at the
 // first snapshot point (grid or prompt end) the step could not snapshot at.
 int64_t Scheduler::chunk(const Sequence* s, int64_t from, int64_t budget, int64_t pairs) const {
-  const int64_t n = std::min({static_cast<int64_t>(s->tokens.size()) - from, budget, tokens_within(from, pairs)});
+  const int64_t total = static_cast<int64_t>(s->tokens.size());
+  const int64_t n = std::min({total - from, budget, tokens_within(from, pairs)});
   const int64_t iv = options_.snapshot_interval;
-  if (iv == 0 || n <= 1) return n;
   int64_t cut = from + n;
-  for (int64_t g = (from / iv + 1) * iv; g < cut && g <= s->prompt; g += iv)
-    if ((g - from) % 64 != 0) cut = g;
-  if (s->prompt > from && s->prompt < cut && (s->prompt - from) % 64 != 0) cut = s->prompt;
+  if (iv > 0 && n > 1) {
+    for (int64_t g = (from / iv + 1) * iv; g < cut && g <= s->prompt; g += iv)
+      if ((g - from) % 64 != 0) cut = g;
+    if (s->prompt > from && s->prompt < cut && (s->prompt - from) % 64 != 0) cut = s->prompt;
+  }
+  if (options_.batch_invariance == BatchInvariance::kOn && cut < total) cut = std::max(from, cut / 64 * 64);
   return cut - from;
 }
 
@@ -52,9 +55,10 @@ StepPlan Scheduler::schedule(StepRunner& runner, Admitter* admitter) {
   int64_t budget = options_.max_num_tokens;
   int64_t attention = options_.max_step_attention > 0 ? options_.max_step_attention : std::numeric_limits<int64_t>::max();
   bool prefilled = false;  // a prefill chunk is in the step (later ones may get no pairs)
-  // The pairs a prefill chunk from `from` may take: what is left, and one token's worth for the
-  // step's first prefill, so a sequence at any context moves.
-  auto pairs_for = [&](int64_t from, int64_t left) { return prefilled ? left : std::max(left, chunk_pairs(from, 1)); };
+  // The pairs a prefill chunk from `from` may take: what is left, and one token's worth (64 with
+  // batch invariance) for the step's first prefill, so a sequence at any context moves.
+  const int64_t least = options_.batch_invariance == BatchInvariance::kOn ? 64 : 1;
+  auto pairs_for = [&](int64_t from, int64_t left) { return prefilled ? left : std::max(left, chunk_pairs(from, least)); };
   std::unordered_set<const Sequence*> scheduled, preempted;
   auto preempt = [&](Sequence* v) {
     runner.close(*v->slot);

@@ -58,6 +58,10 @@ struct SchedulerOptions {
   int64_t max_num_seqs = 256;     // running sequences at most, >= 1
   int64_t snapshot_interval = 0;  // prefix-cache KDA snapshot grid in tokens (a multiple of 64), 0 = none
   int64_t max_step_attention = 0; // query-key pairs a step's prefill chunks attend over, 0 = no bound
+  // kOn: a prefill chunk that leaves tokens of its sequence for later steps ends on a multiple of 64
+  // positions (none this step when that leaves it empty; the first prefill of a step may attend as
+  // 64 tokens do), so every sequence's KDA chunks start at multiples of 64 whatever its steps were.
+  BatchInvariance batch_invariance = BatchInvariance::kOff;
 };
 
 // The scheduler's view of one sequence (owned by the engine).

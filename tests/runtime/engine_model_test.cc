@@ -122,10 +122,12 @@ struct Loaded {
   std::unique_ptr<Model> model;
 };
 Loaded load_untied(const char* preset, const std::string& dir, const std::vector<std::vector<int32_t>>& prompts,
-                   uint64_t seed) {
+                   uint64_t seed, BatchInvariance invariance = BatchInvariance::kOff) {
   testing::write_untied_checkpoint(preset_config(preset).value(), dir, prompts, seed, kNew);
   Loaded l;
-  l.backend = make_backend(BackendOptions{}).value();
+  BackendOptions options;
+  options.batch_invariance = invariance;
+  l.backend = make_backend(options).value();
   auto model = Model::load(dir, *l.backend);
   KL_CHECK(model.ok(), model.status().to_string());
   l.model = std::move(model).value();
@@ -311,6 +313,63 @@ TEST_P(EngineOnModel, PrefixCacheRandomOpsLeavePoolsEmpty) {
   EXPECT_EQ(ended, submitted);
   EXPECT_GT(engine.metrics().prefix_hit_tokens, 0u);
   expect_pools_empty(*runner);
+}
+
+// --batch-invariant: a probe prompt's greedy tokens and log-probabilities (the pick's and the top
+// 8, as floats) are the same bits alone with the whole prompt in one step as beside prompts of other
+// lengths under budgets of 512 and 64 tokens a step (its prefill in pieces, beside decode rows), as
+// one of 16 copies, and resumed from a prefix-cache snapshot (interval 64) that another prompt left.
+TEST_P(EngineOnModel, BatchInvariantGivesTheSameBits) {
+  const testing::ScratchDir dir;
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::vector<std::vector<int32_t>> prompts;
+  for (int len : {150, 1, 7, 63, 64, 65, 100, 200}) {
+    prompts.emplace_back(len);
+    for (int32_t& id : prompts.back()) id = static_cast<int32_t>(rng() % 256);
+  }
+  const std::vector<int32_t> probe = prompts[0];
+  std::vector<int32_t> sharer(probe.begin(), probe.begin() + 100);  // shares the probe's first 100 tokens
+  sharer.push_back(7);
+  prompts.push_back(sharer);
+  Loaded loaded = load_untied(GetParam(), dir.str(), prompts, rng(), BatchInvariance::kOn);
+  Model& m = *loaded.model;
+  const BatchInvariance on = BatchInvariance::kOn;
+  auto engine_run = [&](int64_t budget, PrefixCaching prefix, const std::vector<std::vector<int32_t>>& batch) {
+    auto runner =
+        ModelRunner::create(m, CacheOptions{24, 16, 256 << 20}, {prefix, 64, on}).value();
+    SchedulerOptions so{budget, 20, prefix == PrefixCaching::kOn ? 64 : 0, 0, on};
+    Engine engine(*runner, nullptr, EngineOptions{so, 100, {}});
+    auto got = run_greedy(engine, batch);
+    return std::make_pair(got, engine.metrics().prefix_hit_tokens);
+  };
+  auto same = [](const std::vector<TokenOutput>& got, const std::vector<TokenOutput>& want, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t t = 0; t < want.size(); ++t) {
+      EXPECT_EQ(got[t].id, want[t].id) << what << " token " << t;
+      EXPECT_EQ(got[t].logprobs.logprob, want[t].logprobs.logprob) << what << " token " << t;
+      ASSERT_EQ(got[t].logprobs.top.size(), want[t].logprobs.top.size()) << what << " token " << t;
+      for (size_t k = 0; k < want[t].logprobs.top.size(); ++k) {
+        EXPECT_EQ(got[t].logprobs.top[k].id, want[t].logprobs.top[k].id) << what << " token " << t << " rank " << k;
+        EXPECT_EQ(got[t].logprobs.top[k].logprob, want[t].logprobs.top[k].logprob) << what << " token " << t;
+      }
+    }
+  };
+  const auto alone = engine_run(8192, PrefixCaching::kOff, {probe}).first[0];
+  ASSERT_EQ(alone.size(), static_cast<size_t>(kNew));
+  for (int64_t budget : {512, 64}) {
+    const auto got = engine_run(budget, PrefixCaching::kOff, prompts).first;
+    same(got[0], alone, "beside others, " + std::to_string(budget) + " tokens a step");
+  }
+  const auto copies = engine_run(8192, PrefixCaching::kOff, std::vector<std::vector<int32_t>>(16, probe)).first;
+  for (size_t i = 0; i < copies.size(); ++i) same(copies[i], alone, "copy " + std::to_string(i));
+  {
+    auto runner = ModelRunner::create(m, CacheOptions{24, 16, 256 << 20}, {PrefixCaching::kOn, 64, on}).value();
+    Engine engine(*runner, nullptr, EngineOptions{SchedulerOptions{8192, 20, 64, 0, on}, 100, {}});
+    run_greedy(engine, {sharer});
+    const auto got = run_greedy(engine, {probe});
+    EXPECT_EQ(engine.metrics().prefix_hit_tokens, 64u) << "the probe resumes from the sharer's snapshot at 64";
+    same(got[0], alone, "from a prefix-cache snapshot");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, EngineOnModel, ::testing::Values("kimi-linear-tiny", "k3-tiny"),

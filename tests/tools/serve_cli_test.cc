@@ -310,5 +310,37 @@ TEST(CliRun, TakesTheSeedRunnersSettings) {
   }
 }
 
+// --batch-invariant: run gives each line the same tokens as the line alone (the engine's bitwise test:
+// runtime/engine_model_test.cc); a budget below one 64-token piece and CUDA are refused naming why.
+TEST(CliRun, BatchInvariant) {
+  const testing::ScratchDir dir;
+  const std::string model = testing::fixture_path("kimi-linear-tiny/model");
+  std::ofstream(dir.file("all.jsonl")) << R"({"prompt_ids": [5, 6, 7, 8, 9, 10, 11]})" << "\n"
+                                       << R"({"prompt_ids": [1, 2, 3]})" << "\n";
+  std::ofstream(dir.file("one.jsonl")) << R"({"prompt_ids": [1, 2, 3]})" << "\n";
+  const std::string flags = " --max-tokens 6 --ignore-eos --batch-invariant --max-num-tokens 64";
+  auto ids_of = [&](const std::string& in) {
+    const testing::CliRun r = testing::run_cli("run --model " + model + " --input " + dir.file(in) + " --output " +
+                                               dir.file(in + ".out") + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.all();
+    std::ifstream out(dir.file(in + ".out"));
+    std::vector<Json> ids;
+    for (std::string line; std::getline(out, line);) ids.push_back(parse_json(line, "output").value()["ids"]);
+    return ids;
+  };
+  const std::vector<Json> all = ids_of("all.jsonl"), one = ids_of("one.jsonl");
+  ASSERT_EQ(all.size(), 2u);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(all[1], one[0]);
+  const testing::CliRun small = testing::run_cli("run --model " + model + " --input " + dir.file("one.jsonl") +
+                                                 " --output " + dir.file("x.out") + " --batch-invariant --max-num-tokens 32");
+  EXPECT_NE(small.exit_code, 0);
+  EXPECT_NE(small.err.find("--max-num-tokens 32: --batch-invariant prefills in pieces of 64 tokens"), std::string::npos)
+      << small.err;
+  const testing::CliRun cuda = testing::run_cli("generate --model " + model + " --prompt-ids 1,2 --device cuda --batch-invariant");
+  EXPECT_NE(cuda.exit_code, 0);
+  EXPECT_NE(cuda.err.find("--batch-invariant on CUDA"), std::string::npos) << cuda.err;
+}
+
 }  // namespace
 }  // namespace klinear

@@ -127,6 +127,14 @@ inline void note_unused_settings(const ParallelArgs& p) {
     std::fprintf(stderr, "klinear: --settings %s: not used by klinear yet: %s\n", p.settings.c_str(), names.c_str());
 }
 
+// --batch-invariant (BatchInvariance): a request's results the same bits whatever it is batched with.
+inline void add_batch_invariant_option(CLI::App* sub, bool& on) {
+  sub->add_flag("--batch-invariant", on,
+                "compute every row the same way whatever else is in the step, so a request gives the same logits "
+                "and tokens alone or beside any others (CPU; slower: row-stable products, prefill chunks on "
+                "64-token boundaries)");
+}
+
 inline void add_parallel_options(CLI::App* sub, ParallelArgs& p) {
   const auto degree = CLI::Range(1, 1 << 16);
   sub->add_option("--tensor-parallel-size,--tp", p.tensor,

@@ -38,6 +38,7 @@ struct ModelArgs {
   std::string load_format = "safetensors";
   std::string cuda_graphs = "on";
   std::string attention_kernels = "best";
+  bool batch_invariant = false;
   ParallelArgs parallel;
 };
 
@@ -52,6 +53,7 @@ void add_model_args(CLI::App* sub, ModelArgs& a) {
   sub->add_option("--model", a.model_dir, "checkpoint directory (config.json + safetensors)")->required();
   add_device_options(sub, a.device, a.dtype);
   sub->add_option("--page-size", a.page_size, "positions per page of the MLA latent cache")->capture_default_str();
+  add_batch_invariant_option(sub, a.batch_invariant);
   sub->add_option("--load-format", a.load_format,
                   "safetensors, or dummy: seeded random weights from config.json alone (real shapes, no download)")
       ->check(parsed_by(parse_load_format, "safetensors|dummy"))
@@ -89,6 +91,7 @@ Result<LoadedModel> load(const ModelArgs& a) {
   KL_ASSIGN_OR_RETURN(o.dtype, parse_compute_dtype(a.dtype, o.device));
   KL_ASSIGN_OR_RETURN(o.graphs, parse_cuda_graphs(a.cuda_graphs));
   KL_ASSIGN_OR_RETURN(o.attention, parse_attention_kernels(a.attention_kernels));
+  o.batch_invariance = a.batch_invariant ? BatchInvariance::kOn : BatchInvariance::kOff;
   KL_RETURN_IF_ERROR(check_page_size(a.page_size));
   o.gpu = launched_by_mpi() ? launcher_local_rank() : -1;
   LoadedModel m;

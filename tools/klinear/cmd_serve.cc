@@ -109,6 +109,7 @@ struct EngineArgs {
   std::string attention_kernels = "best";
   std::optional<int64_t> max_model_len;            // not given: Engine::sequence_capacity
   bool truncate_prompt = false;
+  bool batch_invariant = false;
   ParallelArgs parallel;
 };
 
@@ -156,6 +157,7 @@ void add_engine_args(CLI::App* sub, EngineArgs& a, const char* max_seqs_flag) {
                   "rounded up)")
       ->check(int_in({1, kMaxFlagCount}));
   add_cuda_options(sub, a.cuda_graphs, a.attention_kernels);
+  add_batch_invariant_option(sub, a.batch_invariant);
   sub->add_option("--max-model-len", a.max_model_len,
                   "tokens one sequence may hold, prompt and generated (default: the model's context or what the "
                   "cache holds, whichever is smaller); longer prompts are refused or, with --truncate-prompt, cut")
@@ -205,6 +207,11 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   bo.gpu = launched_by_mpi() ? launcher_local_rank() : -1;
   const int64_t max_num_tokens = a.max_num_tokens.value_or(default_max_num_tokens(bo.device));
   KL_RETURN_IF_ERROR(check_page_size(a.page_size));
+  const BatchInvariance invariance = a.batch_invariant ? BatchInvariance::kOn : BatchInvariance::kOff;
+  if (a.batch_invariant && max_num_tokens < 64)
+    return Status::InvalidArgument("--max-num-tokens " + std::to_string(max_num_tokens) +
+                                   ": --batch-invariant prefills in pieces of 64 tokens, so a step needs at least 64");
+  bo.batch_invariance = invariance;
   KL_ASSIGN_OR_RETURN(bo.dtype, parse_compute_dtype(a.dtype, bo.device));
   KL_ASSIGN_OR_RETURN(bo.graphs, parse_cuda_graphs(a.cuda_graphs));
   KL_ASSIGN_OR_RETURN(bo.attention, parse_attention_kernels(a.attention_kernels));
@@ -237,7 +244,8 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   else std::fprintf(stderr, "klinear %s: no tokenizer in %s: token-id prompts only\n", cmd, a.model_dir.c_str());
   const ModelConfig& c = s.model->config();
   s.format = chat_format_for(c);
-  const PrefixCacheOptions prefix{a.no_prefix_cache ? PrefixCaching::kOff : PrefixCaching::kOn, a.prefix_snapshot_interval};
+  const PrefixCacheOptions prefix{a.no_prefix_cache ? PrefixCaching::kOff : PrefixCaching::kOn, a.prefix_snapshot_interval,
+                                  invariance};
   if (a.prefix_snapshot_slots && a.no_prefix_cache)
     return Status::InvalidArgument("--prefix-snapshot-slots is for the prefix cache, which --no-prefix-cache turns off");
   const int64_t snapshot_slots =
@@ -246,7 +254,7 @@ Result<Serving> make_serving(const EngineArgs& a, int64_t max_queue, const char*
   KL_ASSIGN_OR_RETURN(s.runner, ModelRunner::create(*s.model, CacheOptions{slots, a.page_size, memory}, prefix));
   EngineOptions eo;
   eo.scheduler = {max_num_tokens, a.max_num_seqs, prefix.mode == PrefixCaching::kOn ? prefix.snapshot_interval : 0,
-                  a.max_step_attention.value_or(default_max_step_attention(bo.device))};
+                  a.max_step_attention.value_or(default_max_step_attention(bo.device)), invariance};
   eo.max_queue = max_queue;
   const int64_t capacity = Engine::sequence_capacity(*s.runner);
   if (a.max_model_len && *a.max_model_len > capacity)

@@ -14,9 +14,15 @@
 
 namespace klinear::cpu {
 
+// How gemm orders its sums. kBlas: OpenBLAS's blocked kernels, whose order for one element depends
+// on m, n and k. kRowStable: each element one loop over k in index order, so it depends on its row
+// of A, its column of op(B), k, alpha and beta alone (BatchInvariance::kOn; a sum over more k whose
+// extra terms are zero, such as attention over masked keys, is the same too).
+enum class GemmOrder { kBlas, kRowStable };
+
 class CpuBackend final : public Backend {
  public:
-  CpuBackend();
+  explicit CpuBackend(BatchInvariance invariance = BatchInvariance::kOff);
   Device device() const override { return Device::kCpu; }
   const char* name() const override { return "cpu"; }
 
@@ -86,14 +92,20 @@ class CpuBackend final : public Backend {
  private:
   Arena arena_;
   float route_margin_ = std::numeric_limits<float>::infinity();
+  GemmOrder gemm_order_;  // of the products whose sizes follow the step's rows (linear, experts, attention)
 };
 
 // ---- helpers shared by the CPU op files (the one place each piece of math is written)
 
 // C [m, n] ← alpha · A [m, k] · op(B) + beta · C, row-major with leading dimensions; op(B) = Bᵀ
 // when b_transposed (B stored [n, k]) else B (stored [k, n]). The only BLAS caller.
-void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+void gemm(GemmOrder order, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
           bool b_transposed, float* c, int64_t ldc, float beta = 0.0f, float alpha = 1.0f);
+// By OpenBLAS, for products whose sizes do not depend on the step's other rows (KDA's chunks).
+inline void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                 bool b_transposed, float* c, int64_t ldc, float beta = 0.0f, float alpha = 1.0f) {
+  gemm(GemmOrder::kBlas, m, n, k, a, lda, b, ldb, b_transposed, c, ldc, beta, alpha);
+}
 // out [n, f] ← glu(gate_up [n, 2f]) (MODEL.md 3.2).
 void glu_rows(const float* gate_up, int64_t n, int64_t f, const GluParams& p, float* out);
 // In-place causal softmax of scores [t, tc] where query row i sees keys [0, past + i].

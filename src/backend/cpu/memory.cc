@@ -36,12 +36,14 @@ uint64_t CpuBackend::available_bytes() const {
   return avail;
 }
 
-CpuBackend::CpuBackend()
-    : arena_(Device::kCpu, [](size_t bytes) -> std::shared_ptr<void> {
-        void* p = std::aligned_alloc(256, bytes);
-        KL_CHECK(p != nullptr, "host allocation of " + std::to_string(bytes) + " bytes for the CPU arena failed");
-        return std::shared_ptr<void>(p, std::free);
-      }) {
+CpuBackend::CpuBackend(BatchInvariance invariance)
+    : arena_(Device::kCpu,
+             [](size_t bytes) -> std::shared_ptr<void> {
+               void* p = std::aligned_alloc(256, bytes);
+               KL_CHECK(p != nullptr, "host allocation of " + std::to_string(bytes) + " bytes for the CPU arena failed");
+               return std::shared_ptr<void>(p, std::free);
+             }),
+      gemm_order_(invariance == BatchInvariance::kOn ? GemmOrder::kRowStable : GemmOrder::kBlas) {
   // OpenBLAS maps its work buffers on first use and, when a mapping fails (an address-space
   // limit already taken by our pools), retries for ever. One GEMM on every thread now maps them
   // while the address space is still free.

@@ -28,7 +28,8 @@ void causal_softmax(float* scores, int64_t t, int64_t tc) {
 namespace {
 
 // Expanded form: kv [Tc, H, n+v] = kv_b_proj(latent), k_r [Tc, r].
-void attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_r, float scale, const Tensor& out) {
+void attention_expanded(GemmOrder order, const Tensor& q, const Tensor& kv, const Tensor& k_r, float scale,
+                        const Tensor& out) {
   const int64_t t = q.dim(0), heads = q.dim(1), qk = q.dim(2), tc = kv.dim(0), r = k_r.dim(1), n = qk - r;
   const int64_t vd = kv.dim(2) - n;
   KL_CHECK(kv.dim(1) == heads && k_r.dim(0) == tc && tc >= t && out.shape() == Shape({t, heads, vd}),
@@ -41,18 +42,18 @@ void attention_expanded(const Tensor& q, const Tensor& kv, const Tensor& k_r, fl
       std::copy_n(kv.f32() + (j * heads + h) * (n + vd), n, key.data() + j * qk);
       std::copy_n(k_r.f32() + j * r, r, key.data() + j * qk + n);
     }
-    gemm(t, tc, qk, q.f32() + h * qk, heads * qk, key.data(), qk, /*b_transposed=*/true, scores.data(), tc);
+    gemm(order, t, tc, qk, q.f32() + h * qk, heads * qk, key.data(), qk, /*b_transposed=*/true, scores.data(), tc);
     for (float& x : scores) x *= scale;
     causal_softmax(scores.data(), t, tc);
-    gemm(t, vd, tc, scores.data(), tc, kv.f32() + h * (n + vd) + n, heads * (n + vd), /*b_transposed=*/false,
+    gemm(order, t, vd, tc, scores.data(), tc, kv.f32() + h * (n + vd) + n, heads * (n + vd), /*b_transposed=*/false,
          out.f32() + h * vd, heads * vd);
   }
 }
 
 // Per head: q_lat = q_n·W_UK [T, c]; scores = (q_lat·latentᵀ + q_r·k_rᵀ)·scale; o_lat = P·latent;
 // out = o_lat·W_UVᵀ, with W_UK = kv_b rows h(n+v)+[0,n) and W_UV = rows h(n+v)+n+[0,v).
-void attention_absorbed(const Tensor& q, const Tensor& latent, const Tensor& k_r, const Tensor& kv_b, float scale,
-                        const Tensor& out) {
+void attention_absorbed(GemmOrder order, const Tensor& q, const Tensor& latent, const Tensor& k_r, const Tensor& kv_b,
+                        float scale, const Tensor& out) {
   const int64_t t = q.dim(0), heads = q.dim(1), qk = q.dim(2), tc = latent.dim(0), c = latent.dim(1);
   const int64_t r = k_r.dim(1), n = qk - r, vd = out.dim(2);
   KL_CHECK(k_r.dim(0) == tc && kv_b.dim(0) == heads * (n + vd) && kv_b.dim(1) == c && tc >= t,
@@ -62,14 +63,14 @@ void attention_absorbed(const Tensor& q, const Tensor& latent, const Tensor& k_r
     std::vector<float> q_lat(t * c), scores(t * tc), o_lat(t * c);
     const float* w_uk = kv_b.f32() + h * (n + vd) * c;
     const float* w_uv = w_uk + n * c;
-    gemm(t, c, n, q.f32() + h * qk, heads * qk, w_uk, c, /*b_transposed=*/false, q_lat.data(), c);
-    gemm(t, tc, c, q_lat.data(), c, latent.f32(), c, /*b_transposed=*/true, scores.data(), tc);
-    gemm(t, tc, r, q.f32() + h * qk + n, heads * qk, k_r.f32(), r, /*b_transposed=*/true, scores.data(), tc,
+    gemm(order, t, c, n, q.f32() + h * qk, heads * qk, w_uk, c, /*b_transposed=*/false, q_lat.data(), c);
+    gemm(order, t, tc, c, q_lat.data(), c, latent.f32(), c, /*b_transposed=*/true, scores.data(), tc);
+    gemm(order, t, tc, r, q.f32() + h * qk + n, heads * qk, k_r.f32(), r, /*b_transposed=*/true, scores.data(), tc,
          /*beta=*/1.0f);
     for (float& x : scores) x *= scale;
     causal_softmax(scores.data(), t, tc);
-    gemm(t, c, tc, scores.data(), tc, latent.f32(), c, /*b_transposed=*/false, o_lat.data(), c);
-    gemm(t, vd, c, o_lat.data(), c, w_uv, c, /*b_transposed=*/true, out.f32() + h * vd, heads * vd);
+    gemm(order, t, c, tc, scores.data(), tc, latent.f32(), c, /*b_transposed=*/false, o_lat.data(), c);
+    gemm(order, t, vd, c, o_lat.data(), c, w_uv, c, /*b_transposed=*/true, out.f32() + h * vd, heads * vd);
   }
 }
 
@@ -129,14 +130,15 @@ void CpuBackend::mla_prefill(const MlaArgs& a, const SeqLayout& layout) {
   per_sequence(a, layout, [&](const Tensor& q, const Tensor& latent, const Tensor& k_r, const Tensor& out) {
     const int64_t tc = latent.dim(0), c = latent.dim(1);
     Tensor kv = Tensor::empty(DType::kF32, {tc, heads, nv});
-    gemm(tc, heads * nv, c, latent.f32(), c, a.kv_b.f32(), c, /*b_transposed=*/true, kv.f32(), heads * nv);
-    attention_expanded(q, kv, k_r, a.scale, out);
+    gemm(gemm_order_, tc, heads * nv, c, latent.f32(), c, a.kv_b.f32(), c, /*b_transposed=*/true, kv.f32(),
+         heads * nv);
+    attention_expanded(gemm_order_, q, kv, k_r, a.scale, out);
   });
 }
 
 void CpuBackend::mla_decode(const MlaArgs& a, const SeqLayout& layout) {
   per_sequence(a, layout, [&](const Tensor& q, const Tensor& latent, const Tensor& k_r, const Tensor& out) {
-    attention_absorbed(q, latent, k_r, a.kv_b, a.scale, out);
+    attention_absorbed(gemm_order_, q, latent, k_r, a.kv_b, a.scale, out);
   });
 }
 

@@ -89,9 +89,9 @@ void CpuBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& w
     if (m == 0) continue;
     std::vector<float> xe(m * din), h(m * f2), a(m * f), ye(m * dout);
     for (int64_t i = 0; i < m; ++i) std::copy_n(x.f32() + (list[i] / k) * din, din, xe.data() + i * din);
-    gemm(m, f2, din, xe.data(), din, w13.f32() + e * f2 * din, din, /*b_transposed=*/true, h.data(), f2);
+    gemm(gemm_order_, m, f2, din, xe.data(), din, w13.f32() + e * f2 * din, din, /*b_transposed=*/true, h.data(), f2);
     glu_rows(h.data(), m, f, p, a.data());
-    gemm(m, dout, f, a.data(), f, w2.f32() + e * dout * f, f, /*b_transposed=*/true, ye.data(), dout);
+    gemm(gemm_order_, m, dout, f, a.data(), f, w2.f32() + e * dout * f, f, /*b_transposed=*/true, ye.data(), dout);
     for (int64_t i = 0; i < m; ++i) std::copy_n(ye.data() + i * dout, dout, slot_out.data() + list[i] * dout);
   }
   for (int64_t t = 0; t < n; ++t) {
