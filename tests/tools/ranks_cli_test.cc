@@ -152,6 +152,25 @@ TEST(RanksCli, LayoutsThatDoNotFitAreRefusedNamingTheSetting) {
   ASSERT_EQ(info.exit_code, 0) << info.all();
   EXPECT_NE(info.out.find("per rank over 4 ranks: tensor 4, expert 4, embedding 4, lm head 4"), std::string::npos)
       << info.out;
+  // With --context: the caches of --max-num-seqs sequences of that many tokens: each rank holds
+  // less than one rank (its heads' KDA states; the MLA latent is whole on every rank).
+  const CliRun ctx = testing::run_cli("info --model " + testing::fixture_path("kimi-linear-tiny/model") +
+                                      " --tp 2 --context 4096 --max-num-seqs 8");
+  ASSERT_EQ(ctx.exit_code, 0) << ctx.all();
+  EXPECT_NE(ctx.out.find("caches MiB at 8 x 4096 tokens"), std::string::npos) << ctx.out;
+  auto last_number = [&](const std::string& row) {
+    const size_t at = ctx.out.find(row);
+    if (at == std::string::npos) return -1.0;
+    const std::string line = ctx.out.substr(at, ctx.out.find('\n', at) - at);
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  };
+  const double whole = last_number("one rank"), part = last_number("each rank");
+  EXPECT_GT(part, 0.0) << ctx.out;
+  EXPECT_LT(part, whole) << ctx.out;
+  const CliRun one = testing::run_cli("info --model " + testing::fixture_path("kimi-linear-tiny/model") +
+                                      " --context 4096 --max-num-seqs 8");
+  ASSERT_EQ(one.exit_code, 0) << one.all();
+  EXPECT_NE(one.out.find("per rank over 1 ranks"), std::string::npos) << one.out;
 }
 
 }  // namespace

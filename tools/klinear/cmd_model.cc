@@ -149,28 +149,41 @@ struct InfoArgs {
   bool verify = false;
   std::string load_format = "safetensors";
   ParallelArgs parallel;
+  int64_t context = 0;        // --context: tokens a sequence holds (0: no cache total)
+  int64_t max_num_seqs = 1;   // --max-num-seqs: sequences at that context
 };
 
-// With a layout over ranks: what one rank holds of the weights and caches (every rank holds an
-// equal part), beside the whole model, at 2 bytes per weight and activation (bfloat16, the CUDA
-// default; routed MXFP4 experts are widened to it today).
-Status print_rank_plan(const ModelConfig& c, const ParallelArgs& p) {
-  KL_ASSIGN_OR_RETURN(ParallelSizes sizes, run_parallel(p));
-  note_unused_settings(p);
+// With a layout over ranks (or --context): what one rank holds of the weights and caches (every
+// rank holds an equal part), beside the whole model, at 2 bytes per weight and activation
+// (bfloat16, the CUDA default; routed MXFP4 experts are widened to it today); with --context, the
+// caches of --max-num-seqs sequences of that many tokens (the MLA latent by the token, no pages'
+// rounding).
+Status print_rank_plan(const ModelConfig& c, const InfoArgs& a) {
+  KL_ASSIGN_OR_RETURN(ParallelSizes sizes, run_parallel(a.parallel));
+  note_unused_settings(a.parallel);
   sizes.world = sizes.tensor * sizes.data;
   if (sizes.expert == 0) sizes.expert = sizes.world;
-  if (sizes.world == 1 && sizes.expert == 1 && sizes.embed == 1 && sizes.lm_head == 1) return Status();
+  if (sizes.world == 1 && sizes.expert == 1 && sizes.embed == 1 && sizes.lm_head == 1 && a.context == 0)
+    return Status();
   KL_RETURN_IF_ERROR(check_parallel(c, sizes));
   KL_ASSIGN_OR_RETURN(auto cpu, make_backend(BackendOptions{}));
   const ModelShard shard = shard_of(sizes, 0);
   std::printf("\nper rank over %d ranks: tensor %d, expert %d, embedding %d, lm head %d (bfloat16)\n", sizes.world,
               sizes.tensor, sizes.expert, sizes.embed, sizes.lm_head);
-  std::printf("%-10s %15s %12s %18s %16s\n", "", "parameters", "weight GiB", "KDA state MiB/seq", "MLA KiB/token");
+  const std::string caches = a.context ? "caches MiB at " + std::to_string(a.max_num_seqs) + " x " +
+                                             std::to_string(a.context) + " tokens"
+                                       : "";
+  std::printf("%-10s %15s %12s %18s %16s  %s\n", "", "parameters", "weight GiB", "KDA state MiB/seq", "MLA KiB/token",
+              caches.c_str());
   for (const auto& [name, part] : {std::pair{"one rank", ModelShard{}}, {"each rank", shard}}) {
     const uint64_t n = count_parameters(c, *cpu, part);
     const CacheSizes cs = cache_unit_sizes(rank_config(c, part), DType::kBF16, 1);
-    std::printf("%-10s %15llu %12.2f %18.2f %16.2f\n", name, static_cast<unsigned long long>(n),
+    const double cache_bytes = static_cast<double>(a.max_num_seqs) *
+                               (static_cast<double>(cs.bytes_per_slot) + static_cast<double>(a.context) * cs.bytes_per_page);
+    std::printf("%-10s %15llu %12.2f %18.2f %16.2f", name, static_cast<unsigned long long>(n),
                 static_cast<double>(n) * 2 / (1u << 30), cs.bytes_per_slot / 1048576.0, cs.bytes_per_page / 1024.0);
+    if (a.context) std::printf("  %.2f", cache_bytes / (1u << 20));
+    std::printf("\n");
   }
   return Status();
 }
@@ -226,7 +239,7 @@ int run_info(const InfoArgs& a) {
                 c.ffn(l) == Ffn::kDense ? "dense" : "MoE",
                 c.has_attn_res() ? (std::to_string(l / c.attn_res_block_size) + (l % c.attn_res_block_size == 0 ? " (seal)" : "")).c_str() : "-");
   }
-  if (Status plan = print_rank_plan(c, a.parallel); !plan.ok()) return fail("info", plan);
+  if (Status plan = print_rank_plan(c, a); !plan.ok()) return fail("info", plan);
   if (!ckpt) {
     auto cpu = make_backend(BackendOptions{});
     const uint64_t n = count_parameters(c, **cpu);
@@ -498,6 +511,12 @@ void add_model_commands(CLI::App& app, int& exit_code) {
     sub->add_flag("--verify", a->verify, "read every weight and name the tensors holding NaN/Inf (or an MXFP4 "
                                          "scale of 0xFF); exit 1 when there are any");
     add_parallel_options(sub, a->parallel);
+    sub->add_option("--context", a->context,
+                    "with it, the table also gives one rank's caches (KDA states and the MLA latent, bfloat16) for "
+                    "--max-num-seqs sequences of this many tokens")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+    sub->add_option("--max-num-seqs", a->max_num_seqs, "sequences at --context tokens (default 1)")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
     sub->callback([a, &exit_code] { exit_code = run_info(*a); });
   }
   {
