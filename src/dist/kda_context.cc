@@ -56,10 +56,11 @@ Result<KdaCpMesh> kda_cp_mesh(KdaCpMode mode, int ranks, int64_t heads, int grou
 
 namespace {
 
-// The two communicators of a mesh: the U ranks of this segment (Ulysses, ordered by u) and the C
-// ranks holding the same heads (the state scan, ordered by segment).
+// The communicators of a mesh: the U ranks of this segment (Ulysses, ordered by u), the C ranks
+// holding the same heads (the state scan, ordered by segment), and the G consecutive segments of
+// this one's scan group (ordered by segment; the same group whichever way the scan runs).
 struct MeshComms {
-  std::unique_ptr<Comm> ulysses, state;
+  std::unique_ptr<Comm> ulysses, state, group;
 };
 
 Result<MeshComms> split_mesh(Comm& comm, const KdaCpMesh& m) {
@@ -70,6 +71,7 @@ Result<MeshComms> split_mesh(Comm& comm, const KdaCpMesh& m) {
   MeshComms c;
   KL_ASSIGN_OR_RETURN(c.ulysses, comm.split({r / m.ulysses, r % m.ulysses}));
   KL_ASSIGN_OR_RETURN(c.state, comm.split({r % m.ulysses, r / m.ulysses}));
+  KL_ASSIGN_OR_RETURN(c.group, c.state->split({c.state->rank() / m.group, c.state->rank()}));
   return c;
 }
 
@@ -190,33 +192,34 @@ struct ScanResult {
 };
 
 // The scan of the segments' maps (a: [H, dk, dk], b: [H, dk, dv] this rank's) from x0, over the
-// ranks of `comm` in rank order (forward) or in reverse (backward), in groups of `group`
-// consecutive ranks: all-gather inside a group, a chain between groups, the end broadcast from the
-// last rank when there is more than one group.
-Result<ScanResult> scan(Comm& comm, int group, ScanWay way, const Tensor& a, const Tensor& b, std::vector<float> x0,
+// ranks of `comm` in rank order (forward) or in reverse (backward), in the groups of consecutive
+// ranks `group` holds (split_mesh): all-gather inside a group, a chain between groups, the end
+// broadcast from the last rank when there is more than one group.
+Result<ScanResult> scan(Comm& comm, Comm& group, ScanWay way, const Tensor& a, const Tensor& b, std::vector<float> x0,
                         int64_t heads, int64_t dk, int64_t dv) {
-  const int ranks = comm.size(), v = way == ScanWay::kForward ? comm.rank() : ranks - 1 - comm.rank();
-  auto real = [&](int virt) { return way == ScanWay::kForward ? virt : ranks - 1 - virt; };
+  const bool forward = way == ScanWay::kForward;
+  const int ranks = comm.size(), size = group.size(), v = forward ? comm.rank() : ranks - 1 - comm.rank();
+  auto real = [&](int virt) { return forward ? virt : ranks - 1 - virt; };
+  auto member = [&](int m) { return forward ? m : size - 1 - m; };  // the group rank of its m-th segment in scan order
   const int64_t sa = a.numel(), sb = b.numel();
-  KL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> members, comm.split({v / group, v}));
-  const Tensor all_a = Tensor::empty(DType::kF32, {group * sa}), all_b = Tensor::empty(DType::kF32, {group * sb});
-  KL_RETURN_IF_ERROR(members->all_gather({a, all_a}));
-  KL_RETURN_IF_ERROR(members->all_gather({b, all_b}));
+  const Tensor all_a = Tensor::empty(DType::kF32, {size * sa}), all_b = Tensor::empty(DType::kF32, {size * sb});
+  KL_RETURN_IF_ERROR(group.all_gather({a, all_a}));
+  KL_RETURN_IF_ERROR(group.all_gather({b, all_b}));
   std::vector<float> s = std::move(x0);
   Tensor link = Tensor::empty(DType::kF32, {sb});
-  if (v >= group) {  // the group's entering state: from the previous group's last rank
-    if (v % group == 0) KL_RETURN_IF_ERROR(comm.recv({link, real(v - 1)}));
-    KL_RETURN_IF_ERROR(members->broadcast({link, 0}));
+  if (v >= size) {  // the group's entering state: from the previous group's last rank
+    if (v % size == 0) KL_RETURN_IF_ERROR(comm.recv({link, real(v - 1)}));
+    KL_RETURN_IF_ERROR(group.broadcast({link, member(0)}));
     s.assign(link.f32(), link.f32() + sb);
   }
   ScanResult r;
-  for (int m = 0; m < group; ++m) {
-    if (m == v % group) r.in = s;
-    apply_summary(way, all_a.f32() + m * sa, all_b.f32() + m * sb, heads, dk, dv, s);
+  for (int m = 0; m < size; ++m) {
+    if (m == v % size) r.in = s;
+    apply_summary(way, all_a.f32() + member(m) * sa, all_b.f32() + member(m) * sb, heads, dk, dv, s);
   }
   std::copy(s.begin(), s.end(), link.f32());
-  if (v % group == group - 1 && v + 1 < ranks) KL_RETURN_IF_ERROR(comm.send({link, real(v + 1)}));
-  if (group < ranks) KL_RETURN_IF_ERROR(comm.broadcast({link, real(ranks - 1)}));
+  if (v % size == size - 1 && v + 1 < ranks) KL_RETURN_IF_ERROR(comm.send({link, real(v + 1)}));
+  if (size < ranks) KL_RETURN_IF_ERROR(comm.broadcast({link, real(ranks - 1)}));
   r.end.assign(link.f32(), link.f32() + sb);
   return r;
 }
@@ -325,7 +328,7 @@ Status kda_cp_forward(Backend& be, Comm& comm, const KdaCpMesh& mesh, const KdaC
   if (mesh.state > 1) {
     Tensor sa, sb;
     summarise(be, seg, sa, sb);
-    KL_ASSIGN_OR_RETURN(ScanResult r, scan(*mc.state, mesh.group, ScanWay::kForward, sa, sb, start, hu, dk, dv));
+    KL_ASSIGN_OR_RETURN(ScanResult r, scan(*mc.state, *mc.group, ScanWay::kForward, sa, sb, start, hu, dk, dv));
     start = std::move(r.in);
     end = std::move(r.end);
   }
@@ -359,7 +362,7 @@ Status kda_cp_backward(Backend& be, Comm& comm, const KdaCpMesh& mesh, const Kda
   if (mesh.state > 1) {
     Tensor sa, sb;
     summarise(be, seg, sa, sb);
-    KL_ASSIGN_OR_RETURN(ScanResult fwd, scan(*mc.state, mesh.group, ScanWay::kForward, sa, sb, start, hu, dk, dv));
+    KL_ASSIGN_OR_RETURN(ScanResult fwd, scan(*mc.state, *mc.group, ScanWay::kForward, sa, sb, start, hu, dk, dv));
     start = std::move(fwd.in);
     // C: the start-state gradient from this segment's outputs alone.
     Tensor c = Tensor::zeros(DType::kF32, {hu * dk * dv});
@@ -367,7 +370,7 @@ Status kda_cp_backward(Backend& be, Comm& comm, const KdaCpMesh& mesh, const Kda
       const std::vector<float> own = segment_backward(be, seg, Tensor(), Tensor(), nullptr);
       std::copy(own.begin(), own.end(), c.f32());
     }
-    KL_ASSIGN_OR_RETURN(ScanResult bwd, scan(*mc.state, mesh.group, ScanWay::kBackward, sa, c, d_end, hu, dk, dv));
+    KL_ASSIGN_OR_RETURN(ScanResult bwd, scan(*mc.state, *mc.group, ScanWay::kBackward, sa, c, d_end, hu, dk, dv));
     d_end = std::move(bwd.in);
     d_initial = std::move(bwd.end);
   }
