@@ -177,7 +177,12 @@ int main(int argc, char** argv) {
   std::printf("%-44s %8s %14s %6s %8s %8s %14s %12s\n", "model", "prefill", "prefill tok/s", "batch", "context", "decode",
               "decode tok/s", "ms/step");
   for (const std::string& dir : dirs) {
+    const uint64_t free_before = backend->available_bytes();
     auto model = value_or_die(Model::load(dir, *backend, format));
+    const uint64_t free_after = backend->available_bytes();
+    std::fprintf(stderr, "%s: the weights took %.2f GiB of the device's memory (available %.2f GiB before the load)\n",
+                 dir.c_str(), static_cast<double>(free_before - free_after) / (1u << 30),
+                 static_cast<double>(free_before) / (1u << 30));
     const CacheSizes unit = unit_sizes(*model, *backend);
     std::mt19937 rng(1);
     std::vector<int32_t> ids(static_cast<size_t>(prefill));

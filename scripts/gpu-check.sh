@@ -18,6 +18,7 @@
 #    (serve_48b);
 # 5. runs the benchmarks: bench/cuda/ops_bench (klinear) and bench/cuda/fla_bench.py (FLA) on the
 #    same shapes, nvidia-smi sampling the SM clock, power and temperature meanwhile (clocks.csv);
+#    mxfp4_48b: the same shapes with MXFP4 routed experts beside bf16 (issue 38);
 # 6. runs compute-sanitizer memcheck over the GPU tests (capped: see memcheck below);
 # and writes each step's log plus summary.md (step, status, seconds; the benchmark tables) to OUTDIR.
 # The CPU suite is CI's (scripts/test.sh); KLINEAR_GPU_CHECK_CPU=1 runs it here too.
@@ -26,6 +27,7 @@
 # KLINEAR_GPU_CHECK_48B_LAYERS=N runs every 48B step on the config's first N layers (16 fit an 80 GB
 # H100; the whole model needs an H200).
 # KLINEAR_GPU_CHECK_SKIP names steps to leave out (space-separated: e.g. "fla_bench memcheck").
+# KLINEAR_GPU_CHECK_OPS names the ops_bench family to run (default all; e.g. "moe").
 # Every step runs even when an earlier one fails; the exit status is non-zero if any failed.
 # On the H200 (2026-12-01): build 80-117 s, GPU tests 49-92 s (the bf16 consistency rows redraw
 # chaotic checkpoints), generate 8 s, e2e_48b 9 s, serve_48b ~4 min with the default matrix,
@@ -252,6 +254,24 @@ e2e_48b() {  # the Kimi-Linear-48B-A3B config with dummy weights made on the GPU
 }
 step e2e_48b e2e_48b
 
+mxfp4_48b() {  # issue 38: the 48B shapes with MXFP4 routed experts (dummy, packed on the GPU) beside bf16
+  local dir=/tmp/klinear-48b mx=/tmp/klinear-48b-mxfp4
+  init_48b "$dir" || return 1
+  build-gpu/klinear init --preset kimi-linear-48b-a3b-mxfp4 --config-only --out "$mx" >/dev/null || return 1
+  python3 - "$dir/config.json" "$mx/config.json" <<'PY' || return 1
+import json, sys  # the MXFP4 config takes the bf16 one's layers (KLINEAR_GPU_CHECK_48B_LAYERS)
+c = json.load(open(sys.argv[1]))
+c["quantization_config"] = json.load(open(sys.argv[2]))["quantization_config"]
+json.dump(c, open(sys.argv[2], "w"), indent=2)
+PY
+  build-gpu/klinear info --model "$mx" --load-format dummy | tail -6 || return 1
+  build-gpu/klinear generate --model "$mx" --load-format dummy --device cuda --prompt-ids 1,2,3,4,5,6,7 \
+    --max-tokens 16 --ignore-eos --json || return 1
+  build-gpu/model_bench --device cuda --load-format dummy --prefill 8192 --decode 16 --runs 2 --batch 1 --batch 64 \
+    --batch 256 --context 4096 "$mx" "$dir"
+}
+step mxfp4_48b mxfp4_48b
+
 # Before and after side by side (KLINEAR_GPU_CHECK_BASELINE=a tar of an older tree, e.g.
 # `git archive REV src bench tools fuzz tests/*.h CMakeLists.txt ...`, carried under third_party/):
 # that tree's model_bench is built beside this one's, and both run the e2e_48b rows in turns
@@ -328,7 +348,7 @@ step serve_48b serve_48b
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 200 \
   >"$out/clocks.csv" 2>/dev/null &
 clocks_pid=$!
-step ops_bench build-gpu/ops_bench all
+step ops_bench build-gpu/ops_bench "${KLINEAR_GPU_CHECK_OPS:-all}"
 step fla_bench env PYTHONUNBUFFERED=1 python3 bench/cuda/fla_bench.py all
 kill "$clocks_pid" 2>/dev/null
 wait "$clocks_pid" 2>/dev/null

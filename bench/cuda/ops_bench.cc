@@ -338,14 +338,28 @@ void bench_mla(cuda::CudaBackend& be, std::mt19937_64& gen) {
 // 16, 32, 64, 128, 256}, where the threshold between them falls, on the grouped and rows paths at N
 // in {1, 2, 4, 8} (the rows path's threshold), the router and the rows path's experts alone at
 // N = 1, and at N = 1 with a shared expert (its gate/up projection an input; the rows path fuses
-// its GLU and down, the grouped path adds them through glu, linear and add).
-// Bytes count the experts the draw actually uses: their weights (3·D·F each), x and out (bf16),
-// logits (fp32).
+// its GLU and down, the grouped path adds them through glu, linear and add). Last, the same
+// experts in MXFP4 (random nibbles, scale 2^−7; upload_mxfp4 keeps them packed) beside the bf16
+// ones: route + experts from a graph at N in {1, 8, 64, 256} on the default path, the grouped path
+// at 1 and 8, and eagerly at 8,192 (the per-expert GEMMs over dequantized experts).
+// Bytes count the experts the draw actually uses: their weights (3·D·F each, 2 bytes a weight in
+// bf16, 17/32 in MXFP4), x and out (bf16), logits (fp32).
 // FLOP: 2·3·D·F per (token, pick).
 void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const int64_t E = 256, K = 8, D = 2304, F = 1024;
-  const Tensor w13 = random_tensor(be, {E, 2 * F, D}, gen, DType::kBF16, -0.02f, 0.02f);
-  const Tensor w2 = random_tensor(be, {E, D, F}, gen, DType::kBF16, -0.02f, 0.02f);
+  const ExpertMatrix w13 = random_tensor(be, {E, 2 * F, D}, gen, DType::kBF16, -0.02f, 0.02f);
+  const ExpertMatrix w2 = random_tensor(be, {E, D, F}, gen, DType::kBF16, -0.02f, 0.02f);
+  auto mxfp4 = [&](int64_t rows, int64_t in) {
+    Tensor packed = Tensor::empty(DType::kU8, {E, rows, in / 2}), scale = Tensor::empty(DType::kU8, {E, rows, in / 32});
+    for (int64_t i = 0; i < packed.numel(); i += 8) {
+      const uint64_t r = gen();
+      std::memcpy(packed.data_as<uint8_t>() + i, &r, static_cast<size_t>(std::min<int64_t>(8, packed.numel() - i)));
+    }
+    std::memset(scale.data(), 120, scale.nbytes());
+    return be.upload_mxfp4(packed, scale);
+  };
+  const ExpertMatrix w13_mx = mxfp4(2 * F, D), w2_mx = mxfp4(D, F);
+  enum class Weights { kBf16, kMxfp4 };
   // A small bias: near the top scores the sigmoid's spread is ~0.01, so a ±0.1 bias would pick the
   // same few experts for every token (the 2026-12-01 run used 90 experts at N=64); a trained router
   // spreads 64 tokens over ~87 % of the experts (issue 9).
@@ -357,7 +371,10 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   const Tensor shared_down = random_tensor(be, {D, F}, gen, DType::kBF16, -0.02f, 0.02f);
   // `path`: the path the experts run; none: the one moe_experts picks.
   auto run = [&](int64_t n, Part part, std::optional<cuda::MoePath> path, Replay replay = Replay::kEager,
-                 Shared with = Shared::kNone) {
+                 Shared with = Shared::kNone, Weights weights = Weights::kBf16) {
+    const bool mx = weights == Weights::kMxfp4;
+    const ExpertMatrix& a = mx ? w13_mx : w13;
+    const ExpertMatrix& b = mx ? w2_mx : w2;
     be.begin_step();
     const Tensor x = random_tensor(be, {n, D}, gen, DType::kBF16);
     const Tensor logits = random_tensor(be, {n, E}, gen, DType::kF32, -3, 3);
@@ -372,16 +389,17 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
     std::vector<bool> used(E, false);
     for (int64_t i = 0; i < n * K; ++i) used[ih.data_as<int32_t>()[i]] = true;
     const double active = static_cast<double>(std::count(used.begin(), used.end(), true));
-    const cuda::MoePath taken = path.value_or(cuda::moe_path_for(x, w13, w2));
+    const cuda::MoePath taken = path.value_or(cuda::moe_path_for(x, a, b));
     const auto step = [&] {
       be.begin_step();
       if (part != Part::kExperts) be.moe_route(logits, bias, rp, idx, w);
-      if (part != Part::kRoute) cuda::moe_experts_on(be, taken, x, idx, w, w13, w2, GluParams{}, o, shared);
+      if (part != Part::kRoute) cuda::moe_experts_on(be, taken, x, idx, w, a, b, GluParams{}, o, shared);
     };
     const bool graph = replay == Replay::kGraph;
     const double ms = graph ? graph_ms(be, step) : time_ms(be, step);
     const double route_bytes = n * E * 4.0 + n * K * 8.0;
-    const double expert_bytes = (active + (with == Shared::kOne)) * 3.0 * D * F * 2 + n * D * 2.0 * 2;
+    const double expert_bytes = (active * (mx ? 17.0 / 32 : 2.0) + (with == Shared::kOne) * 2.0) * 3.0 * D * F +
+                                n * D * 2.0 * 2;
     const double bytes = part == Part::kRoute     ? route_bytes
                          : part == Part::kExperts ? expert_bytes
                                                   : route_bytes + expert_bytes;
@@ -391,7 +409,7 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
                                                                         : "moe_experts") +
                            (!graph ? "" : ms < 0 ? " NO GRAPH" : " graph");
     char shape[96];
-    std::snprintf(shape, sizeof shape, "N=%lld %s%s%d experts used%s", (long long)n,
+    std::snprintf(shape, sizeof shape, "N=%lld %s%s%s%d experts used%s", (long long)n, mx ? "MXFP4 " : "",
                   part == Part::kRoute ? "" : cuda::moe_path_name(taken), part == Part::kRoute ? "" : ", ",
                   static_cast<int>(active), with == Shared::kOne ? " + shared" : "");
     row(op, shape, ms, flop, bytes);
@@ -413,6 +431,12 @@ void bench_moe(cuda::CudaBackend& be, std::mt19937_64& gen) {
   run(1, Part::kRoute, std::nullopt, g);
   run(1, Part::kExperts, MoePath::kRows, g);
   for (const MoePath p : {MoePath::kGrouped, MoePath::kRows}) run(1, Part::kRouteAndExperts, p, g, Shared::kOne);
+  // MXFP4 beside bf16 (the default path each).
+  for (const Weights wt : {Weights::kBf16, Weights::kMxfp4}) {
+    for (int64_t n : {1, 8, 64, 256}) run(n, Part::kRouteAndExperts, std::nullopt, g, Shared::kNone, wt);
+    for (int64_t n : {1, 8}) run(n, Part::kRouteAndExperts, MoePath::kGrouped, g, Shared::kNone, wt);
+    run(8192, Part::kRouteAndExperts, std::nullopt, Replay::kEager, Shared::kNone, wt);
+  }
 }
 
 // The routed experts' GEMMs of Kimi-Linear-48B alone (gemm_grouped, moe.cu's per-expert path):

@@ -19,6 +19,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/arena.h"
@@ -57,6 +58,26 @@ struct KdaGateParams {
 struct SharedExperts {
   Tensor gate_up;  // [N, 2·Fs], the activation dtype
   Tensor down;     // [Dout, Fs]
+};
+
+// One projection of the routed experts as a backend holds it: dense, `w` [E, rows, in] in the
+// activation dtype; or MXFP4 (MODEL.md 2.3) on a backend that keeps it packed (the CUDA one):
+// `w` U8 [E, rows, in/2] (two E2M1 values a byte, the low nibble the even column) and `scale` U8
+// [E, rows, in/32] (E8M0 exponents), 4.25 bits a weight. A dense Tensor converts to one.
+struct ExpertMatrix {
+  Tensor w;
+  Tensor scale;  // undefined: dense
+
+  ExpertMatrix() = default;
+  ExpertMatrix(Tensor dense) : w(std::move(dense)) {}  // NOLINT(google-explicit-constructor)
+  ExpertMatrix(Tensor packed, Tensor scales) : w(std::move(packed)), scale(std::move(scales)) {}
+
+  bool mxfp4() const { return scale.defined(); }
+  int64_t experts() const { return w.dim(0); }
+  int64_t rows() const { return w.dim(1); }
+  int64_t in() const { return mxfp4() ? 2 * w.dim(2) : w.dim(2); }
+  Shape shape() const { return {experts(), rows(), in()}; }
+  size_t nbytes() const { return w.nbytes() + (mxfp4() ? scale.nbytes() : 0); }
 };
 
 // MODEL.md 3.3: sigmoid scores, bias for selection only, grouped top-k, renormalise, scale. Under
@@ -280,6 +301,12 @@ enum class AttentionKernels {
 };
 Result<AttentionKernels> parse_attention_kernels(const std::string& name);
 
+// How a backend holds MXFP4 routed experts after upload_mxfp4.
+enum class Mxfp4Storage {
+  kWidened,  // dequantized to the activation dtype (the CPU: its exact reference)
+  kPacked,   // packed and scales as loaded, dequantized in registers by the MoE kernels
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -316,9 +343,10 @@ class Backend {
   // activation dtype for weight matrices; F32 for the vectors used in fp32 math: router bias,
   // dt_bias, A_log, AttnRes queries).
   virtual Tensor upload(const Tensor& host, DType dtype) = 0;
-  // Routed expert weights in MXFP4 (MODEL.md 2.3): packed U8 [..., out, in/2] (low nibble = even
-  // column) and scale U8 E8M0 [..., out, in/32]. The result is the backend's expert format.
-  virtual Tensor upload_mxfp4(const Tensor& packed, const Tensor& scale) = 0;
+  // Routed expert weights in MXFP4 (MODEL.md 2.3): packed U8 [E, out, in/2] (low nibble = even
+  // column) and scale U8 E8M0 [E, out, in/32], held as mxfp4_storage() says.
+  virtual ExpertMatrix upload_mxfp4(const Tensor& packed, const Tensor& scale) = 0;
+  virtual Mxfp4Storage mxfp4_storage() const = 0;
   // Step copy of a host tensor: float data converted to `dtype` (a float dtype), I32 kept as I32.
   virtual Tensor to_device(const Tensor& host, DType dtype) = 0;
   // Makes layout.dev for this step.
@@ -439,8 +467,9 @@ class Backend {
   // trap on them, so expert parallelism is refused on CUDA at load);
   // x [N, Din], w13 [E, 2F, Din], w2 [E, Dout, F] (as returned by upload / upload_mxfp4). With
   // `shared` defined, then out ← out + shared.down · glu(shared.gate_up) (add_shared_experts).
-  virtual void moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
-                           const Tensor& w2, const GluParams& p, const Tensor& out, const SharedExperts& shared) = 0;
+  virtual void moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const ExpertMatrix& w13,
+                           const ExpertMatrix& w2, const GluParams& p, const Tensor& out,
+                           const SharedExperts& shared) = 0;
 
   // ---- AttnRes (MODEL.md 7.1)
   // out [N, D] ← Σ_i softmax_i(ρ_i · (v_i · e)) · v_i over candidates v_i [N, D], with

@@ -119,7 +119,8 @@ class Writer {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"kimi-linear-tiny", "k3-tiny", "k3-tiny-mxfp4", "kimi-linear-demo", "k3-demo", "kimi-linear-48b-a3b"};
+  return {"kimi-linear-tiny", "k3-tiny",           "k3-tiny-mxfp4", "kimi-linear-demo", "k3-demo",
+          "kimi-linear-48b-a3b", "kimi-linear-48b-a3b-mxfp4"};
 }
 
 Result<Json> preset_config(const std::string& preset) {
@@ -130,13 +131,20 @@ Result<Json> preset_config(const std::string& preset) {
   if (preset == "kimi-linear-demo") return kimi_linear_text(kRealVocab);
   if (preset == "k3-demo") return k3_text(kRealVocab, false);
   if (preset == "kimi-linear-48b-a3b") return kimi_linear_48b();
+  if (preset == "kimi-linear-48b-a3b-mxfp4") {
+    // The 48B shapes with MXFP4 routed experts (a config for --load-format dummy: the effect of
+    // 4-bit experts measurable on one GPU).
+    Json c = kimi_linear_48b();
+    c["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "mxfp4-pack-quantized"}};
+    return c;
+  }
   std::string names;
   for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
   return Status::InvalidArgument("unknown preset '" + preset + "' (expected one of: " + names + ")");
 }
 
 std::optional<std::string> preset_tokenizer(const std::string& preset) {
-  if (preset == "kimi-linear-demo" || preset == "kimi-linear-48b-a3b") return "kimi-k2";
+  if (preset == "kimi-linear-demo" || preset.rfind("kimi-linear-48b-a3b", 0) == 0) return "kimi-k2";
   if (preset == "k3-demo") return "kimi-k3";
   return std::nullopt;
 }

@@ -27,16 +27,21 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, Backend& back
   if (format == LoadFormat::kSafetensors) {
     KL_ASSIGN_OR_RETURN(ckpt, Checkpoint::open(dir));
   }
-  // Refuse up front rather than die of OOM half-way: every weight element (an MXFP4 byte holds two)
-  // takes weight_element_bytes() on the backend. A rank of several holds its part of what the
-  // config names (the loader refuses whatever else a checkpoint holds).
-  uint64_t elements = 0;
+  // Refuse up front rather than die of OOM half-way: the weights as the backend holds them
+  // (count_weights; a checkpoint's MXFP4 bytes as they are when kept packed, else two elements
+  // each). A rank of several holds its part of what the config names (the loader refuses
+  // whatever else a checkpoint holds).
+  const WeightStorage storage = storage_of(backend);
+  uint64_t need = 0;
   if (ckpt && ranks.shard.whole()) {
-    for (const auto& [dtype, s] : ckpt->stats()) elements += static_cast<uint64_t>(dtype == DType::kU8 ? 2 * s.bytes : s.params);
+    for (const auto& [dtype, s] : ckpt->stats())
+      need += dtype != DType::kU8 ? static_cast<uint64_t>(s.params) * backend.weight_element_bytes()
+              : storage.mxfp4 == Mxfp4Storage::kPacked ? static_cast<uint64_t>(s.bytes)
+                                                        : 2 * static_cast<uint64_t>(s.bytes) * backend.weight_element_bytes();
   } else {
-    elements = count_parameters(config, backend, ranks.shard);
+    need = count_weights(config, storage, ranks.shard).total_bytes();
   }
-  const uint64_t need = elements * backend.weight_element_bytes(), have = backend.available_bytes();
+  const uint64_t have = backend.available_bytes();
   if (need > have) {
     auto gib = [](uint64_t b) { return std::to_string(b >> 30) + "." + std::to_string(((b >> 20) & 1023) * 10 / 1024); };
     return Status::ResourceExhausted(dir + ": the weights need about " + gib(need) + " GiB on the " + backend.name() +

@@ -1,6 +1,8 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -34,33 +36,35 @@ FillWindow window_of(const Shape& shape, const Slice& slice) {
 
 class Loader {
  public:
-  Loader(Checkpoint* ckpt, Backend& backend, Source source) : ckpt_(ckpt), backend_(backend), source_(source) {}
+  // `backend`: null when only counting (Source::kCount), which counts as `storage` holds.
+  Loader(Checkpoint* ckpt, Backend* backend, Source source, const WeightStorage& storage)
+      : ckpt_(ckpt), backend_(backend), source_(source), storage_(storage) {}
 
   // Weight matrices and norm weights are stored in the activation dtype; `dtype` overrides it for
   // the vectors that enter fp32 math. `slice`: the part of the weight of `shape` this rank holds.
   Status take(const std::string& name, const Shape& shape, Tensor* out, const Slice& slice = {}) {
-    return take(name, shape, backend_.activation_dtype(), out, slice);
+    return take(name, shape, storage_.activation, out, slice);
   }
   Status take(const std::string& name, const Shape& shape, DType dtype, Tensor* out, const Slice& slice = {}) {
     if (source_ != Source::kCheckpoint) return dummy(name, {shape}, dtype, out, slice);
     KL_ASSIGN_OR_RETURN(Tensor host, ckpt_->take(name, shape, StoredAs::kFloat, slice));
-    *out = backend_.upload(host, dtype);
+    *out = backend_->upload(host, dtype);
     return Status();
   }
   // Parts stacked along the first dimension (fused projections, convs), the rows `slice` of each.
   Status concat(const std::vector<std::string>& parts, const std::vector<Shape>& shapes, Tensor* out,
                 const Slice& slice = {}) {
     KL_CHECK(slice.along != Along::kColumns, "fused parts are cut by rows");
-    if (source_ != Source::kCheckpoint) return dummy(parts[0], shapes, backend_.activation_dtype(), out, slice);
+    if (source_ != Source::kCheckpoint) return dummy(parts[0], shapes, storage_.activation, out, slice);
     KL_ASSIGN_OR_RETURN(Tensor host, ckpt_->take_concat(parts, shapes, StoredAs::kFloat, slice));
-    *out = backend_.upload(host, backend_.activation_dtype());
+    *out = backend_->upload(host, storage_.activation);
     return Status();
   }
   // A per-head vector stored as [H], [1,1,H,1] or zero-padded (A_log); the heads `slice`.
   Status head_vector(const std::string& name, int64_t heads, Tensor* out, const Slice& slice = {}) {
     if (source_ != Source::kCheckpoint) return dummy(name, {{heads}}, DType::kF32, out, slice);
     KL_ASSIGN_OR_RETURN(Tensor host, ckpt_->take_head_vector(name, heads, slice));
-    *out = backend_.upload(host, DType::kF32);
+    *out = backend_->upload(host, DType::kF32);
     return Status();
   }
   // Whether an optional tensor is there (dummy weights have none of the optional ones).
@@ -70,11 +74,11 @@ class Loader {
   }
 
   // [w1; w3] of each expert stacked into [E, 2F, in] and w2 into [E, out, F]; MXFP4 experts are
-  // stored as weight_packed [rows, in/2] + weight_scale [rows, in/32] (MODEL.md 2.3). Dummy experts
-  // are dense in the activation dtype whatever the format. Only the experts `part` are read (the
-  // others are left to their ranks).
+  // stored as weight_packed [rows, in/2] + weight_scale [rows, in/32] (MODEL.md 2.3), and dummy
+  // ones made so (dummy_mxfp4). Only the experts `part` are read (the others are left to their
+  // ranks).
   Status experts(const std::string& prefix, int64_t num_experts, int64_t f, int64_t din, int64_t dout,
-                 ExpertFormat format, const Part& part, Tensor* w13, Tensor* w2) {
+                 ExpertFormat format, const Part& part, ExpertMatrix* w13, ExpertMatrix* w2) {
     const int64_t first = part.first(num_experts), count = part.size(num_experts);
     auto names = [&](std::vector<const char*> mats, const char* suffix, int64_t e0, int64_t e1) {
       std::vector<std::string> out;
@@ -82,10 +86,12 @@ class Loader {
         for (const char* m : mats) out.push_back(prefix + std::to_string(e) + "." + m + suffix);
       return out;
     };
-    auto stack = [&](std::vector<const char*> mats, int64_t rows, int64_t in, Tensor* out) -> Status {
+    auto stack = [&](std::vector<const char*> mats, int64_t rows, int64_t in, ExpertMatrix* out) -> Status {
       const int64_t rows_all = rows * static_cast<int64_t>(mats.size());
+      if (source_ != Source::kCheckpoint && format == ExpertFormat::kMxfp4)
+        return dummy_mxfp4(prefix + mats[0], first, count, rows_all, in, out);
       if (source_ != Source::kCheckpoint)
-        return dummy(prefix + mats[0], {{num_experts, rows_all, in}}, backend_.activation_dtype(), out, part.rows());
+        return dummy(prefix + mats[0], {{num_experts, rows_all, in}}, storage_.activation, &out->w, part.rows());
       std::vector<const char*> suffixes = {".weight"};
       if (format == ExpertFormat::kMxfp4) suffixes = {".weight_packed", ".weight_scale"};
       for (const char* suffix : suffixes)
@@ -93,18 +99,51 @@ class Loader {
           for (const std::string& name : others) KL_RETURN_IF_ERROR(ckpt_->leave(name));
       if (format == ExpertFormat::kDense) {
         KL_ASSIGN_OR_RETURN(Tensor t, ckpt_->take_stacked(names(mats, ".weight", first, first + count), {rows, in}));
-        *out = backend_.upload(t.view({count, rows_all, in}), backend_.activation_dtype());
+        out->w = backend_->upload(t.view({count, rows_all, in}), storage_.activation);
       } else {
         KL_ASSIGN_OR_RETURN(Tensor packed, ckpt_->take_stacked(names(mats, ".weight_packed", first, first + count),
                                                                {rows, in / 2}, StoredAs::kU8));
         KL_ASSIGN_OR_RETURN(Tensor scale, ckpt_->take_stacked(names(mats, ".weight_scale", first, first + count),
                                                               {rows, in / 32}, StoredAs::kU8));
-        *out = backend_.upload_mxfp4(packed.view({count, rows_all, in / 2}), scale.view({count, rows_all, in / 32}));
+        *out = backend_->upload_mxfp4(packed.view({count, rows_all, in / 2}), scale.view({count, rows_all, in / 32}));
       }
       return Status();
     };
     KL_RETURN_IF_ERROR(stack({"w1", "w3"}, f, din, w13));
     return stack({"w2"}, dout, f, w2);
+  }
+  // Dummy MXFP4 experts [first, first + count) of `rows` × `in` each: nibbles uniform over the 16
+  // codes and one scale per matrix, 2^round(log2(1 / (rms · sqrt(in)))) with rms ≈ 2.93 the codes'
+  // root mean square, so the values' spread is that of the dense dummies (std 1/sqrt(in)); expert e's
+  // bytes seeded by the name and e, so a rank's experts hold what the whole model's do.
+  Status dummy_mxfp4(const std::string& name, int64_t first, int64_t count, int64_t rows, int64_t in,
+                     ExpertMatrix* out) {
+    const auto numel = static_cast<uint64_t>(count * rows * in);
+    count_.parameters += numel;
+    if (storage_.mxfp4 == Mxfp4Storage::kPacked) count_.bytes[DType::kU8] += numel / 2 + numel / 32;
+    else count_.bytes[storage_.activation] += numel * dtype_size(storage_.activation);
+    if (source_ == Source::kCount) {
+      out->w = Tensor::wrap(storage_.activation, {count, rows, in}, nullptr, nullptr, Device::kCpu);
+      return Status();
+    }
+    uint64_t seed = 0x6b6c696e656172ull;  // "klinear"
+    for (char ch : name) seed = splitmix64(seed ^ static_cast<uint8_t>(ch));
+    const int64_t per = rows * in / 2;  // packed bytes of one expert
+    Tensor packed = Tensor::empty(DType::kU8, {count, rows, in / 2});
+    Tensor scale = Tensor::empty(DType::kU8, {count, rows, in / 32});
+    const auto e8m0 = static_cast<uint8_t>(127 + std::lround(-std::log2(2.93 * std::sqrt(static_cast<double>(in)))));
+    std::memset(scale.data(), e8m0, scale.nbytes());
+    auto* bytes = packed.data_as<uint8_t>();
+#pragma omp parallel for
+    for (int64_t e = 0; e < count; ++e) {
+      const uint64_t stream = splitmix64(seed ^ static_cast<uint64_t>(first + e));
+      for (int64_t i = 0; i < per; i += 8) {
+        const uint64_t r = splitmix64(stream ^ static_cast<uint64_t>(i));
+        std::memcpy(bytes + e * per + i, &r, static_cast<size_t>(std::min<int64_t>(8, per - i)));
+      }
+    }
+    *out = backend_->upload_mxfp4(packed, scale);
+    return Status();
   }
   // The AttnRes effective query e = w_norm ⊙ w_proj (MODEL.md 7.1 step 2), computed once in F32.
   Status attn_res_query(const std::string& prefix, int64_t d, Tensor* out) {
@@ -116,12 +155,16 @@ class Loader {
     convert_to_f32(norm.dtype(), norm.data(), e.f32(), static_cast<size_t>(d));
     convert_to_f32(proj.dtype(), proj.data(), pf.f32(), static_cast<size_t>(d));
     for (int64_t j = 0; j < d; ++j) e.f32()[j] *= pf.f32()[j];
-    *out = backend_.upload(e, DType::kF32);
+    *out = backend_->upload(e, DType::kF32);
     return Status();
   }
   Status finish() { return source_ == Source::kCheckpoint ? ckpt_->finish() : Status(); }
-  Backend& backend() { return backend_; }
-  uint64_t dummy_elements() const { return dummy_elements_; }
+  // A zero F32 vector of n: a bias the checkpoint (or a dummy model) does not hold, so not counted.
+  Tensor zeros_f32(int64_t n) {
+    if (source_ == Source::kCount) return Tensor::wrap(DType::kF32, {n}, nullptr, nullptr, Device::kCpu);
+    return backend_->upload(Tensor::zeros(DType::kF32, {n}), DType::kF32);
+  }
+  const WeightCount& count() const { return count_; }
 
  private:
   // A dummy weight: the part `slice` of the rows of `parts` (one shape, or the fused parts stacked
@@ -135,18 +178,20 @@ class Loader {
       whole[0] += parts[i][0];
       local[0] += sliced_shape(parts[i], slice)[0];
     }
-    dummy_elements_ += static_cast<uint64_t>(shape_numel(local));
+    const auto numel = static_cast<uint64_t>(shape_numel(local));
+    count_.parameters += numel;
+    count_.bytes[dtype] += numel * dtype_size(dtype);
     if (source_ == Source::kCount) {  // a shape without storage, so views still work
-      *out = Tensor::wrap(dtype, local, nullptr, nullptr, backend_.device());
+      *out = Tensor::wrap(dtype, local, nullptr, nullptr, Device::kCpu);
       return Status();
     }
-    *out = backend_.alloc_persistent(dtype, local);
+    *out = backend_->alloc_persistent(dtype, local);
     auto ends_with = [&](const char* t) {
       const std::string e(t);
       return name.size() >= e.size() && name.compare(name.size() - e.size(), e.size(), e) == 0;
     };
     if (ends_with("norm.weight") || ends_with("layernorm.weight")) {
-      backend_.fill(*out, 1.0f);
+      backend_->fill(*out, 1.0f);
       return Status();
     }
     uint64_t seed = 0x6b6c696e656172ull;  // "klinear"
@@ -162,7 +207,7 @@ class Loader {
       FillWindow w = window_of(part, slice);
       w.offset += whole_row * row_elems;
       const Tensor rows = out->view({local[0], shape_numel(local) / local[0]}).rows(local_row, local_row + mine[0]);
-      backend_.random_fill(rows.view(mine), seed, lo, hi, w);
+      backend_->random_fill(rows.view(mine), seed, lo, hi, w);
       whole_row += part[0];
       local_row += mine[0];
     }
@@ -170,9 +215,10 @@ class Loader {
   }
 
   Checkpoint* ckpt_;
-  Backend& backend_;
+  Backend* backend_;
   Source source_;
-  uint64_t dummy_elements_ = 0;
+  WeightStorage storage_;
+  WeightCount count_;
 };
 
 // The intermediate `part` of a gated MLP: its gate and up rows, its down columns.
@@ -240,7 +286,7 @@ Status load_moe(Loader& ld, const ModelConfig& c, const std::string& p, const Mo
   if (ld.has(p + "gate.e_score_correction_bias")) {
     KL_RETURN_IF_ERROR(ld.take(p + "gate.e_score_correction_bias", {E}, DType::kF32, &w->router_bias));
   } else {
-    w->router_bias = ld.backend().upload(Tensor::zeros(DType::kF32, {E}), DType::kF32);
+    w->router_bias = ld.zeros_f32(E);
   }
   KL_RETURN_IF_ERROR(ld.experts(p + "experts.", E, F, L, L, c.expert_format, shard.experts, &w->w13, &w->w2));
   if (c.has_latent_moe()) {
@@ -287,21 +333,33 @@ Result<ModelWeights> load_all(const ModelConfig& c, const ModelShard& shard, Loa
 
 }  // namespace
 
+WeightStorage storage_of(const Backend& backend) { return {backend.activation_dtype(), backend.mxfp4_storage()}; }
+
+uint64_t WeightCount::total_bytes() const {
+  uint64_t t = 0;
+  for (const auto& [dtype, b] : bytes) t += b;
+  return t;
+}
+
 Result<ModelWeights> load_weights(const ModelConfig& config, Checkpoint& ckpt, Backend& backend,
                                   const ModelShard& shard) {
-  Loader ld(&ckpt, backend, Source::kCheckpoint);
+  Loader ld(&ckpt, &backend, Source::kCheckpoint, storage_of(backend));
   return load_all(config, shard, ld);
 }
 
 Result<ModelWeights> dummy_weights(const ModelConfig& config, Backend& backend, const ModelShard& shard) {
-  Loader ld(nullptr, backend, Source::kDummy);
+  Loader ld(nullptr, &backend, Source::kDummy, storage_of(backend));
   return load_all(config, shard, ld);
 }
 
-uint64_t count_parameters(const ModelConfig& config, Backend& backend, const ModelShard& shard) {
-  Loader ld(nullptr, backend, Source::kCount);
-  KL_CHECK(load_all(config, shard, ld).ok(), "counting parameters cannot fail");
-  return ld.dummy_elements();
+WeightCount count_weights(const ModelConfig& config, const WeightStorage& storage, const ModelShard& shard) {
+  Loader ld(nullptr, nullptr, Source::kCount, storage);
+  KL_CHECK(load_all(config, shard, ld).ok(), "counting weights cannot fail");
+  return ld.count();
+}
+
+uint64_t count_parameters(const ModelConfig& config, const ModelShard& shard) {
+  return count_weights(config, WeightStorage{}, shard).parameters;
 }
 
 }  // namespace klinear

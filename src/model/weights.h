@@ -4,6 +4,7 @@
 // experts into [E, 2F, Din] and [E, Dout, F] (MXFP4 experts through Backend::upload_mxfp4).
 #pragma once
 
+#include <map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -46,8 +47,8 @@ struct MlpWeights {
 struct MoeWeights {
   Tensor router;       // [E, D]
   Tensor router_bias;  // [E] e_score_correction_bias (zeros when absent)
-  Tensor w13;          // [E, 2F, Din]
-  Tensor w2;           // [E, Dout, F]
+  ExpertMatrix w13;    // [E, 2F, Din]
+  ExpertMatrix w2;     // [E, Dout, F]
   bool has_shared = false;
   MlpWeights shared;   // intermediate F·n_shared
   Tensor latent_down;  // [L, D] latent MoE, or undefined
@@ -82,9 +83,26 @@ Result<ModelWeights> load_weights(const ModelConfig& config, Checkpoint& ckpt, B
                                   const ModelShard& shard = {});
 // The part `shard` of every parameter of `config` as dummy weights made on the backend
 // (Backend::random_fill, seeded by each tensor's name, well scaled, a rank's part holding the
-// values of the whole; routed experts dense in the activation dtype): real shapes without a download.
+// values of the whole; MXFP4 routed experts, when the config says so, made on the host as random
+// nibbles with one scale a matrix and uploaded through upload_mxfp4): real shapes without a download.
 Result<ModelWeights> dummy_weights(const ModelConfig& config, Backend& backend, const ModelShard& shard = {});
+
+// How a backend holds weights, which decides their bytes.
+struct WeightStorage {
+  DType activation = DType::kBF16;              // matrices and norms
+  Mxfp4Storage mxfp4 = Mxfp4Storage::kPacked;   // MXFP4 routed experts
+};
+WeightStorage storage_of(const Backend& backend);
+
+// What the part `shard` of the weights holds: parameters, and bytes by the dtype they are held in
+// (MXFP4 experts held packed count as U8: packed and scales).
+struct WeightCount {
+  uint64_t parameters = 0;
+  std::map<DType, uint64_t> bytes;
+  uint64_t total_bytes() const;
+};
+WeightCount count_weights(const ModelConfig& config, const WeightStorage& storage, const ModelShard& shard = {});
 // How many parameter elements dummy_weights would make for `shard`.
-uint64_t count_parameters(const ModelConfig& config, Backend& backend, const ModelShard& shard = {});
+uint64_t count_parameters(const ModelConfig& config, const ModelShard& shard = {});
 
 }  // namespace klinear

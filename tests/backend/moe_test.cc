@@ -7,8 +7,9 @@
 // and the rows path take BF16 with widths that are multiples of 8), widths that are and are not
 // multiples of 8 and of the grouped path's 32-row tiles, experts with no tokens, an expert picked by every token (more than
 // one 32-slot group), many picked experts (up to 512, more than the plan's 256 threads), a wide
-// case whose hot expert spreads over six groups beside ~130 others, and both activations. Outputs
-// are poisoned first, and a second run must give the same bits.
+// case whose hot expert spreads over six groups beside ~130 others, MXFP4 experts (packed on CUDA,
+// every path but the swapped GEMMs; widened on the CPU), and both activations. Outputs are
+// poisoned first, and a second run must give the same bits.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -39,6 +40,7 @@ struct MoeCase {
   Picks picks;
   GluParams glu;
   int64_t fs;    // shared experts' intermediate width (0: none)
+  bool mxfp4 = false;  // routed experts uploaded as MXFP4 (upload_mxfp4; the reference reads them widened)
 };
 
 const GluParams kSilu{Activation::kSilu, 1.0f, std::nullopt};
@@ -64,7 +66,30 @@ const MoeCase kCases[] = {
     {"256_experts_spread", 256, 32, 24, 48, 256, 8, Picks::kSpread, kSilu, 0},
     {"8_tokens_shared_wider", 8, 64, 32, 48, 64, 8, Picks::kSpread, kSituLinear, 64},
     {"wide_hot_six_groups", 192, 600, 200, 300, 128, 6, Picks::kHot, kSilu, 40},
+    // MXFP4 (widths of 32): the rows path at 1 and 8 tokens, the grouped path with widths of 5 and
+    // 19 blocks (chunks of 4 blocks cut short), a hot expert and a wide case, the per-expert GEMMs
+    // past 256 tokens (dequantized experts), both activations.
+    {"mxfp4_one_token", 1, 64, 32, 48, 16, 4, Picks::kSpread, kSilu, 32, true},
+    {"mxfp4_8_tokens_shared", 8, 96, 64, 40, 32, 8, Picks::kSpread, kSituLinear, 32, true},
+    {"mxfp4_64_tokens_hot", 64, 160, 96, 72, 24, 6, Picks::kHot, kSitu, 0, true},
+    {"mxfp4_256_tokens", 256, 128, 64, 50, 64, 8, Picks::kSpread, kSilu, 0, true},
+    {"mxfp4_300_tokens", 300, 64, 32, 40, 20, 4, Picks::kHot, kSituLinear, 16, true},
+    {"mxfp4_wide_hot", 192, 608, 224, 300, 128, 6, Picks::kHot, kSilu, 40, true},
 };
+
+// Random MXFP4 parts of [E, rows, in]: any nibble; scales mostly near 2^−7 (values of the size the
+// dense cases draw), some blocks at the extremes the kernels treat apart: 2^−127 (subnormal
+// products) and 2^3 (past 2^(e − 1)'s bf16 range, scaled in two steps).
+std::pair<Tensor, Tensor> random_mxfp4(std::mt19937_64& rng, int64_t e, int64_t rows, int64_t in) {
+  Tensor packed = Tensor::empty(DType::kU8, {e, rows, in / 2}), scale = Tensor::empty(DType::kU8, {e, rows, in / 32});
+  std::uniform_int_distribution<int> byte(0, 255), common(118, 122), pick(0, 99);
+  for (int64_t i = 0; i < packed.numel(); ++i) packed.data_as<uint8_t>()[i] = static_cast<uint8_t>(byte(rng));
+  for (int64_t i = 0; i < scale.numel(); ++i) {
+    const int p = pick(rng);
+    scale.data_as<uint8_t>()[i] = static_cast<uint8_t>(p == 0 ? 0 : p == 1 ? 130 : common(rng));
+  }
+  return {packed, scale};
+}
 
 class MoeExperts : public testing::BackendTest {};
 
@@ -98,11 +123,24 @@ TEST_P(MoeExperts, MatchPerTokenLoop) {
     // The reference reads the inputs as the backend holds them (bf16 rows: rounded), so the tolerance
     // covers the kernels' own rounding only. A 70-token row of 20 outputs from f32 inputs measured a
     // 2.05 % RMS error on bf16 (seed 3134191403), nearly all of it the inputs' rounding.
-    const Tensor dw13 = persistent(w13, act()), dw2 = persistent(w2, act());
+    ExpertMatrix dw13, dw2;
+    if (c.mxfp4) {
+      const auto [p13, s13] = random_mxfp4(rng, c.num_experts, 2 * f, din);
+      const auto [p2, s2] = random_mxfp4(rng, c.num_experts, dout, f);
+      cpu::CpuBackend widen;
+      w13 = widen.upload_mxfp4(p13, s13).w;
+      w2 = widen.upload_mxfp4(p2, s2).w;
+      dw13 = be().upload_mxfp4(p13, s13);
+      dw2 = be().upload_mxfp4(p2, s2);
+      ASSERT_EQ(dw13.mxfp4(), be().mxfp4_storage() == Mxfp4Storage::kPacked);
+    } else {
+      dw13 = persistent(w13, act());
+      dw2 = persistent(w2, act());
+      w13 = host(dw13.w);
+      w2 = host(dw2.w);
+    }
     const Tensor dx = dev(x), didx = dev(idx, DType::kI32), dweights = dev(weights, DType::kF32);
     x = host(dx);
-    w13 = host(dw13);
-    w2 = host(dw2);
     // The shared experts: their projection of x (an input here) and down weight.
     const int64_t fs = c.fs;
     Tensor shared_gu = testing::random_tensor(rng, {n, 2 * std::max<int64_t>(fs, 1)});

@@ -184,7 +184,7 @@ TEST(Mxfp4Test, HandBuiltTwoRowsBy64) {
   p[32 + 0] = 0x0C;       // row 1 cols 0,1: 0xC = -2.0, 0x0 = 0
   p[32 + 31] = 0xF1;      // row 1 cols 62,63: 0x1 = 0.5, 0xF = -6.0
   cpu::CpuBackend be;
-  Tensor w = be.upload_mxfp4(packed, scale);
+  Tensor w = be.upload_mxfp4(packed, scale).w;
   ASSERT_EQ(w.dtype(), DType::kF32);
   ASSERT_EQ(w.shape(), (Shape{2, 64}));
   const float* W = w.f32();
@@ -211,7 +211,7 @@ TEST(Mxfp4Test, RandomMatchesPlainReimplementation) {
   for (int64_t i = 0; i < packed.numel(); ++i) packed.data_as<uint8_t>()[i] = static_cast<uint8_t>(byte(rng));
   for (int64_t i = 0; i < scale.numel(); ++i) scale.data_as<uint8_t>()[i] = static_cast<uint8_t>(exp(rng));
   cpu::CpuBackend be;
-  Tensor w = be.upload_mxfp4(packed, scale);
+  Tensor w = be.upload_mxfp4(packed, scale).w;
   ASSERT_EQ(w.shape(), (Shape{experts, rows, in}));
   static const double kMag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
   const uint8_t* p = packed.data_as<uint8_t>();

@@ -53,7 +53,8 @@ class ForwardingBackend : public Backend {
     in_.random_fill(t, seed, lo, hi, w);
   }
   Tensor upload(const Tensor& h, DType d) override { return in_.upload(h, d); }
-  Tensor upload_mxfp4(const Tensor& p, const Tensor& s) override { return in_.upload_mxfp4(p, s); }
+  ExpertMatrix upload_mxfp4(const Tensor& p, const Tensor& s) override { return in_.upload_mxfp4(p, s); }
+  Mxfp4Storage mxfp4_storage() const override { return in_.mxfp4_storage(); }
   Tensor to_device(const Tensor& h, DType d) override { return in_.to_device(h, d); }
   void upload_layout(SeqLayout& l) override { in_.upload_layout(l); }
   void write(const Tensor& h, const Tensor& d) override { in_.write(h, d), stored(d); }
@@ -100,7 +101,7 @@ class ForwardingBackend : public Backend {
     in_.moe_route(lg, b, p, i, w);
   }
   // The shared experts through this backend's ops, so that their outputs are stored as theirs are.
-  void moe_experts(const Tensor& x, const Tensor& i, const Tensor& w, const Tensor& w13, const Tensor& w2,
+  void moe_experts(const Tensor& x, const Tensor& i, const Tensor& w, const ExpertMatrix& w13, const ExpertMatrix& w2,
                    const GluParams& p, const Tensor& o, const SharedExperts& shared) override {
     in_.moe_experts(x, i, w, w13, w2, p, o, SharedExperts{}), stored(o);
     add_shared_experts(*this, shared, p, o);
@@ -135,7 +136,10 @@ class Bf16Storage final : public ForwardingBackend {
   Tensor upload(const Tensor& h, DType d) override {
     return d == DType::kBF16 ? track(round(in_.upload(h, DType::kF32)), kept_) : in_.upload(h, d);
   }
-  Tensor upload_mxfp4(const Tensor& p, const Tensor& s) override { return track(round(in_.upload_mxfp4(p, s)), kept_); }
+  ExpertMatrix upload_mxfp4(const Tensor& p, const Tensor& s) override {
+    return track(round(in_.upload_mxfp4(p, s).w), kept_);
+  }
+  Mxfp4Storage mxfp4_storage() const override { return in_.mxfp4_storage(); }
   Tensor to_device(const Tensor& h, DType d) override {
     return d == DType::kBF16 ? track(round(in_.to_device(h, DType::kF32)), step_) : in_.to_device(h, d);
   }

@@ -1,8 +1,9 @@
 // --load-format dummy: real shapes from config.json alone. Dummy weights are deterministic (the
 // same logits from two loads, on every backend row: counter-based values), well scaled (finite,
-// moderate logits through both families, MXFP4 configs as dense experts), and counted exactly
-// (the published Kimi-Linear-48B-A3B count less its 26 router bias vectors, which dummy weights
-// leave at zero).
+// moderate logits through both families, MXFP4 configs with MXFP4 experts: packed where the
+// backend keeps them so), and counted exactly (the published Kimi-Linear-48B-A3B count less its 26
+// router bias vectors, which dummy weights leave at zero; MXFP4 experts at 17/32 of a byte a
+// weight when held packed).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -49,9 +50,20 @@ KL_BACKEND_SUITE(DummyWeights);
 
 TEST(DummyWeights, CountsThePublishedParameters) {
   auto cfg = parse_model_config(preset_config("kimi-linear-48b-a3b").value(), "preset").value();
-  auto cpu = make_backend(BackendOptions{});
   // MODEL.md 1.1: 49,122,681,728 parameters in the checkpoint, 26 MoE layers × 256 router biases.
-  EXPECT_EQ(count_parameters(cfg, **cpu), 49122681728ull - 26 * 256);
+  EXPECT_EQ(count_parameters(cfg), 49122681728ull - 26 * 256);
+}
+
+TEST(DummyWeights, CountsMxfp4ExpertsPacked) {
+  auto cfg = parse_model_config(preset_config("kimi-linear-48b-a3b-mxfp4").value(), "preset").value();
+  ASSERT_EQ(cfg.expert_format, ExpertFormat::kMxfp4);
+  const uint64_t routed = 26ull * 256 * 3 * 2304 * 1024;  // MoE layers × experts × (w1, w3, w2)
+  const WeightCount packed = count_weights(cfg, WeightStorage{DType::kBF16, Mxfp4Storage::kPacked});
+  const WeightCount widened = count_weights(cfg, WeightStorage{DType::kBF16, Mxfp4Storage::kWidened});
+  EXPECT_EQ(packed.parameters, 49122681728ull - 26 * 256);
+  EXPECT_EQ(packed.bytes.at(DType::kU8), routed / 2 + routed / 32);
+  EXPECT_EQ(widened.bytes.count(DType::kU8), 0u);
+  EXPECT_EQ(widened.total_bytes() - packed.total_bytes(), routed * 2 - (routed / 2 + routed / 32));
 }
 
 TEST(DummyWeights, ThroughTheCli) {
@@ -59,7 +71,7 @@ TEST(DummyWeights, ThroughTheCli) {
   ASSERT_EQ(testing::run_cli("init --preset kimi-linear-48b-a3b --config-only --out " + dir.str()).exit_code, 0);
   const auto info = testing::run_cli("info --model " + dir.str() + " --load-format dummy");
   EXPECT_EQ(info.exit_code, 0) << info.all();
-  EXPECT_NE(info.out.find("dummy weights: 49122675072 parameters"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("on the device (bfloat16, MXFP4 experts packed): 49122675072 parameters"), std::string::npos) << info.out;
   const auto refused = testing::run_cli("init --preset kimi-linear-48b-a3b --out " + dir.file("big"));
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_NE(refused.err.find("--config-only"), std::string::npos) << refused.err;

@@ -154,8 +154,8 @@ struct InfoArgs {
 };
 
 // With a layout over ranks (or --context): what one rank holds of the weights and caches (every
-// rank holds an equal part), beside the whole model, at 2 bytes per weight and activation
-// (bfloat16, the CUDA default; routed MXFP4 experts are widened to it today); with --context, the
+// rank holds an equal part), beside the whole model, as the CUDA backend holds them by default
+// (bfloat16 weights and activations, MXFP4 routed experts packed); with --context, the
 // caches of --max-num-seqs sequences of that many tokens (the MLA latent by the token, no pages'
 // rounding).
 Status print_rank_plan(const ModelConfig& c, const InfoArgs& a) {
@@ -166,7 +166,6 @@ Status print_rank_plan(const ModelConfig& c, const InfoArgs& a) {
   if (sizes.world == 1 && sizes.expert == 1 && sizes.embed == 1 && sizes.lm_head == 1 && a.context == 0)
     return Status();
   KL_RETURN_IF_ERROR(check_parallel(c, sizes));
-  KL_ASSIGN_OR_RETURN(auto cpu, make_backend(BackendOptions{}));
   const ModelShard shard = shard_of(sizes, 0);
   std::printf("\nper rank over %d ranks: tensor %d, expert %d, embedding %d, lm head %d (bfloat16)\n", sizes.world,
               sizes.tensor, sizes.expert, sizes.embed, sizes.lm_head);
@@ -176,12 +175,12 @@ Status print_rank_plan(const ModelConfig& c, const InfoArgs& a) {
   std::printf("%-10s %15s %12s %18s %16s  %s\n", "", "parameters", "weight GiB", "KDA state MiB/seq", "MLA KiB/token",
               caches.c_str());
   for (const auto& [name, part] : {std::pair{"one rank", ModelShard{}}, {"each rank", shard}}) {
-    const uint64_t n = count_parameters(c, *cpu, part);
+    const WeightCount n = count_weights(c, WeightStorage{}, part);
     const CacheSizes cs = cache_unit_sizes(rank_config(c, part), DType::kBF16, 1);
     const double cache_bytes = static_cast<double>(a.max_num_seqs) *
                                (static_cast<double>(cs.bytes_per_slot) + static_cast<double>(a.context) * cs.bytes_per_page);
-    std::printf("%-10s %15llu %12.2f %18.2f %16.2f", name, static_cast<unsigned long long>(n),
-                static_cast<double>(n) * 2 / (1u << 30), cs.bytes_per_slot / 1048576.0, cs.bytes_per_page / 1024.0);
+    std::printf("%-10s %15llu %12.2f %18.2f %16.2f", name, static_cast<unsigned long long>(n.parameters),
+                static_cast<double>(n.total_bytes()) / (1u << 30), cs.bytes_per_slot / 1048576.0, cs.bytes_per_page / 1024.0);
     if (a.context) std::printf("  %.2f", cache_bytes / (1u << 20));
     std::printf("\n");
   }
@@ -240,13 +239,17 @@ int run_info(const InfoArgs& a) {
                 c.has_attn_res() ? (std::to_string(l / c.attn_res_block_size) + (l % c.attn_res_block_size == 0 ? " (seal)" : "")).c_str() : "-");
   }
   if (Status plan = print_rank_plan(c, a); !plan.ok()) return fail("info", plan);
-  if (!ckpt) {
-    auto cpu = make_backend(BackendOptions{});
-    const uint64_t n = count_parameters(c, **cpu);
-    std::printf("\ndummy weights: %llu parameters (%.1f GiB in bfloat16)\n", static_cast<unsigned long long>(n),
-                static_cast<double>(n) * 2 / (1u << 30));
-    return 0;
-  }
+  // What the weights take on the device (the CUDA backend's bfloat16, MXFP4 experts packed).
+  const WeightCount held = count_weights(c, WeightStorage{});
+  std::printf("\non the device (bfloat16, MXFP4 experts packed): %llu parameters\ndtype              bytes\n",
+              static_cast<unsigned long long>(held.parameters));
+  for (const auto& [dtype, b] : held.bytes)
+    std::printf("%-8s %14llu (%.2f GiB)\n", dtype == DType::kU8 ? "MXFP4" : dtype_name(dtype),
+                static_cast<unsigned long long>(b), static_cast<double>(b) / (1u << 30));
+  std::printf("total    %14llu (%.2f GiB)\n", static_cast<unsigned long long>(held.total_bytes()),
+              static_cast<double>(held.total_bytes()) / (1u << 30));
+  if (!ckpt) return 0;
+  std::printf("\nin the checkpoint");
   int64_t params = 0, bytes = 0;
   std::printf("\ndtype     tensors        params          bytes\n");
   for (const auto& [dtype, s] : ckpt->stats()) {
@@ -320,7 +323,7 @@ int run_init(const InitArgs& a) {
   auto parsed = parse_model_config(*cfg, a.preset);
   if (!parsed.ok()) return fail("init", parsed.status());
   auto cpu = make_backend(BackendOptions{});
-  const uint64_t bytes = 2 * count_parameters(*parsed, **cpu), limit = (*cpu)->available_bytes() / 4;
+  const uint64_t bytes = 2 * count_parameters(*parsed), limit = (*cpu)->available_bytes() / 4;
   if (bytes > limit)
     return fail("init", Status::ResourceExhausted("preset " + a.preset + " would write about " +
                                                   std::to_string(bytes >> 30) + " GiB of weights (limit " +

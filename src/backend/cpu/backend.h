@@ -37,7 +37,8 @@ class CpuBackend final : public Backend {
   void fill(const Tensor& t, float value) override;
   void random_fill(const Tensor& t, uint64_t seed, float lo, float hi, const FillWindow& w) override;
   Tensor upload(const Tensor& host, DType dtype) override;
-  Tensor upload_mxfp4(const Tensor& packed, const Tensor& scale) override;
+  ExpertMatrix upload_mxfp4(const Tensor& packed, const Tensor& scale) override;
+  Mxfp4Storage mxfp4_storage() const override { return Mxfp4Storage::kWidened; }
   Tensor to_device(const Tensor& host, DType dtype) override;
   void upload_layout(SeqLayout& layout) override;
   Tensor to_host(const Tensor& t) override;
@@ -76,8 +77,8 @@ class CpuBackend final : public Backend {
 
   void moe_route(const Tensor& logits, const Tensor& bias, const RouteParams& p, const Tensor& idx,
                  const Tensor& weights) override;
-  void moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13, const Tensor& w2,
-                   const GluParams& p, const Tensor& out, const SharedExperts& shared) override;
+  void moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const ExpertMatrix& w13,
+                   const ExpertMatrix& w2, const GluParams& p, const Tensor& out, const SharedExperts& shared) override;
 
   void attn_res_read(std::span<const Tensor> candidates, const Tensor& e, float eps, const Tensor& out) override;
 

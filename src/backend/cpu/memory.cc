@@ -113,7 +113,7 @@ void CpuBackend::upload_layout(SeqLayout& l) {
 }
 
 // MODEL.md 2.3: W[r, c] = e2m1(nibble(r, c)) · 2^(scale[r, c/32] − 127); the low nibble is the even column.
-Tensor CpuBackend::upload_mxfp4(const Tensor& packed, const Tensor& scale) {
+ExpertMatrix CpuBackend::upload_mxfp4(const Tensor& packed, const Tensor& scale) {
   KL_CHECK(packed.dtype() == DType::kU8 && scale.dtype() == DType::kU8, "MXFP4 parts must be U8");
   const int64_t in = packed.dim(-1) * 2;
   KL_CHECK(scale.dim(-1) * 32 == in && scale.numel() / scale.dim(-1) == packed.numel() / packed.dim(-1),

@@ -66,8 +66,11 @@ void CpuBackend::moe_route(const Tensor& logits, const Tensor& bias, const Route
   }
 }
 
-void CpuBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
-                             const Tensor& w2, const GluParams& p, const Tensor& out, const SharedExperts& shared) {
+void CpuBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const ExpertMatrix& w13m,
+                             const ExpertMatrix& w2m, const GluParams& p, const Tensor& out, const SharedExperts& shared) {
+  KL_CHECK(!w13m.mxfp4() && !w2m.mxfp4(), "moe_experts on the CPU takes dense experts (upload_mxfp4 widens them)");
+  const Tensor& w13 = w13m.w;
+  const Tensor& w2 = w2m.w;
   const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f2 = w13.dim(1), f = f2 / 2;
   const int64_t dout = w2.dim(1), k = idx.dim(1);
   KL_CHECK(w13.dim(2) == din && w2.dim(0) == num_experts && w2.dim(2) == f && out.shape() == Shape({n, dout}) &&

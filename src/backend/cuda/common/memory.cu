@@ -1,14 +1,14 @@
 // CUDA memory ops: the backend's life cycle, the step arena, persistent allocations, host<->device
 // copies with dtype conversion, fills, column and row copies (copy_columns: dst[:, dst_col + j] ←
-// src[:, src_col + j]; gather_rows: out[r] = src[rows[r]]), and MXFP4 dequantization at upload
-// (w = e2m1(nibble)·2^(scale − 127) per 32-column block, MODEL.md 2.3).
+// src[:, src_col + j]; gather_rows: out[r] = src[rows[r]]), and MXFP4 experts' upload (packed and
+// scales copied as they are, MODEL.md 2.3; moe.cu reads them).
 // Shapes and dtypes: as backend.h declares each op; values F32 or BF16 (In / Out), MXFP4 packed U8
-// [..., out, in/2] with scales U8 [..., out, in/32].
+// [E, out, in/2] with scales U8 [E, out, in/32].
 // Ownership: the backend owns the arena (rewound by begin_step; a step's tensors live until the
 // next) and the persistent blocks (freed with the backend); uploads return device tensors the
 // caller keeps; copies read src and write dst, nothing else.
 // Cost and floor: copies and fills are bound by bytes moved (~4.2 TB/s device to device; host
-// copies by PCIe, pageable); the MXFP4 widening runs once per weight at load.
+// copies by PCIe, pageable).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -161,21 +161,6 @@ void launch_gather(const void* src, int64_t src_rows, const int32_t* rows, void*
                                                      out_rows, units);
 }
 
-// MODEL.md 2.3: W[r, c] = e2m1(nibble(r, c)) · 2^(scale[r, c/32] − 127); the low nibble is the even column.
-__global__ void mxfp4_kernel(const uint8_t* packed, const uint8_t* scale, int64_t rows, int64_t in, Out w) {
-  const int64_t n = rows * in;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / in, c = i % in;
-    const uint8_t byte = packed[r * (in / 2) + c / 2];
-    const uint8_t nib = (c % 2 == 0) ? (byte & 0xF) : (byte >> 4);
-    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    const float v = (nib & 8) ? -mag[nib & 7] : mag[nib & 7];
-    const uint8_t e = scale[r * (in / 32) + c / 32];
-    const float s = e == 255 ? __int_as_float(0x7fc00000) : ldexpf(1.0f, static_cast<int>(e) - 127);
-    w.set(i, v * s);
-  }
-}
-
 }  // namespace
 
 CudaBackend::CudaBackend(DType dtype, CudaGraphs graphs, AttentionKernels attention)
@@ -314,26 +299,21 @@ Tensor CudaBackend::upload(const Tensor& host, DType dtype) {
   return t;
 }
 
-Tensor CudaBackend::upload_mxfp4(const Tensor& packed, const Tensor& scale) {
-  KL_CHECK(packed.dtype() == DType::kU8 && scale.dtype() == DType::kU8, "MXFP4 parts must be U8");
-  const int64_t in_cols = packed.dim(-1) * 2, rows = packed.numel() / packed.dim(-1);
-  KL_CHECK(scale.dim(-1) * 32 == in_cols && scale.numel() / scale.dim(-1) == rows,
+// Packed and scales stay as loaded (moe.cu dequantizes in registers): 4.25 bits a weight.
+ExpertMatrix CudaBackend::upload_mxfp4(const Tensor& packed, const Tensor& scale) {
+  KL_CHECK(packed.dtype() == DType::kU8 && scale.dtype() == DType::kU8 && packed.rank() == 3 && scale.rank() == 3,
+           "MXFP4 parts must be U8 [E, rows, in/2] and [E, rows, in/32]");
+  KL_CHECK(scale.dim(0) == packed.dim(0) && scale.dim(1) == packed.dim(1) && scale.dim(2) * 16 == packed.dim(2),
            "MXFP4 scale " + shapes(scale) + " does not fit packed " + shapes(packed));
-  Shape shape = packed.shape();
-  shape.back() = in_cols;
-  Tensor w = alloc_persistent(dtype_, shape);
-  auto p = device_block(packed.nbytes(), "upload_mxfp4 packed");
-  auto s = device_block(scale.nbytes(), "upload_mxfp4 scale");
-  KL_CUDA(cudaMemcpyAsync(p.get(), packed.data(), packed.nbytes(), cudaMemcpyHostToDevice, stream_), "upload_mxfp4");
-  KL_CUDA(cudaMemcpyAsync(s.get(), scale.data(), scale.nbytes(), cudaMemcpyHostToDevice, stream_), "upload_mxfp4");
-  if (w.numel() > 0) {
-    mxfp4_kernel<<<blocks_for(w.numel(), 256), 256, 0, stream_>>>(static_cast<const uint8_t*>(p.get()),
-                                                                   static_cast<const uint8_t*>(s.get()), rows, in_cols,
-                                                                   out(w, "upload_mxfp4"));
-    KL_LAUNCHED("upload_mxfp4 " + shapes(packed));
-  }
+  auto bytes = [&](const Tensor& host) {
+    Tensor t = alloc_persistent(DType::kU8, host.shape());
+    KL_CUDA(cudaMemcpyAsync(t.data(), host.data(), host.nbytes(), cudaMemcpyHostToDevice, stream_),
+            "upload_mxfp4 " + shapes(host));
+    return t;
+  };
+  ExpertMatrix m(bytes(packed), bytes(scale));
   sync("upload_mxfp4");
-  return w;
+  return m;
 }
 
 Tensor CudaBackend::to_device(const Tensor& host, DType dtype) {

@@ -58,6 +58,15 @@
 // - kPerExpertGemm (prefill): the routing read to the host, slots grouped by expert, one grouped
 //   GEMM launch per projection over the active experts (a problem each: CUTLASS's kernel for BF16,
 //   cuBLAS's grouped call otherwise, gemm.cu), the same combine in a separate kernel.
+//
+// MXFP4 experts (ExpertMatrix packed U8 + E8M0 scales, 4.25 bits a weight; mxfp4.cuh's arithmetic):
+// the rows path reads a 32-value block (16 bytes and a scale) per lane and step; the grouped path's
+// bf16 branch gives a quad 128 k per warp step, thread t4 the block 4c + t4 of its two rows per
+// m-tile, dequantized a word at a time into the mma's A pairs (its f32 branch reads value by
+// value); the swapped GEMMs take dense experts only, so N = 9..256 runs the grouped path; the
+// per-expert GEMMs dequantize the active experts into the arena first (dequantize_experts_kernel,
+// kDequantBytes at a time). Floors (48B shape, experts only, 4.2 TB/s): 7.3 µs of MXFP4 weights at
+// N = 1 (8 experts), 0.20 ms at N = 64 (~87 % of the 256 experts), 0.23 ms with all of them.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -68,6 +77,7 @@
 #include "backend/cuda/common/ptx.cuh"
 #include "backend/cuda/moe/moe.h"
 #include "backend/cuda/moe/moe_gemm_sm90.h"
+#include "backend/cuda/moe/mxfp4.cuh"
 
 namespace klinear::cuda {
 
@@ -304,8 +314,10 @@ struct ExpertsArgs {
   int k;
   const Group* groups;    // [max_groups] from plan_kernel
   const int32_t* slots;   // [N·K] from plan_kernel
-  const void* w13;        // [E, 2f, din]
-  const void* w2;         // [E, dout, f]
+  const void* w13;        // [E, 2f, din], or MXFP4 packed [E, 2f, din/2]
+  const void* w2;         // [E, dout, f], or MXFP4 packed [E, dout, f/2]
+  const uint8_t* w13_scale;  // MXFP4 [E, 2f, din/32]; null: dense
+  const uint8_t* w2_scale;   // MXFP4 [E, dout, f/32]
   int64_t f, dout;
   void* act;              // [N·K, f] GLU outputs per slot
   void* y;                // [N·K, dout] expert outputs per slot
@@ -333,6 +345,111 @@ __device__ __forceinline__ uint4 load8(const __nv_bfloat16* row, int64_t k, int6
   }
 }
 
+// Row `row` of an expert matrix whose rows are `width` wide: dense T, or MXFP4 (mxfp4.cuh).
+template <typename T, bool kMx>
+__device__ __forceinline__ auto expert_row(const void* w, const uint8_t* scale, int64_t row, int64_t width) {
+  if constexpr (kMx)
+    return Mxfp4Row{static_cast<const uint8_t*>(w) + row * (width / 2), scale + row * (width / 32)};
+  else
+    return static_cast<const T*>(w) + row * width;
+}
+
+// Element k of a weight row as a float (zero for a null row).
+template <typename T>
+__device__ __forceinline__ float weight_at(const T* row, int64_t k) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return row ? __bfloat162float(row[k]) : 0.0f; else return row ? row[k] : 0.0f;
+}
+__device__ __forceinline__ float weight_at(const Mxfp4Row& row, int64_t k) { return mxfp4_value(row, k); }
+
+// red[warp] ← this warp's mma accumulators acc[m][nt] (16-row m-tile m, 8-token n-tile nt < ntiles).
+template <int kRows>
+__device__ __forceinline__ void store_parts(const float (&acc)[kRows / 16][kGroup / 8][4], int ntiles,
+                                            float (*red)[kRows][kGroup]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kGroup / 8; ++nt) {
+    if (nt >= ntiles) break;
+    const int j = nt * 8 + 2 * t4;
+#pragma unroll
+    for (int m = 0; m < kRows / 16; ++m) {
+      red[warp][16 * m + g][j] = acc[m][nt][0];
+      red[warp][16 * m + g][j + 1] = acc[m][nt][1];
+      red[warp][16 * m + g + 8][j] = acc[m][nt][2];
+      red[warp][16 * m + g + 8][j + 1] = acc[m][nt][3];
+    }
+  }
+}
+
+// tile_product's bf16 branch for MXFP4 rows (mxfp4.cuh): per warp step a quad covers 128 k, thread
+// t4 the 32-value block 4c + t4 of rows g and g + 8 of each m-tile (16 packed bytes and a scale
+// each), dequantized a word at a time into the pairs (i, i + 4) that the tokens' x is paired as.
+template <int kRows, typename RowFn>
+__device__ void tile_product_mxfp4(RowFn row, const __nv_bfloat16* const* xrows, int gm, int64_t kdim,
+                                   float (*red)[kRows][kGroup]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int ntiles = (gm + 7) / 8;
+  constexpr int kM = kRows / 16;
+  const int g = lane >> 2, t4 = lane & 3;
+  Mxfp4Row rows[kM][2];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    rows[m][0] = row(16 * m + g);
+    rows[m][1] = row(16 * m + g + 8);
+  }
+  const __nv_bfloat16* xr[kGroup / 8];
+#pragma unroll
+  for (int nt = 0; nt < kGroup / 8; ++nt) xr[nt] = xrows[nt * 8 + g];
+  float acc[kM][kGroup / 8][4] = {};
+  const int64_t blocks = kdim / 32, nc = (blocks + 3) / 4, c0 = nc * warp / kWarps, c1 = nc * (warp + 1) / kWarps;
+  constexpr int kUnroll = 2;
+  for (int64_t c = c0; c < c1; c += kUnroll) {
+    uint4 q[kUnroll][kM][2];
+    Mxfp4Scale sc[kUnroll][kM][2];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t b = (c + u) * 4 + t4;
+      const bool in = c + u < c1 && b < blocks;
+#pragma unroll
+      for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const Mxfp4Row& r = rows[m][h];
+          const bool live = in && r.q != nullptr;
+          q[u][m][h] = live ? __ldcs(reinterpret_cast<const uint4*>(r.q) + b) : make_uint4(0, 0, 0, 0);
+          sc[u][m][h] = mxfp4_scale(live ? r.s[b] : 127u);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t b = (c + u) * 4 + t4;
+      if (c + u >= c1) break;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t a[kM][2][4];
+#pragma unroll
+        for (int m = 0; m < kM; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint4& qq = q[u][m][h];
+            mxfp4_pairs(w == 0 ? qq.x : w == 1 ? qq.y : w == 2 ? qq.z : qq.w, sc[u][m][h], a[m][h]);
+          }
+#pragma unroll
+        for (int nt = 0; nt < kGroup / 8; ++nt) {
+          if (nt >= ntiles) break;
+          uint32_t xp[4];
+          x_pairs_0426(b < blocks ? load8<true, false>(xr[nt], b * 32 + w * 8, kdim) : make_uint4(0, 0, 0, 0), xp);
+#pragma unroll
+          for (int m = 0; m < kM; ++m) {
+            ptx::mma_bf16(acc[m][nt], {a[m][0][0], a[m][1][0], a[m][0][1], a[m][1][1]}, xp[0], xp[1]);
+            ptx::mma_bf16(acc[m][nt], {a[m][0][2], a[m][1][2], a[m][0][3], a[m][1][3]}, xp[2], xp[3]);
+          }
+        }
+      }
+    }
+  }
+  store_parts<kRows>(acc, ntiles, red);
+}
+
 // red[w][r][j] ← part w of Σ_k W[r][k] · X[j][k] for the block's kRows weight rows (`row(r)`, null
 // past the end) and tokens j < gm (`xrows[j]`, null past gm), k < kdim. bf16: warp w takes a
 // quarter of k for every row on tensor cores (16-row m-tiles; the parts are summed by the caller,
@@ -342,7 +459,10 @@ template <typename T, bool kVec, int kRows, typename RowFn>
 __device__ void tile_product(RowFn row, const T* const* xrows, int gm, int64_t kdim, float (*red)[kRows][kGroup]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int ntiles = (gm + 7) / 8;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+  using W = decltype(row(0));
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && std::is_same_v<W, Mxfp4Row>) {
+    tile_product_mxfp4<kRows>(row, xrows, gm, kdim, red);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     constexpr int kM = kRows / 16, kUnroll = kLoadTiles / kM;  // chunks whose loads are issued together
     const int g = lane >> 2, t4 = lane & 3;
     const T* wa[kM];
@@ -386,22 +506,11 @@ __device__ void tile_product(RowFn row, const T* const* xrows, int gm, int64_t k
         }
       }
     }
-#pragma unroll
-    for (int nt = 0; nt < kGroup / 8; ++nt) {
-      if (nt >= ntiles) break;
-      const int j = nt * 8 + 2 * t4;
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        red[warp][16 * m + g][j] = acc[m][nt][0];
-        red[warp][16 * m + g][j + 1] = acc[m][nt][1];
-        red[warp][16 * m + g + 8][j] = acc[m][nt][2];
-        red[warp][16 * m + g + 8][j + 1] = acc[m][nt][3];
-      }
-    }
+  store_parts<kRows>(acc, ntiles, red);
   } else {
     constexpr int kRowsPerWarp = kRows / kWarps, kRowStep = 4;
     for (int r0 = warp * kRowsPerWarp; r0 < (warp + 1) * kRowsPerWarp; r0 += kRowStep) {
-      const T* wr[kRowStep];
+      W wr[kRowStep];
       for (int r = 0; r < kRowStep; ++r) wr[r] = row(r0 + r);
       for (int nt = 0; nt < ntiles; ++nt) {
         float acc[kRowStep][8] = {};
@@ -409,7 +518,7 @@ __device__ void tile_product(RowFn row, const T* const* xrows, int gm, int64_t k
         for (int j = 0; j < 8; ++j) xr[j] = xrows[nt * 8 + j];
         for (int64_t k = lane; k < kdim; k += 32) {
           float wv[kRowStep];
-          for (int r = 0; r < kRowStep; ++r) wv[r] = wr[r] ? wr[r][k] : 0.0f;
+          for (int r = 0; r < kRowStep; ++r) wv[r] = weight_at(wr[r], k);
           for (int j = 0; j < 8; ++j) {
             const float xv = xr[j] ? xr[j][k] : 0.0f;
             for (int r = 0; r < kRowStep; ++r) acc[r][j] = fmaf(wv[r], xv, acc[r][j]);
@@ -453,7 +562,8 @@ enum class Stage {
             // tile adds its K outputs in k order into out
 };
 
-template <typename T, bool kVec, int kRows, Stage kStage>
+// kMx: the weights are MXFP4 (mxfp4.cuh), T the activations' dtype.
+template <typename T, bool kVec, int kRows, Stage kStage, bool kMx>
 __global__ void __launch_bounds__(kThreads) experts_kernel(ExpertsArgs p) {
   static_assert(kRows % 16 == 0 && kLoadTiles % (kRows / 16) == 0, "rows: 16-row m-tiles, a divisor of kLoadTiles");
   constexpr bool kUp = kStage == Stage::kGateUp;
@@ -477,15 +587,19 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ExpertsArgs p) {
   // The block's input rows (x per token, or act per slot) and weight rows.
   const T* in = static_cast<const T*>(kUp ? p.x : p.act);
   const int64_t width = kUp ? p.din : p.f;
-  const T* w = kUp ? static_cast<const T*>(p.w13) + int64_t{grp.e} * 2 * p.f * p.din
-                   : static_cast<const T*>(p.w2) + int64_t{grp.e} * p.dout * p.f;
-  auto row = [&](int r) -> const T* {
+  // Weight row i of this expert's projection (null past its rows).
+  const int64_t first_row = int64_t{grp.e} * (kUp ? 2 * p.f : p.dout);
+  auto weight_row = [&](int64_t i, bool live) {
+    using W = decltype(expert_row<T, kMx>(nullptr, nullptr, 0, 0));
+    return live ? expert_row<T, kMx>(kUp ? p.w13 : p.w2, kUp ? p.w13_scale : p.w2_scale, first_row + i, width) : W{};
+  };
+  auto row = [&](int r) {
     if constexpr (kUp) {
       const int64_t f = int64_t{tile} * kHalf + r % kHalf;
-      return f < p.f ? w + (r < kHalf ? f : p.f + f) * p.din : nullptr;
+      return weight_row(r < kHalf ? f : p.f + f, f < p.f);
     } else {
       const int64_t d = int64_t{tile} * kRows + r;
-      return d < p.dout ? w + d * p.f : nullptr;
+      return weight_row(d, d < p.dout);
     }
   };
   T* act = static_cast<T*>(p.act);
@@ -540,17 +654,17 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ExpertsArgs p) {
 
 bool grouped_fits(int64_t num_experts) { return plan_smem(num_experts) + kPlanWarps * 4 <= kSmemLimit; }
 
-template <typename T, bool kVec, int kRows>
+template <typename T, bool kVec, int kRows, bool kMx>
 void launch_stages(CudaBackend& be, ExpertsArgs a, int64_t n, int64_t entries, const std::string& what) {
   const int64_t down_tiles = (a.dout + kRows - 1) / kRows;
   const Tensor counters = be.alloc(DType::kI32, {n, down_tiles});
   a.counters = counters.data_as<int32_t>();
   a.num_counters = n * down_tiles;
   const auto y = static_cast<unsigned>(entries);
-  launch_dependent(be.stream(), experts_kernel<T, kVec, kRows, Stage::kGateUp>,
+  launch_dependent(be.stream(), experts_kernel<T, kVec, kRows, Stage::kGateUp, kMx>,
                    dim3(static_cast<unsigned>((a.f + kRows / 2 - 1) / (kRows / 2)), y), dim3(kThreads),
                    0, what + " (gate_up)", a);
-  launch_dependent(be.stream(), experts_kernel<T, kVec, kRows, Stage::kDown>, dim3(static_cast<unsigned>(down_tiles), y),
+  launch_dependent(be.stream(), experts_kernel<T, kVec, kRows, Stage::kDown, kMx>, dim3(static_cast<unsigned>(down_tiles), y),
                    dim3(kThreads), 0, what + " (down)", a);
 }
 
@@ -567,9 +681,9 @@ void launch_plan(CudaBackend& be, const Tensor& idx, int64_t num_experts, const 
 }
 
 void experts_grouped(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights,
-                     const Tensor& w13, const Tensor& w2, const GluParams& gp, const Tensor& o,
+                     const ExpertMatrix& w13, const ExpertMatrix& w2, const GluParams& gp, const Tensor& o,
                      const std::string& what) {
-  const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f = w13.dim(1) / 2, dout = w2.dim(1);
+  const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.experts(), f = w13.rows() / 2, dout = w2.rows();
   const int64_t k = idx.dim(1), nk = n * k;
   const int64_t entries = max_groups(nk, num_experts);
   const Tensor act = be.alloc(x.dtype(), {nk, f}), y = be.alloc(x.dtype(), {nk, dout});
@@ -586,8 +700,10 @@ void experts_grouped(CudaBackend& be, const Tensor& x, const Tensor& idx, const 
   a.k = static_cast<int>(k);
   a.groups = static_cast<const Group*>(groups.data());
   a.slots = slots.data_as<const int32_t>();
-  a.w13 = w13.data();
-  a.w2 = w2.data();
+  a.w13 = w13.w.data();
+  a.w2 = w2.w.data();
+  a.w13_scale = w13.mxfp4() ? w13.scale.data_as<const uint8_t>() : nullptr;
+  a.w2_scale = w2.mxfp4() ? w2.scale.data_as<const uint8_t>() : nullptr;
   a.f = f;
   a.dout = dout;
   a.act = act.data();
@@ -597,14 +713,21 @@ void experts_grouped(CudaBackend& be, const Tensor& x, const Tensor& idx, const 
   a.has_linear_beta = gp.linear_beta.has_value();
   a.linear_beta = gp.linear_beta.value_or(1.0f);
   a.o = out(o, "moe_experts");
-  if (x.dtype() == DType::kBF16) {
-    const bool vec = din % 8 == 0 && f % 8 == 0 && aligned16(x.data()) && aligned16(w13.data()) && aligned16(w2.data());
-    if (vec)
-      launch_stages<__nv_bfloat16, true, kTileRows>(be, a, n, entries, what);
+  if (w13.mxfp4()) {
+    // MXFP4 widths are multiples of 32 and its bf16 path reads x in 16-byte loads (grouped_fits).
+    if (x.dtype() == DType::kBF16)
+      launch_stages<__nv_bfloat16, true, kTileRows, true>(be, a, n, entries, what);
     else
-      launch_stages<__nv_bfloat16, false, kTileRows>(be, a, n, entries, what);
+      launch_stages<float, false, kTileRows, true>(be, a, n, entries, what);
+  } else if (x.dtype() == DType::kBF16) {
+    const bool vec =
+        din % 8 == 0 && f % 8 == 0 && aligned16(x.data()) && aligned16(w13.w.data()) && aligned16(w2.w.data());
+    if (vec)
+      launch_stages<__nv_bfloat16, true, kTileRows, false>(be, a, n, entries, what);
+    else
+      launch_stages<__nv_bfloat16, false, kTileRows, false>(be, a, n, entries, what);
   } else {
-    launch_stages<float, false, kTileRows>(be, a, n, entries, what);
+    launch_stages<float, false, kTileRows, false>(be, a, n, entries, what);
   }
 }
 
@@ -647,11 +770,45 @@ void combine(CudaBackend& be, const Tensor& y, const Tensor& pos, const Tensor& 
   KL_LAUNCHED(what + " (combine)");
 }
 
+// MXFP4 experts for the per-expert GEMMs: out[i] ← expert experts[i] of packed / scale (rows × in
+// each), dequantized (mxfp4.cuh's values) into out's dtype; a thread per 32-value block.
+// Cost: reads 17/32 byte a value, writes 2 (BF16) or 4 (F32): bound by the writes.
+__global__ void dequantize_experts_kernel(const uint8_t* packed, const uint8_t* scale, const int32_t* experts,
+                                          int64_t count, int64_t blocks_per_expert, Out out) {
+  const int64_t total = count * blocks_per_expert;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t b = experts[i / blocks_per_expert] * blocks_per_expert + i % blocks_per_expert;
+    const uint4 q = __ldcs(reinterpret_cast<const uint4*>(packed) + b);
+    const Mxfp4Scale sc = mxfp4_scale(scale[b]);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      uint32_t pr[4];  // (value i, value i + 4) of the word
+      mxfp4_pairs(w == 0 ? q.x : w == 1 ? q.y : w == 2 ? q.z : q.w, sc, pr);
+      if (out.bf16) {
+        const uint4 v = make_uint4(__byte_perm(pr[0], pr[1], 0x5410), __byte_perm(pr[2], pr[3], 0x5410),
+                                   __byte_perm(pr[0], pr[1], 0x7632), __byte_perm(pr[2], pr[3], 0x7632));
+        reinterpret_cast<uint4*>(out.p)[i * 4 + w] = v;
+      } else {
+        float* o = static_cast<float*>(out.p) + i * 32 + w * 8;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pr[j]));
+          o[j] = v.x;
+          o[j + 4] = v.y;
+        }
+      }
+    }
+  }
+}
+
+// The most bytes the per-expert path's dequantized MXFP4 experts take at once (one expert at least).
+constexpr int64_t kDequantBytes = int64_t{512} << 20;
+
 void experts_per_expert_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights,
-                             const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o,
+                             const ExpertMatrix& w13, const ExpertMatrix& w2, const GluParams& p, const Tensor& o,
                              const std::string& what) {
-  const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f2 = w13.dim(1), f = f2 / 2;
-  const int64_t dout = w2.dim(1), k = idx.dim(1);
+  const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.experts(), f2 = w13.rows(), f = f2 / 2;
+  const int64_t dout = w2.rows(), k = idx.dim(1);
   // Plan on the host: slots grouped by expert, in slot order within each expert.
   const Tensor ids = be.to_host(idx);
   const int32_t* id = ids.data_as<const int32_t>();
@@ -669,7 +826,7 @@ void experts_per_expert_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx
     token[at] = static_cast<int32_t>(s / k);
     pos[s] = static_cast<int32_t>(at);
   }
-  auto dev = [&](std::vector<int32_t>& v) {
+  auto dev = [&](std::vector<int32_t> v) {
     return be.to_device(Tensor::wrap(DType::kI32, {static_cast<int64_t>(v.size())}, v.data(), nullptr, Device::kCpu),
                         DType::kI32);
   };
@@ -680,28 +837,46 @@ void experts_per_expert_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx
   const Tensor h = be.alloc(x.dtype(), {n * k, f2}), act = be.alloc(x.dtype(), {n * k, f});
   const Tensor y = be.alloc(x.dtype(), {n * k, dout});
   const size_t es = dtype_size(x.dtype());
-  // Each expert's rows of `in` [n·k, width] times its weight [out_w, width] of `w` into `c`, all
-  // experts in one grouped launch.
-  auto per_expert = [&](const Tensor& in, int64_t width, const Tensor& w, int64_t out_w, const Tensor& c,
+  // Each expert's rows of `in` [n·k, width] times its weight [out_w, width] of `w` into `c`, in
+  // one grouped launch over the active experts; MXFP4 ones dequantized first, as many at a time as
+  // kDequantBytes holds, a launch per such chunk.
+  std::vector<int32_t> active;
+  for (int64_t e = 0; e < num_experts; ++e)
+    if (offset[e + 1] > offset[e]) active.push_back(static_cast<int32_t>(e));
+  auto per_expert = [&](const Tensor& in, int64_t width, const ExpertMatrix& w, int64_t out_w, const Tensor& c,
                         const char* name) {
-    std::vector<GemmArgs> problems;
-    for (int64_t e = 0; e < num_experts; ++e) {
-      const int64_t rows = offset[e + 1] - offset[e];
-      if (rows == 0) continue;
-      GemmArgs& g = problems.emplace_back();
-      g.m = rows;
-      g.n = out_w;
-      g.k = width;
-      g.a = static_cast<const char*>(in.data()) + offset[e] * width * es;
-      g.lda = width;
-      g.b = static_cast<const char*>(w.data()) + e * out_w * width * es;
-      g.ldb = width;
-      g.c = static_cast<char*>(c.data()) + offset[e] * out_w * es;
-      g.ldc = out_w;
-      g.ab_dtype = x.dtype();
-      g.c_dtype = c.dtype();
+    const int64_t matrix = out_w * width * static_cast<int64_t>(es), count = static_cast<int64_t>(active.size());
+    const int64_t chunk = w.mxfp4() ? std::clamp<int64_t>(kDequantBytes / matrix, 1, std::max<int64_t>(count, 1)) : count;
+    const Tensor scratch = w.mxfp4() && count > 0 ? be.alloc(x.dtype(), {chunk, out_w, width}) : Tensor();
+    for (int64_t a0 = 0; a0 < count; a0 += chunk) {
+      const int64_t a1 = std::min(count, a0 + chunk);
+      if (w.mxfp4()) {
+        const Tensor chunk_ids = dev(std::vector<int32_t>(active.begin() + a0, active.begin() + a1));
+        const int64_t blocks = out_w * width / 32;
+        dequantize_experts_kernel<<<blocks_for((a1 - a0) * blocks, 256), 256, 0, be.stream()>>>(
+            w.w.data_as<const uint8_t>(), w.scale.data_as<const uint8_t>(), chunk_ids.data_as<const int32_t>(), a1 - a0,
+            blocks, out(scratch, "moe_experts"));
+        KL_LAUNCHED(what + " (dequantize " + name + ")");
+      }
+      std::vector<GemmArgs> problems;
+      for (int64_t a = a0; a < a1; ++a) {
+        const int64_t e = active[a], rows = offset[e + 1] - offset[e];
+        GemmArgs& g = problems.emplace_back();
+        g.m = rows;
+        g.n = out_w;
+        g.k = width;
+        g.a = static_cast<const char*>(in.data()) + offset[e] * width * es;
+        g.lda = width;
+        g.b = w.mxfp4() ? static_cast<const char*>(scratch.data()) + (a - a0) * matrix
+                        : static_cast<const char*>(w.w.data()) + e * matrix;
+        g.ldb = width;
+        g.c = static_cast<char*>(c.data()) + offset[e] * out_w * es;
+        g.ldc = out_w;
+        g.ab_dtype = x.dtype();
+        g.c_dtype = c.dtype();
+      }
+      be.gemm_grouped(problems, name);
     }
-    be.gemm_grouped(problems, name);
   };
   per_expert(xp, din, w13, f2, h, "moe_experts gate_up");
   be.glu(h, p, act);
@@ -741,6 +916,43 @@ __device__ __forceinline__ void rows_dot(const __nv_bfloat16* const (&a)[kRows],
   }
 }
 
+// rows_dot for MXFP4 weight rows: lane l takes the 32-value blocks l + 32·i (16 packed bytes and a
+// scale each), against the matching 32 values of a (four 16-byte loads), paired as mxfp4_pairs
+// pairs the weights.
+template <int kRows>
+__device__ __forceinline__ void rows_dot(const __nv_bfloat16* const (&a)[kRows], const Mxfp4Row (&b)[kRows], int live,
+                                         int64_t width, float (&acc)[kRows]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll 2
+  for (int64_t blk = lane; blk < width / 32; blk += 32) {
+    uint4 rb[kRows];
+    uint32_t e[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (r < live) {
+        rb[r] = __ldcs(reinterpret_cast<const uint4*>(b[r].q) + blk);
+        e[r] = b[r].s[blk];
+      }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (r < live) {
+        const Mxfp4Scale sc = mxfp4_scale(e[r]);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          uint32_t wp[4], xp[4];
+          mxfp4_pairs(w == 0 ? rb[r].x : w == 1 ? rb[r].y : w == 2 ? rb[r].z : rb[r].w, sc, wp);
+          x_pairs_0426(__ldg(reinterpret_cast<const uint4*>(a[r] + blk * 32 + w * 8)), xp);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float2 wf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&wp[i]));
+            const float2 xf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&xp[i]));
+            acc[r] = fmaf(wf.y, xf.y, fmaf(wf.x, xf.x, acc[r]));
+          }
+        }
+      }
+  }
+}
+
 // The expert of slot s, checked (an index outside [0, E) prints and traps, as the plan does).
 __device__ __forceinline__ int slot_expert(const int32_t* idx, int64_t s, int num_experts) {
   const int e = idx[s];
@@ -757,8 +969,10 @@ struct RowsArgs {
   const int32_t* idx;        // [N, K]
   const float* weights;      // [N, K]
   int k, num_experts;
-  const __nv_bfloat16* w13;  // [E, 2f, din]
-  const __nv_bfloat16* w2;   // [E, dout, f]
+  const void* w13;           // bf16 [E, 2f, din], or MXFP4 packed [E, 2f, din/2]
+  const void* w2;            // bf16 [E, dout, f], or MXFP4 packed [E, dout, f/2]
+  const uint8_t* w13_scale;  // MXFP4 [E, 2f, din/32]; null: bf16
+  const uint8_t* w2_scale;   // MXFP4 [E, dout, f/32]
   int64_t f, dout;
   __nv_bfloat16* act;        // [N·K, f]
   Activation kind;
@@ -778,6 +992,8 @@ struct RowsArgs {
 // of slot s's expert: the gate and up rows against x[s / K], each sum rounded to bf16 (as every
 // linear's output is), the GLU into act. The blocks after them: a thread per shared activation, the
 // GLU of the shared experts' projection into shared_act (glu_kernel's arithmetic).
+// kMx: the routed experts are MXFP4.
+template <bool kMx>
 __global__ void __launch_bounds__(kRowWarps * 32) rows_gate_up_kernel(RowsArgs p) {
   pdl_enter();  // idx comes from the router, shared_gu from the projection before it
   const int64_t tiles = (p.f + kRowWarps - 1) / kRowWarps, routed_blocks = tiles * p.n * p.k;
@@ -795,9 +1011,10 @@ __global__ void __launch_bounds__(kRowWarps * 32) rows_gate_up_kernel(RowsArgs p
   if (feature >= p.f) return;
   const int e = slot_expert(p.idx, s, p.num_experts);
   const __nv_bfloat16* x = p.x + s / p.k * p.din;
-  const __nv_bfloat16* gate_row = p.w13 + (e * 2 * p.f + feature) * p.din;
   const __nv_bfloat16* const xs[2] = {x, x};
-  const __nv_bfloat16* const rows[2] = {gate_row, gate_row + p.f * p.din};
+  const decltype(expert_row<__nv_bfloat16, kMx>(nullptr, nullptr, 0, 0)) rows[2] = {
+      expert_row<__nv_bfloat16, kMx>(p.w13, p.w13_scale, e * 2 * p.f + feature, p.din),
+      expert_row<__nv_bfloat16, kMx>(p.w13, p.w13_scale, e * 2 * p.f + p.f + feature, p.din)};
   float sums[2] = {};
   rows_dot<2>(xs, rows, 2, p.din, sums);
   const float gate = warp_sum(sums[0]), up = warp_sum(sums[1]);
@@ -817,6 +1034,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) rows_gate_up_kernel(RowsArgs p
 // blocks an SM), which cost the N = 1 experts more than the registers gain
 // (docs/perf-log.md, "Notes moved from the CUDA sources").
 constexpr int kDownPicks = 4;
+template <bool kMx>
 __global__ void __launch_bounds__(kRowWarps * 32, 4) rows_down_kernel(RowsArgs p) {
   const int64_t tiles = (p.dout + kRowWarps - 1) / kRowWarps, t = blockIdx.x / tiles;
   const int64_t d = blockIdx.x % tiles * kRowWarps + threadIdx.x / 32;
@@ -826,11 +1044,11 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4) rows_down_kernel(RowsArgs p
   for (int j0 = 0; j0 < p.k; j0 += kDownPicks) {
     const int live = min(kDownPicks, p.k - j0);
     const __nv_bfloat16* acts[kDownPicks] = {};
-    const __nv_bfloat16* rows[kDownPicks] = {};
+    decltype(expert_row<__nv_bfloat16, kMx>(nullptr, nullptr, 0, 0)) rows[kDownPicks] = {};
     for (int r = 0; r < live; ++r) {
       const int64_t s = t * p.k + j0 + r;
       acts[r] = p.act + s * p.f;
-      rows[r] = p.w2 + (slot_expert(p.idx, s, p.num_experts) * p.dout + d) * p.f;
+      rows[r] = expert_row<__nv_bfloat16, kMx>(p.w2, p.w2_scale, slot_expert(p.idx, s, p.num_experts) * p.dout + d, p.f);
     }
     float sums[kDownPicks] = {};
     rows_dot<kDownPicks>(acts, rows, live, p.f, sums);
@@ -848,11 +1066,13 @@ __global__ void __launch_bounds__(kRowWarps * 32, 4) rows_down_kernel(RowsArgs p
   if (threadIdx.x % 32 == 0) p.o.set(t * p.dout + d, acc);
 }
 
-// The rows path reads x, w13 and w2 in 16-byte chunks.
-bool rows_fit(const Tensor& x, const Tensor& w13, const Tensor& w2) {
-  const int64_t din = x.dim(1), f = w13.dim(1) / 2;
-  return x.dtype() == DType::kBF16 && w13.dtype() == DType::kBF16 && w2.dtype() == DType::kBF16 && din % 8 == 0 &&
-         f % 8 == 0 && aligned16(x.data()) && aligned16(w13.data()) && aligned16(w2.data()) && w13.dim(0) <= INT_MAX;
+// The rows path reads x, w13 and w2 in 16-byte chunks: bf16 x, and bf16 weights with widths of 8 or
+// MXFP4 ones (widths of 32, rows of 16-byte multiples).
+bool rows_fit(const Tensor& x, const ExpertMatrix& w13, const ExpertMatrix& w2) {
+  const int64_t din = x.dim(1), f = w13.rows() / 2;
+  const bool weights = w13.mxfp4() || (w13.w.dtype() == DType::kBF16 && w2.w.dtype() == DType::kBF16);
+  return x.dtype() == DType::kBF16 && weights && din % 8 == 0 && f % 8 == 0 && aligned16(x.data()) &&
+         aligned16(w13.w.data()) && aligned16(w2.w.data()) && w13.experts() <= INT_MAX;
 }
 
 // Whether the rows path can add `shared` (defined) itself: bf16, read in 16-byte chunks, into a bf16 out.
@@ -864,10 +1084,10 @@ bool rows_fit_shared(const SharedExperts& s, const Tensor& x, const Tensor& o) {
 }
 
 // `shared`: undefined, or shared experts that fit (rows_fit_shared), added in the same two launches.
-void experts_rows(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
-                  const Tensor& w2, const GluParams& gp, const Tensor& o, const SharedExperts& shared,
+void experts_rows(CudaBackend& be, const Tensor& x, const Tensor& idx, const Tensor& weights, const ExpertMatrix& w13,
+                  const ExpertMatrix& w2, const GluParams& gp, const Tensor& o, const SharedExperts& shared,
                   const std::string& what) {
-  const int64_t n = x.dim(0), k = idx.dim(1), f = w13.dim(1) / 2, dout = w2.dim(1);
+  const int64_t n = x.dim(0), k = idx.dim(1), f = w13.rows() / 2, dout = w2.rows();
   const int64_t fs = shared.gate_up.defined() ? shared.down.dim(1) : 0;
   const Tensor act = be.alloc(DType::kBF16, {n * k, f});
   const Tensor shared_act = fs > 0 ? be.alloc(DType::kBF16, {n, fs}) : Tensor();
@@ -878,9 +1098,11 @@ void experts_rows(CudaBackend& be, const Tensor& x, const Tensor& idx, const Ten
   a.idx = idx.data_as<const int32_t>();
   a.weights = weights.data_as<const float>();
   a.k = static_cast<int>(k);
-  a.num_experts = static_cast<int>(w13.dim(0));
-  a.w13 = w13.data_as<const __nv_bfloat16>();
-  a.w2 = w2.data_as<const __nv_bfloat16>();
+  a.num_experts = static_cast<int>(w13.experts());
+  a.w13 = w13.w.data();
+  a.w2 = w2.w.data();
+  a.w13_scale = w13.mxfp4() ? w13.scale.data_as<const uint8_t>() : nullptr;
+  a.w2_scale = w2.mxfp4() ? w2.scale.data_as<const uint8_t>() : nullptr;
   a.f = f;
   a.dout = dout;
   a.act = act.data_as<__nv_bfloat16>();
@@ -896,9 +1118,9 @@ void experts_rows(CudaBackend& be, const Tensor& x, const Tensor& idx, const Ten
   const int64_t up_blocks = (f + kRowWarps - 1) / kRowWarps * n * k + (n * fs + kRowWarps * 32 - 1) / (kRowWarps * 32);
   const int64_t down_blocks = (dout + kRowWarps - 1) / kRowWarps * n;
   KL_CHECK(up_blocks <= INT_MAX && down_blocks <= INT_MAX, what + ": too many rows for the rows path");
-  launch_dependent(be.stream(), rows_gate_up_kernel, dim3(static_cast<unsigned>(up_blocks)), dim3(kRowWarps * 32), 0,
+  launch_dependent(be.stream(), w13.mxfp4() ? rows_gate_up_kernel<true> : rows_gate_up_kernel<false>, dim3(static_cast<unsigned>(up_blocks)), dim3(kRowWarps * 32), 0,
                    what + " (rows gate_up)", a);
-  launch_dependent(be.stream(), rows_down_kernel, dim3(static_cast<unsigned>(down_blocks)), dim3(kRowWarps * 32),
+  launch_dependent(be.stream(), w13.mxfp4() ? rows_down_kernel<true> : rows_down_kernel<false>, dim3(static_cast<unsigned>(down_blocks)), dim3(kRowWarps * 32),
                    0, what + " (rows down)", a);
 }
 
@@ -908,7 +1130,7 @@ void experts_swapped_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx, c
                           const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o,
                           const std::string& what) {
   const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f2 = w13.dim(1), f = f2 / 2;
-  const int64_t dout = w2.dim(1), k = idx.dim(1), nk = n * k;
+  const int64_t dout = w2.dim(1), k = idx.dim(1), nk = n * k;  // dense experts only (moe_path_fits)
   const Tensor slots = be.alloc(DType::kI32, {nk}), offsets = be.alloc(DType::kI32, {num_experts + 1});
   const Tensor pos = be.alloc(DType::kI32, {nk}), tokens = be.alloc(DType::kI32, {nk});
   PlanOut plan{};
@@ -930,17 +1152,23 @@ void experts_swapped_gemm(CudaBackend& be, const Tensor& x, const Tensor& idx, c
 }
 
 // Checks moe_experts' arguments; returns the name its launches report.
-std::string checked_moe_args(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
-                             const Tensor& w2, const Tensor& o) {
-  const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.dim(0), f2 = w13.dim(1), f = f2 / 2;
-  const int64_t dout = w2.dim(1), k = idx.dim(1);
-  KL_CHECK(w13.dim(2) == din && f2 == 2 * f && w2.dim(0) == num_experts && w2.dim(2) == f &&
+std::string checked_moe_args(const Tensor& x, const Tensor& idx, const Tensor& weights, const ExpertMatrix& w13,
+                             const ExpertMatrix& w2, const Tensor& o) {
+  const int64_t n = x.dim(0), din = x.dim(1), num_experts = w13.experts(), f2 = w13.rows(), f = f2 / 2;
+  const int64_t dout = w2.rows(), k = idx.dim(1);
+  const std::string named = (w13.mxfp4() ? "MXFP4 w13 " : "w13 ") + shape_to_string(w13.shape()) + " w2 " +
+                            shape_to_string(w2.shape());
+  // MXFP4: packed U8 and scales U8 of the shapes ExpertMatrix names, both projections alike.
+  const bool mx_ok = !w13.mxfp4() ||
+                     (w2.mxfp4() && w13.w.dtype() == DType::kU8 && w2.w.dtype() == DType::kU8 &&
+                      w13.scale.shape() == Shape({num_experts, f2, din / 32}) &&
+                      w2.scale.shape() == Shape({num_experts, dout, f / 32}) && din % 32 == 0 && f % 32 == 0);
+  KL_CHECK(w13.in() == din && f2 == 2 * f && w2.experts() == num_experts && w2.in() == f &&
                o.shape() == Shape({n, dout}) && idx.dim(0) == n && idx.dtype() == DType::kI32 &&
-               weights.numel() == n * k && weights.dtype() == DType::kF32 && x.dtype() == w13.dtype() &&
-               w2.dtype() == w13.dtype() && n * k <= INT_MAX,
-           "moe_experts x " + shapes(x) + " w13 " + shapes(w13) + " w2 " + shapes(w2) + " idx " + shapes(idx) + " out " +
-               shapes(o));
-  return "moe_experts x " + shapes(x) + " w13 " + shapes(w13);
+               weights.numel() == n * k && weights.dtype() == DType::kF32 && w13.mxfp4() == w2.mxfp4() && mx_ok &&
+               (w13.mxfp4() || (x.dtype() == w13.w.dtype() && w2.w.dtype() == w13.w.dtype())) && n * k <= INT_MAX,
+           "moe_experts x " + shapes(x) + " " + named + " idx " + shapes(idx) + " out " + shapes(o));
+  return "moe_experts x " + shapes(x) + " " + named;
 }
 
 }  // namespace
@@ -949,16 +1177,17 @@ const char* moe_path_name(MoePath path) {
   return path_name(path, {"grouped", "swapped GEMM", "rows", "per-expert GEMM"});
 }
 
-bool moe_path_fits(MoePath path, const Tensor& x, const Tensor& w13, const Tensor& w2) {
-  const int64_t din = x.dim(1), num_experts = w13.dim(0), f2 = w13.dim(1), dout = w2.dim(1);
+bool moe_path_fits(MoePath path, const Tensor& x, const ExpertMatrix& w13, const ExpertMatrix& w2) {
+  const int64_t din = x.dim(1), num_experts = w13.experts(), f2 = w13.rows(), dout = w2.rows();
   switch (path) {
     case MoePath::kGrouped:
-      return grouped_fits(num_experts);
+      // MXFP4 with bf16 x reads x in 16-byte loads.
+      return grouped_fits(num_experts) && (!w13.mxfp4() || x.dtype() != DType::kBF16 || aligned16(x.data()));
     case MoePath::kSwappedGemm:
       // The GEMMs' inputs and outputs are arena blocks (16-byte aligned rows when the widths fit).
-      return grouped_fits(num_experts) && x.dtype() == w13.dtype() &&
-             expert_gemm_sm90_fits(w13.dtype(), f2, din, w13.data()) &&
-             expert_gemm_sm90_fits(w2.dtype(), dout, f2 / 2, w2.data());
+      return !w13.mxfp4() && grouped_fits(num_experts) && x.dtype() == w13.w.dtype() &&
+             expert_gemm_sm90_fits(w13.w.dtype(), f2, din, w13.w.data()) &&
+             expert_gemm_sm90_fits(w2.w.dtype(), dout, f2 / 2, w2.w.data());
     case MoePath::kRows:
       return rows_fit(x, w13, w2);
     case MoePath::kPerExpertGemm:
@@ -967,7 +1196,7 @@ bool moe_path_fits(MoePath path, const Tensor& x, const Tensor& w13, const Tenso
   return false;
 }
 
-MoePath moe_path_for(const Tensor& x, const Tensor& w13, const Tensor& w2) {
+MoePath moe_path_for(const Tensor& x, const ExpertMatrix& w13, const ExpertMatrix& w2) {
   const int64_t n = x.dim(0);
   if (n > kMoeGroupedMaxTokens) return MoePath::kPerExpertGemm;
   if (n <= kMoeRowsMaxTokens && moe_path_fits(MoePath::kRows, x, w13, w2)) return MoePath::kRows;
@@ -976,7 +1205,7 @@ MoePath moe_path_for(const Tensor& x, const Tensor& w13, const Tensor& w2) {
 }
 
 void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
-                    const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& o,
+                    const ExpertMatrix& w13, const ExpertMatrix& w2, const GluParams& p, const Tensor& o,
                     const SharedExperts& shared) {
   const std::string what = checked_moe_args(x, idx, weights, w13, w2, o);
   KL_CHECK(moe_path_fits(path, x, w13, w2), what + ": the " + moe_path_name(path) +
@@ -989,7 +1218,7 @@ void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor
       experts_grouped(be, x, idx, weights, w13, w2, p, o, what);
       break;
     case MoePath::kSwappedGemm:
-      experts_swapped_gemm(be, x, idx, weights, w13, w2, p, o, what);
+      experts_swapped_gemm(be, x, idx, weights, w13.w, w2.w, p, o, what);
       break;
     case MoePath::kRows:
       experts_rows(be, x, idx, weights, w13, w2, p, o, fused ? shared : SharedExperts{}, what);
@@ -1020,8 +1249,8 @@ void CudaBackend::moe_route(const Tensor& logits, const Tensor& bias, const Rout
                    weights.data_as<float>());
 }
 
-void CudaBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const Tensor& w13,
-                              const Tensor& w2, const GluParams& p, const Tensor& o, const SharedExperts& shared) {
+void CudaBackend::moe_experts(const Tensor& x, const Tensor& idx, const Tensor& weights, const ExpertMatrix& w13,
+                              const ExpertMatrix& w2, const GluParams& p, const Tensor& o, const SharedExperts& shared) {
   moe_experts_on(*this, moe_path_for(x, w13, w2), x, idx, weights, w13, w2, p, o, shared);
 }
 

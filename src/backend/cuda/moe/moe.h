@@ -52,15 +52,15 @@ inline constexpr int64_t kMoeRowsMaxTokens = 8;
 const char* moe_path_name(MoePath path);
 
 // Whether `path` can run experts w13 [E, 2F, D] and w2 [E, D_out, F] on x [N, D].
-bool moe_path_fits(MoePath path, const Tensor& x, const Tensor& w13, const Tensor& w2);
+bool moe_path_fits(MoePath path, const Tensor& x, const ExpertMatrix& w13, const ExpertMatrix& w2);
 
 // The path moe_experts takes for these operands.
-MoePath moe_path_for(const Tensor& x, const Tensor& w13, const Tensor& w2);
+MoePath moe_path_for(const Tensor& x, const ExpertMatrix& w13, const ExpertMatrix& w2);
 
 // moe_experts (Backend interface, same arguments) on the given path; aborts naming the operands when
 // the path does not fit them (moe_path_fits).
 void moe_experts_on(CudaBackend& be, MoePath path, const Tensor& x, const Tensor& idx, const Tensor& weights,
-                    const Tensor& w13, const Tensor& w2, const GluParams& p, const Tensor& out,
+                    const ExpertMatrix& w13, const ExpertMatrix& w2, const GluParams& p, const Tensor& out,
                     const SharedExperts& shared);
 
 }  // namespace klinear::cuda
