@@ -9,12 +9,20 @@
 // than one tile of n and of k, row strides wider than the rows, 80 problems in one list, and the
 // lists CUTLASS must leave to cuBLAS (n or k not multiples of 8, one such problem among good ones,
 // a row stride or an address off 16 bytes); and, without a GPU, which lists go to CUTLASS.
+// The CPU's row-stable order (GemmOrder::kRowStable, --batch-invariant): bit for bit the plain
+// chain per element, s ← s + a·b over k in order, for random shapes (panel and row-block edges,
+// k = 0, strides wider than the rows, both layouts of B, alpha and beta).
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cmath>
 #include <functional>
 
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/backend.h"
 #include "backend_cases.h"
 #include "test_util.h"
 #if KLINEAR_WITH_CUDA
@@ -149,6 +157,35 @@ cuda::GemmArgs bf16_problem(int64_t m, int64_t n, int64_t k) {
   g.c = at(0x30000), g.ldc = n;
   g.ab_dtype = g.c_dtype = DType::kBF16;
   return g;
+}
+
+TEST(CpuGemm, RowStableIsOneChainPerElement) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int t = 0; t < 200; ++t) {
+    const int64_t m = t == 0 ? 130 : 1 + static_cast<int64_t>(rng() % 9);
+    const int64_t n = t == 0 ? 200 : 1 + static_cast<int64_t>(rng() % 70);
+    const int64_t k = t == 0 ? 257 : static_cast<int64_t>(rng() % 90);
+    const bool bt = rng() % 2 == 0;
+    const float beta = rng() % 2 ? 0.0f : 0.5f, alpha = rng() % 2 ? 1.0f : -1.5f;
+    const int64_t lda = k + static_cast<int64_t>(rng() % 3), ldb = (bt ? k : n) + static_cast<int64_t>(rng() % 3);
+    const int64_t ldc = n + static_cast<int64_t>(rng() % 3);
+    std::vector<float> a(static_cast<size_t>(m * lda)), b(static_cast<size_t>((bt ? n : k) * ldb)),
+        c(static_cast<size_t>(m * ldc));
+    for (auto* v : {&a, &b, &c})
+      for (float& x : *v) x = u(rng);
+    std::vector<float> want = c;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        float s = 0.0f;
+        for (int64_t l = 0; l < k; ++l) s = s + a[i * lda + l] * (bt ? b[j * ldb + l] : b[l * ldb + j]);
+        float& o = want[i * ldc + j];
+        o = beta == 0.0f ? alpha * s : alpha * s + beta * o;
+      }
+    cpu::gemm(cpu::GemmOrder::kRowStable, m, n, k, a.data(), lda, b.data(), ldb, bt, c.data(), ldc, beta, alpha);
+    ASSERT_EQ(std::memcmp(c.data(), want.data(), c.size() * sizeof(float)), 0)
+        << "m " << m << " n " << n << " k " << k << (bt ? " Bt" : " B") << " beta " << beta << " alpha " << alpha;
+  }
 }
 
 // gemm's small-row kernel; the rows change the batch-1 decode's q/k/v projection of the 48B model.
