@@ -46,7 +46,7 @@ Status profile_step(Model& model, int64_t max_num_tokens, int64_t max_num_seqs, 
     KL_ASSIGN_OR_RETURN(RunnerSeq seq, runner->open());
     if (!runner->reserve(seq, n))
       return Status::ResourceExhausted("profiling a step: " + std::to_string(n) + " positions do not fit the probe's cache");
-    steps.push_back(RunnerStep{seq, {}, true, n, std::nullopt});
+    steps.push_back(RunnerStep{seq, {}, StepLogits::kLast, n, std::nullopt});
   }
   for (size_t i = 0; i < steps.size(); ++i) steps[i].ids = ids[i];
   Status ran = runner->run(steps).status();

@@ -43,6 +43,8 @@ struct Engine::Request {
   std::vector<std::unique_ptr<Choice>> choices;
   int unfinished = 0;
   int64_t completion_tokens = 0;
+  std::vector<Sampled> prompt_logprobs;  // spec.prompt_logprobs >= 0: prompt tokens 1 .. so far
+  bool prompt_logprobs_sent = false;
   Clock::time_point arrival;
   std::optional<Clock::time_point> admitted, first_token;
 };
@@ -78,7 +80,12 @@ Result<uint64_t> Engine::submit(RequestSpec spec, EventSink sink) {
       return Status::InvalidArgument("prompt token " + std::to_string(i) + " is " + std::to_string(spec.prompt[i]) +
                                      ", expected an id in [0, " + std::to_string(vocab) + ")");
   KL_RETURN_IF_ERROR(validate_sampling(spec.sampling));
-  KL_RETURN_IF_ERROR(validate_stop(spec.stop));
+  if (spec.prompt_logprobs < -1 || spec.prompt_logprobs > 20)
+    return Status::InvalidArgument("prompt_logprobs must be in [0, 20], got " + std::to_string(spec.prompt_logprobs));
+  const bool score_only = spec.stop.max_tokens == 0 && spec.prompt_logprobs >= 0;  // the prompt's scores alone
+  if (score_only && spec.stop.min_tokens > 0)
+    return Status::InvalidArgument("min_tokens must be 0 with max_tokens 0, got " + std::to_string(spec.stop.min_tokens));
+  if (!score_only) KL_RETURN_IF_ERROR(validate_stop(spec.stop));
   for (const TokenBias& b : spec.sampling.logit_bias)
     if (b.id >= vocab)
       return Status::InvalidArgument("logit_bias: token id " + std::to_string(b.id) + " is not in [0, " + std::to_string(vocab) + ")");
@@ -232,7 +239,12 @@ void Engine::emit(Choice& c, Released out) {
   e.text = std::move(out.text);
   e.tokens = std::move(out.tokens);
   e.finish = out.finish;
-  if (!e.text.empty() || !e.tokens.empty() || e.finish) r.sink(e);
+  if (!r.prompt_logprobs_sent && r.spec.prompt_logprobs >= 0 &&
+      r.prompt_logprobs.size() + 1 == r.spec.prompt.size()) {
+    e.prompt_logprobs = std::move(r.prompt_logprobs);
+    r.prompt_logprobs_sent = true;
+  }
+  if (!e.text.empty() || !e.tokens.empty() || e.finish || !e.prompt_logprobs.empty()) r.sink(e);
   if (r.unfinished == 0) end_request(r, RequestEnd::kFinished, Status());
 }
 
@@ -241,6 +253,12 @@ void Engine::post_process(Choice& c, std::span<const float> logits, std::optiona
   const Clock::time_point now = Clock::now();
   if (drawn && *drawn < 0) {
     end_request(r, RequestEnd::kFailed, Status::Corruption("the logits of the step are not finite"));
+    return;
+  }
+  if (r.spec.stop.max_tokens == 0) {  // the prompt scored (its log-probabilities), nothing generated
+    Released out;
+    out.finish = FinishReason::kLength;
+    emit(c, std::move(out));
     return;
   }
   const Sampled s = drawn ? Sampled{*drawn, 0, {}} : c.sampler.next(logits, r.spec.top_logprobs);
@@ -266,7 +284,18 @@ void Engine::post_process(Choice& c, std::span<const float> logits, std::optiona
   emit(c, std::move(out));
 }
 
-PrefixHit Engine::lookup(const Sequence& seq) { return runner_.lookup(seq.tokens); }
+bool Engine::scores_prompt(const Choice& c) const {
+  const Request& r = *c.request;
+  return c.index == 0 && r.spec.prompt_logprobs >= 0 && r.prompt_logprobs.size() + 1 < r.spec.prompt.size() &&
+         c.seq.computed < c.seq.prompt;
+}
+
+// A sequence scoring its prompt computes every position: it takes nothing from the prefix cache.
+PrefixHit Engine::lookup(const Sequence& seq) {
+  const Choice& c = *choice_of_.at(&seq);
+  if (c.index == 0 && c.request->spec.prompt_logprobs >= 0) return {};
+  return runner_.lookup(seq.tokens);
+}
 
 void Engine::open(Sequence& seq, int64_t cached) {
   auto slot = cached > 0 ? runner_.open_prefix(seq.tokens, cached) : runner_.open();
@@ -289,19 +318,25 @@ bool Engine::step() {
   const StepPlan plan = scheduler_.schedule(runner_, this);
   std::vector<RunnerStep> steps;
   steps.reserve(plan.seqs.size());
-  bool decodes = false, prefills = false;
+  bool decodes = false, prefills = false, scores = false;
   for (const ScheduledSeq& s : plan.seqs) {
     Sequence& seq = *s.seq;
     const bool newest_generated = seq.computed >= seq.prompt && seq.computed + 1 == static_cast<int64_t>(seq.tokens.size());
     (s.tokens == 1 && newest_generated ? decodes : prefills) = true;
     const auto begin = seq.tokens.begin() + seq.computed;
+    const bool last = seq.computed + s.tokens == static_cast<int64_t>(seq.tokens.size());
+    const bool all = scores_prompt(*choice_of_.at(&seq));
+    scores = scores || all;
     steps.push_back({*seq.slot, std::span<const int32_t>(&*begin, static_cast<size_t>(s.tokens)),
-                     seq.computed + s.tokens == static_cast<int64_t>(seq.tokens.size()), seq.prompt, {}});
-    // Requests the device sampler serves draw there; their logits stay on the device.
+                     all ? StepLogits::kAll : last ? StepLogits::kLast : StepLogits::kNone, seq.prompt, {}});
+  }
+  // Requests the device sampler serves draw there (their logits stay on the device), unless a
+  // sequence of the step returns every row.
+  for (size_t i = 0; i < steps.size() && runner_.samples_on_device() && !scores; ++i) {
+    const Sequence& seq = *plan.seqs[i].seq;
     const Choice& c = *choice_of_.at(&seq);
-    if (runner_.samples_on_device() && steps.back().want_logits &&
-        device_samplable(c.sampler.params(), c.request->spec.top_logprobs))
-      steps.back().draw = sample_row(c.sampler.params(), static_cast<int64_t>(seq.tokens.size()) - seq.prompt);
+    if (steps[i].logits == StepLogits::kLast && device_samplable(c.sampler.params(), c.request->spec.top_logprobs))
+      steps[i].draw = sample_row(c.sampler.params(), static_cast<int64_t>(seq.tokens.size()) - seq.prompt);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -325,9 +360,27 @@ bool Engine::step() {
       // handled. A row is a logits row of the host, or (drawn) an id the runner drew.
       std::vector<std::tuple<uint64_t, int, int64_t, bool>> sampled;
       for (size_t i = 0; i < plan.seqs.size(); ++i) {
-        plan.seqs[i].seq->computed += plan.seqs[i].tokens;
-        if (!steps[i].want_logits) continue;
-        const Choice& c = *choice_of_.at(plan.seqs[i].seq);
+        Sequence& seq = *plan.seqs[i].seq;
+        const int64_t p0 = seq.computed;
+        seq.computed += plan.seqs[i].tokens;
+        const bool last = seq.computed == static_cast<int64_t>(seq.tokens.size());
+        Choice& c = *choice_of_.at(&seq);
+        if (steps[i].logits == StepLogits::kAll) {
+          // Row j is the distribution of position p0 + j + 1: a prompt token's score, each once.
+          Request& r = *c.request;
+          const int64_t t = plan.seqs[i].tokens;
+          for (int64_t j = 0; j < t; ++j) {
+            const int64_t pos = p0 + j + 1;
+            if (pos < seq.prompt && pos == static_cast<int64_t>(r.prompt_logprobs.size()) + 1)
+              r.prompt_logprobs.push_back(logprobs_of(
+                  std::span<const float>(logits->logits.f32() + (row + j) * vocab, static_cast<size_t>(vocab)),
+                  r.spec.prompt[static_cast<size_t>(pos)], r.spec.prompt_logprobs));
+          }
+          row += t;
+          if (last) sampled.emplace_back(r.id, c.index, row - 1, false);
+          continue;
+        }
+        if (steps[i].logits == StepLogits::kNone) continue;
         const bool on_device = steps[i].draw.has_value();
         sampled.emplace_back(c.request->id, c.index, on_device ? drawn++ : row++, on_device);
       }

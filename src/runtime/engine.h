@@ -46,6 +46,10 @@ struct RequestSpec {
   StopOptions stop;
   int n = 1;              // choices, [1, 128]
   int top_logprobs = -1;  // -1: no log-probabilities; k in [0, 20]: the pick's and the k most likely
+  // -1: none; k in [0, 20]: the log-probability of each prompt token after the first and the k
+  // most likely ids at its position (computed by choice 0's sequence, which then takes no prefix
+  // from the cache). With them, stop.max_tokens may be 0: the prompt is scored, nothing generated.
+  int prompt_logprobs = -1;
   SpecialText special_text = SpecialText::kShow;  // what a generated special id adds to the text
 };
 
@@ -62,6 +66,8 @@ struct EngineEvent {
   int choice = 0;
   std::string text;                    // newly final text of this choice
   std::vector<TokenOutput> tokens;     // tokens whose text is final, in order
+  std::vector<Sampled> prompt_logprobs;   // once, on the request's first event after they are all known:
+                                          // prompt tokens 1 .. P − 1 (RequestSpec::prompt_logprobs)
   std::optional<FinishReason> finish;  // this choice ended
   RequestEnd end = RequestEnd::kRunning;  // not kRunning on the request's last event
   Status error;                        // kFailed: why
@@ -110,6 +116,8 @@ class Engine : private Admitter {
   void take_inbox();
   // Takes the next token of `c`: `drawn` by the runner, or sampled here from `logits`.
   void post_process(Choice& c, std::span<const float> logits, std::optional<int32_t> drawn);
+  // Whether `c`'s next prefill piece returns every row (its request's prompt log-probabilities).
+  bool scores_prompt(const Choice& c) const;
   void finish_choice(Choice& c);
   void end_request(Request& r, RequestEnd end, Status error);
   void release(Choice& c);

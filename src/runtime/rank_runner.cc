@@ -72,7 +72,7 @@ Result<SampledStep> LeaderRunner::run(std::span<const RunnerStep> steps) {
   std::vector<int64_t> m = {kRun, static_cast<int64_t>(steps.size())};
   for (const RunnerStep& s : steps) {
     const SampleRow d = s.draw.value_or(SampleRow{});
-    m.insert(m.end(), {s.seq, s.want_logits ? 1 : 0, s.prompt, s.draw ? 1 : 0, float_bits(d.temperature), d.top_k,
+    m.insert(m.end(), {s.seq, static_cast<int64_t>(s.logits), s.prompt, s.draw ? 1 : 0, float_bits(d.temperature), d.top_k,
                        float_bits(d.top_p), static_cast<int64_t>(d.seed), d.counter,
                        static_cast<int64_t>(s.ids.size())});
     m.insert(m.end(), s.ids.begin(), s.ids.end());
@@ -124,7 +124,7 @@ Status follow_leader(ModelRunner& runner, Comm& host) {
           RunnerStep& s = steps[static_cast<size_t>(i)];
           const int64_t* f = m.data() + at;
           s.seq = f[0];
-          s.want_logits = f[1] != 0;
+          s.logits = static_cast<StepLogits>(f[1]);
           s.prompt = f[2];
           if (f[3] != 0)
             s.draw = SampleRow{bits_float(f[4]), static_cast<int32_t>(f[5]), bits_float(f[6]), static_cast<uint64_t>(f[7]),

@@ -88,6 +88,10 @@ Sampled logprobs_of(std::span<const float> logits, int32_t id, int k) {
   Sampled s;
   s.id = id;
   s.logprob = static_cast<float>(logits[static_cast<size_t>(id)] - log_z);
+  const float mine = logits[static_cast<size_t>(id)];
+  s.rank = 1;
+  for (size_t j = 0; j < logits.size(); ++j)
+    s.rank += logits[j] > mine || (logits[j] == mine && static_cast<int32_t>(j) < id) ? 1 : 0;
   const size_t n = std::min(static_cast<size_t>(std::max(k, 0)), logits.size());
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);

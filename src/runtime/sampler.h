@@ -78,6 +78,7 @@ struct Sampled {
   int32_t id = 0;
   float logprob = 0;               // of `id`; set when top_logprobs >= 0
   std::vector<TokenLogprob> top;   // the top_logprobs most likely ids, most likely first
+  int64_t rank = 0;                // logprobs_of: 1 + the ids ranked before `id` (more likely, or as likely and lower)
 };
 
 // Not thread-safe: one sampler per sequence.

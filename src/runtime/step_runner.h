@@ -33,21 +33,33 @@ struct CacheUsage {
 
 inline int64_t pages_for(int64_t tokens, int64_t page_size) { return (tokens + page_size - 1) / page_size; }
 
+// Which logits rows a step returns.
+enum class StepLogits {
+  kNone,  // none
+  kLast,  // the last new token's (the next token's distribution)
+  kAll,   // every new token's, in order (a prompt's log-probabilities); never drawn on the device
+};
+
 // One sequence's part of a step: `ids` continue the tokens already in its state.
 struct RunnerStep {
   RunnerSeq seq = 0;
   std::span<const int32_t> ids;  // [T] new tokens, T >= 1
-  bool want_logits = false;      // return the logits of the last new token
+  StepLogits logits = StepLogits::kNone;
   int64_t prompt = 0;            // the sequence's first `prompt` tokens are prompt (prefix caching publishes only those)
-  // With want_logits, on a runner that samples on the device: draw the next token there
+  // With kLast, on a runner that samples on the device: draw the next token there
   // (Backend::sample) instead of returning the logits row.
   std::optional<SampleRow> draw;
+
+  // The host logits rows the step returns.
+  int64_t host_rows() const {
+    return logits == StepLogits::kAll ? static_cast<int64_t>(ids.size()) : logits == StepLogits::kLast && !draw ? 1 : 0;
+  }
 };
 
 // What run returns.
 struct SampledStep {
-  Tensor logits;             // [R, V] host F32: one row per step with want_logits and no draw, in step order
-  std::vector<int32_t> ids;  // one id per step with want_logits and a draw, in step order (−1: non-finite logits)
+  Tensor logits;             // [R, V] host F32: each step's host_rows(), in step order
+  std::vector<int32_t> ids;  // one id per step with kLast and a draw, in step order (−1: non-finite logits)
 };
 
 // What a prefix-cache lookup found for a sequence's tokens: how many of them a sequence opened
@@ -90,9 +102,9 @@ class StepRunner {
   // Whether run draws on the device (then the engine sets RunnerStep::draw where a request allows
   // it, and only the other rows' logits travel to the host).
   virtual bool samples_on_device() const { return false; }
-  // Runs `steps` (each sequence at most once, its positions reserved) and advances their states.
-  // Returns host F32 logits [R, V], one row per step with want_logits and no draw, in step order,
-  // and the ids drawn for the others. On error the states of the sequences in the step are
+  // Runs `steps` (each sequence at most once, its positions reserved; no draw in a step that has a
+  // kAll) and advances their states. Returns host F32 logits [R, V], each step's host_rows() in
+  // step order, and the ids drawn for the others. On error the states of the sequences in the step are
   // undefined: the caller closes them.
   virtual Result<SampledStep> run(std::span<const RunnerStep> steps) = 0;
 };

@@ -242,7 +242,7 @@ constexpr std::string_view kEveryRequestFields[] = {
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "stop", "stop_token_ids",
     "include_stop_str_in_output", "min_tokens", "ignore_eos", "stream", "stream_options", "logprobs",
     "truncate_prompt_tokens", "user", "request_id", "return_token_ids", "return_tokens_as_token_ids",
-    "skip_special_tokens"};
+    "skip_special_tokens", "prompt_logprobs"};
 constexpr std::string_view kChatFields[] = {
     "messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "response_format",
     "chat_template_kwargs", "thinking", "thinking_effort", "reasoning_effort", "include_reasoning",
@@ -256,8 +256,7 @@ struct Unhonoured {
 };
 constexpr std::string_view kNoStructuredOutput = "structured output (constrained decoding) is not supported yet";
 constexpr Unhonoured kUnhonoured[] = {
-    {"echo", "false", "echo is honoured on completions without logprobs (the prompt's log-probabilities are not supported yet)"},
-    {"prompt_logprobs", "null", "prompt log-probabilities are not supported yet"},
+    {"echo", "false", "echo is honoured on completions (the chat form is not supported)"},
     {"suffix", "null", "the Kimi models have no fill-in-the-middle format"},
     {"use_beam_search", "false", "beam search is not supported"},
     {"length_penalty", "1", "beam search is not supported"},
@@ -377,8 +376,9 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
   }
   KL_RETURN_IF_ERROR(check_fields(f, kind));
   std::optional<int64_t> max_tokens, max_completion_tokens, n, seed, top_k, top_logprobs;
-  KL_RETURN_IF_ERROR(int_in(f, "max_tokens", 1, INT32_MAX, max_tokens));
-  KL_RETURN_IF_ERROR(int_in(f, "max_completion_tokens", 1, INT32_MAX, max_completion_tokens));
+  // max_tokens 0 scores the prompt alone (echo with logprobs, or prompt_logprobs): checked below.
+  KL_RETURN_IF_ERROR(int_in(f, "max_tokens", 0, INT32_MAX, max_tokens));
+  KL_RETURN_IF_ERROR(int_in(f, "max_completion_tokens", 0, INT32_MAX, max_completion_tokens));
   r.max_tokens = max_completion_tokens ? max_completion_tokens : max_tokens;
   KL_RETURN_IF_ERROR(int_in(f, "truncate_prompt_tokens", -1, INT32_MAX, r.truncate_prompt_tokens));
   if (r.truncate_prompt_tokens == 0)
@@ -459,9 +459,22 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
     r.logprobs = top_logprobs.has_value();
   }
   r.spec.top_logprobs = r.logprobs ? static_cast<int>(top_logprobs.value_or(0)) : -1;
-  if (r.echo && r.logprobs)
-    return f.fail("echo", Status::InvalidArgument("field 'echo' with logprobs needs the prompt's log-probabilities, "
-                                                  "which are not supported yet; echo alone is"));
+  // prompt_logprobs (vLLM): each prompt token's log-probability and the k most likely at its
+  // position; echo with logprobs lists the prompt's tokens before the generated ones (OpenAI's
+  // legacy completions, what lm-evaluation-harness scores with).
+  std::optional<int64_t> prompt_logprobs;
+  KL_RETURN_IF_ERROR(int_in(f, "prompt_logprobs", 0, 20, prompt_logprobs));
+  r.spec.prompt_logprobs = static_cast<int>(prompt_logprobs.value_or(-1));
+  r.prompt_logprobs = prompt_logprobs.has_value();
+  if (r.echo && r.logprobs) r.spec.prompt_logprobs = std::max(r.spec.prompt_logprobs, r.spec.top_logprobs);
+  if (r.max_tokens == 0 && r.spec.prompt_logprobs < 0)
+    return f.out_of_range(max_completion_tokens ? "max_completion_tokens" : "max_tokens",
+                          "at least 1 (0 only scores a prompt: with prompt_logprobs, or echo with logprobs)",
+                          f.body[max_completion_tokens ? "max_completion_tokens" : "max_tokens"]);
+  if (r.stream && r.spec.prompt_logprobs >= 0)
+    return f.fail(r.prompt_logprobs ? "prompt_logprobs" : "echo",
+                  Status::InvalidArgument("the prompt's log-probabilities are returned without streaming only "
+                                          "(stream: false) for now"));
   // K2 tool calls are parsed from the text, whose section markers are special tokens (vLLM keeps
   // them for its Kimi tool parser too).
   r.spec.special_text = skip_special && !r.parse_tool_calls ? SpecialText::kSkip : SpecialText::kShow;
@@ -513,6 +526,10 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& request, ChatFormat format, s
       include_reasoning_(request.include_reasoning),
       prompt_(std::move(prompt)),
       echo_(request.echo && tokenizer ? tokenizer->decode(prompt_) : std::string()),
+      echo_logprobs_(request.echo && request.logprobs),
+      list_prompt_logprobs_(request.prompt_logprobs),
+      top_logprobs_(request.spec.top_logprobs),
+      prompt_top_(request.spec.prompt_logprobs),
       id_(std::move(id)),
       model_(std::move(model)),
       created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()),
@@ -571,6 +588,43 @@ Json ResponseBuilder::logprobs_json(const std::vector<TokenOutput>& tokens, size
   return j;
 }
 
+Json ResponseBuilder::echo_logprobs_json(const Json& generated) const {
+  Json j{{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
+  size_t offset = 0;
+  for (size_t i = 0; i < prompt_.size(); ++i) {
+    j["tokens"].push_back(token_name(prompt_[i]));
+    j["text_offset"].push_back(offset);
+    offset += tokenizer_ ? tokenizer_->token_bytes(prompt_[i]).size() : 0;
+    if (i == 0 || i - 1 >= prompt_logprobs_.size()) {
+      j["token_logprobs"].push_back(nullptr);
+      j["top_logprobs"].push_back(nullptr);
+      continue;
+    }
+    const Sampled& s = prompt_logprobs_[i - 1];
+    j["token_logprobs"].push_back(s.logprob);
+    Json top = Json::object();
+    for (size_t k = 0; k < s.top.size() && static_cast<int>(k) < top_logprobs_; ++k) top[token_name(s.top[k].id)] = s.top[k].logprob;
+    j["top_logprobs"].push_back(top);
+  }
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (const Json& v : generated[key]) j[key].push_back(v);
+  return j;
+}
+
+Json ResponseBuilder::prompt_logprobs_json() const {
+  Json list = Json::array({nullptr});
+  auto decoded = [&](int32_t id) { return tokenizer_ ? tokenizer_->decode(std::vector<int32_t>{id}) : std::to_string(id); };
+  for (const Sampled& s : prompt_logprobs_) {
+    Json entry = Json::object();
+    entry[std::to_string(s.id)] = {{"logprob", s.logprob}, {"rank", s.rank}, {"decoded_token", decoded(s.id)}};
+    for (size_t k = 0; k < s.top.size() && static_cast<int>(k) < prompt_top_; ++k)
+      entry[std::to_string(s.top[k].id)] = {
+          {"logprob", s.top[k].logprob}, {"rank", static_cast<int64_t>(k) + 1}, {"decoded_token", decoded(s.top[k].id)}};
+    list.push_back(std::move(entry));
+  }
+  return list;
+}
+
 // A token as logprobs name it: its bytes, or "token_id:N" (return_tokens_as_token_ids, or no tokenizer).
 std::string ResponseBuilder::token_name(int32_t id) const {
   if (tokens_as_ids_ || !tokenizer_) return tokens_as_ids_ ? "token_id:" + std::to_string(id) : std::to_string(id);
@@ -606,6 +660,7 @@ std::vector<Json> ResponseBuilder::opening_chunks() const {
 
 std::vector<Json> ResponseBuilder::chunks(const EngineEvent& e) {
   std::vector<Json> out;
+  if (!e.prompt_logprobs.empty()) prompt_logprobs_ = e.prompt_logprobs;
   if (e.end != RequestEnd::kRunning && e.text.empty() && e.tokens.empty() && !e.finish) return out;
   ChoiceState& c = choices_.at(static_cast<size_t>(e.choice));
   const bool first = c.text.empty() && c.tokens.empty();
@@ -682,6 +737,8 @@ Json ResponseBuilder::response(const RequestStats& stats) const {
                 {"finish_reason", c.finish ? Json(finish_reason(c)) : Json(nullptr)}};
     if (kind_ == ApiKind::kCompletion) {
       choice["text"] = echo_ + c.text;
+      if (echo_logprobs_) choice["logprobs"] = echo_logprobs_json(choice["logprobs"]);
+      if (list_prompt_logprobs_) choice["prompt_logprobs"] = prompt_logprobs_json();
       if (!tokenizer_ || return_token_ids_) choice["token_ids"] = token_ids(c.tokens);
       if (return_token_ids_) choice["prompt_token_ids"] = prompt_;
     } else {
@@ -708,6 +765,7 @@ Json ResponseBuilder::response(const RequestStats& stats) const {
     j["choices"].push_back(std::move(choice));
   }
   if (return_token_ids_ && kind_ == ApiKind::kChat) j["prompt_token_ids"] = prompt_;
+  if (list_prompt_logprobs_ && kind_ == ApiKind::kChat) j["prompt_logprobs"] = prompt_logprobs_json();
   return j;
 }
 

@@ -54,6 +54,7 @@ struct ApiRequest {
   bool parallel_tool_calls = true;   // chat: false keeps a choice's first tool call only
   bool include_reasoning = true;     // chat, K3: false leaves the reasoning out
   bool echo = false;                 // completions: each choice's text starts with the prompt's
+  bool prompt_logprobs = false;      // prompt_logprobs given: the response lists them (vLLM's field)
   std::string request_id;            // the response id after its prefix; empty: a fresh one
   std::string user;                  // the caller's end user (OpenAI's abuse tracing): in the request's log line
 };
@@ -107,6 +108,12 @@ class ResponseBuilder {
   };
   Json chunk_base() const;
   Json logprobs_json(const std::vector<TokenOutput>& tokens, size_t text_offset) const;
+  // echo with logprobs: the prompt's tokens as logprobs_json lists them (the first without a
+  // log-probability), then `generated`'s.
+  Json echo_logprobs_json(const Json& generated) const;
+  // prompt_logprobs as vLLM returns them: null for the first token, then per token an object of
+  // id → {logprob, rank, decoded_token} for the token and the k most likely.
+  Json prompt_logprobs_json() const;
   ChatDelta chat_delta(ChoiceState& c, const EngineEvent& e);
   std::string finish_reason(const ChoiceState& c) const;
 
@@ -119,6 +126,9 @@ class ResponseBuilder {
       parallel_tool_calls_, include_reasoning_;
   std::vector<int32_t> prompt_;
   std::string echo_;  // echo: the prompt's text, which each choice's text starts with
+  bool echo_logprobs_, list_prompt_logprobs_;
+  int top_logprobs_, prompt_top_;
+  std::vector<Sampled> prompt_logprobs_;  // from the engine (RequestSpec::prompt_logprobs)
   int64_t completion_tokens_ = 0;
   std::string id_, model_;
   int64_t created_;

@@ -101,7 +101,8 @@ TEST(DeviceSampling, EngineChoicesEqualGenerateAloneAndRepeat) {
   // The runner draws on the device for the rows asking it, and returns logits for the others.
   auto runner = ModelRunner::create(*model, CacheOptions{4, 16, 32 << 20}).value();
   const RunnerSeq a = runner->open().value(), b = runner->open().value();
-  std::vector<RunnerStep> steps = {{a, prompts[0], true, 0, sample_row(cases[0].p, 0)}, {b, prompts[1], true, 0, {}}};
+  std::vector<RunnerStep> steps = {{a, prompts[0], StepLogits::kLast, 0, sample_row(cases[0].p, 0)},
+                                   {b, prompts[1], StepLogits::kLast, 0, {}}};
   for (const RunnerStep& s : steps) ASSERT_TRUE(runner->reserve(s.seq, static_cast<int64_t>(s.ids.size())));
   auto out = runner->run(steps);
   ASSERT_TRUE(out.ok()) << out.status().to_string();

@@ -179,6 +179,55 @@ TEST_P(EngineOnModel, ChunkedMixedAndPreemptedEqualAlone) {
   }
 }
 
+// prompt_logprobs over the model: each prompt token's log-probability and top 5 at its position equal
+// the rows of Model::forward over the whole prompt (LogitsMode::kAll), with the prompt cut into
+// pieces of 16 beside another request, prefix caching on (the scored sequence takes no hit, though
+// the same prompt ran before), and with max_tokens 0 (scored, nothing generated).
+TEST_P(EngineOnModel, PromptLogprobsEqualTheModelsRows) {
+  const testing::ScratchDir dir;
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::vector<int32_t> prompt(70);
+  for (int32_t& id : prompt) id = static_cast<int32_t>(rng() % 256);
+  Loaded loaded = load_untied(GetParam(), dir.str(), {prompt}, rng());
+  Model& m = *loaded.model;
+  auto cache = Cache::create(m.config(), m.backend(), CacheOptions{1, 64, 64 << 20}).value();
+  const Tensor rows = m.forward_one(*cache, cache->open().value(), prompt, LogitsMode::kAll).value();
+  const size_t vocab = static_cast<size_t>(m.config().vocab_size);
+  auto runner = ModelRunner::create(m, CacheOptions{4, 64, 64 << 20}, {PrefixCaching::kOn}).value();
+  Engine engine(*runner, nullptr, EngineOptions{{16, 4}, 100, {}});
+  run_greedy(engine, {prompt});  // publishes the prompt's prefix
+  for (const int64_t max_tokens : {int64_t{2}, int64_t{0}}) {
+    SCOPED_TRACE(max_tokens);
+    RequestSpec s;
+    s.prompt = prompt;
+    s.stop.max_tokens = max_tokens;
+    s.stop.ignore_eos = true;
+    s.prompt_logprobs = 5;
+    std::vector<Sampled> got;
+    int64_t tokens = 0;
+    ASSERT_TRUE(engine
+                    .submit(s,
+                            [&](const EngineEvent& e) {
+                              if (!e.prompt_logprobs.empty()) got = e.prompt_logprobs;
+                              tokens += static_cast<int64_t>(e.tokens.size());
+                            })
+                    .ok());
+    std::vector<TokenOutput> beside;
+    submit_greedy(engine, std::vector<int32_t>(prompt.begin(), prompt.begin() + 40), beside);
+    engine.run_until_idle();
+    EXPECT_EQ(tokens, max_tokens);
+    EXPECT_EQ(beside.size(), static_cast<size_t>(kNew));
+    ASSERT_EQ(got.size(), prompt.size() - 1);
+    for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+      const Sampled want = logprobs_of(std::span<const float>(rows.f32() + i * vocab, vocab), prompt[i + 1], 5);
+      EXPECT_EQ(got[i].id, prompt[i + 1]);
+      EXPECT_NEAR(got[i].logprob, want.logprob, 1e-4f) << "position " << i + 1;
+      ASSERT_EQ(got[i].top.size(), 5u);
+      for (size_t k = 0; k < 5; ++k) EXPECT_NEAR(got[i].top[k].logprob, want.top[k].logprob, 1e-4f) << i << " " << k;
+    }
+  }
+}
+
 // Prefix caching is exact: prompts sharing a prefix, of lengths just under, at and over snapshot
 // points (every 64 tokens) and page boundaries (pages of 16), run in waves (the longest alone, so
 // the others restore snapshots taken inside its steps; then all, mixing decodes with prefill

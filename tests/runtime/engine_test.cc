@@ -28,6 +28,8 @@ struct Collected {
   RequestEnd end = RequestEnd::kRunning;
   Status error;
   RequestStats stats;
+  std::vector<Sampled> prompt_logprobs;
+  int prompt_logprob_events = 0;
 };
 
 // Submits every spec, runs until idle and returns what each sink saw.
@@ -38,6 +40,10 @@ std::vector<Collected> run_all(Engine& engine, const std::vector<RequestSpec>& s
       Collected& c = out[i];
       EXPECT_EQ(c.end, RequestEnd::kRunning) << "event after the request ended";
       for (const TokenOutput& t : e.tokens) c.ids[e.choice].push_back(t.id);
+      if (!e.prompt_logprobs.empty()) {
+        c.prompt_logprobs = e.prompt_logprobs;
+        ++c.prompt_logprob_events;
+      }
       if (e.finish) c.finish[e.choice] = *e.finish;
       if (e.end != RequestEnd::kRunning) {
         c.end = e.end;
@@ -101,6 +107,69 @@ TEST(Engine, GreedyTokensFollowTheModel) {
   EXPECT_EQ(c.end, RequestEnd::kFinished);
   EXPECT_EQ(c.stats.prompt_tokens, 3);
   EXPECT_EQ(c.stats.completion_tokens, 6);
+}
+
+// prompt_logprobs: every prompt token after the first scored under the model's distribution at its
+// position (the fake's logits of the prompt so far), once, over prefill pieces of 8 tokens, beside
+// another request and with n = 2; the generated tokens are those of a request without them; with
+// max_tokens 0 the prompt is scored and nothing generated.
+TEST(Engine, PromptLogprobsScoreEveryPromptToken) {
+  std::mt19937_64 rng(testing::fresh_seed());
+  RequestSpec s;
+  for (int t = 0; t < 30; ++t) s.prompt.push_back(static_cast<int32_t>(rng() % kOutOfMemory));
+  s.stop.max_tokens = 4;
+  s.stop.ignore_eos = true;
+  const Collected plain = one_by_one({s})[0];
+  s.prompt_logprobs = 3;
+  s.n = 2;
+  RequestSpec other = s;
+  other.prompt_logprobs = -1;
+  other.n = 1;
+  std::vector<Sampled> want;
+  uint64_t h = 0;
+  std::vector<float> row(kVocab);
+  for (size_t pos = 0; pos + 1 < s.prompt.size(); ++pos) {
+    h = mix(h, s.prompt[pos]);
+    fake_logits(h, row.data());
+    want.push_back(logprobs_of(row, s.prompt[pos + 1], 3));
+  }
+  for (const int64_t max_tokens : {int64_t{4}, int64_t{0}}) {
+    SCOPED_TRACE(max_tokens);
+    s.stop.max_tokens = max_tokens;
+    FakeRunner runner(4, 100, 16);
+    Engine engine(runner, nullptr, EngineOptions{{8, 4}, 16, {}});
+    const std::vector<Collected> got = run_all(engine, {other, s});
+    const Collected& c = got[1];
+    EXPECT_EQ(c.end, RequestEnd::kFinished);
+    EXPECT_EQ(c.prompt_logprob_events, 1);
+    ASSERT_EQ(c.prompt_logprobs.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(c.prompt_logprobs[i].id, want[i].id) << i;
+      EXPECT_EQ(c.prompt_logprobs[i].logprob, want[i].logprob) << i;
+      ASSERT_EQ(c.prompt_logprobs[i].top.size(), 3u) << i;
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(c.prompt_logprobs[i].top[k].id, want[i].top[k].id) << i;
+        EXPECT_EQ(c.prompt_logprobs[i].top[k].logprob, want[i].top[k].logprob) << i;
+      }
+    }
+    EXPECT_EQ(got[0].ids.at(0), plain.ids.at(0));
+    if (max_tokens > 0) {
+      EXPECT_EQ(c.ids.at(0), plain.ids.at(0));
+      EXPECT_EQ(c.ids.at(1), plain.ids.at(0));
+    } else {
+      EXPECT_TRUE(c.ids.empty());
+      EXPECT_EQ(c.finish.at(0), FinishReason::kLength);
+      EXPECT_EQ(c.stats.completion_tokens, 0);
+    }
+  }
+  FakeRunner runner(4, 100, 16);
+  Engine engine(runner, nullptr, EngineOptions{});
+  RequestSpec bad = s;
+  bad.prompt_logprobs = 21;
+  EXPECT_FALSE(engine.submit(bad, [](const EngineEvent&) {}).ok());
+  bad.prompt_logprobs = -1;
+  bad.stop.max_tokens = 0;  // max_tokens 0 scores a prompt: without prompt_logprobs it is refused
+  EXPECT_FALSE(engine.submit(bad, [](const EngineEvent&) {}).ok());
 }
 
 // Tight budgets of every kind give the same tokens as one-by-one runs, and leave the pools full.

@@ -67,7 +67,7 @@ class FakeRunner final : public StepRunner {
         EXPECT_GE(seqs_[s.seq].pages * page_size_, seqs_[s.seq].tokens + static_cast<int64_t>(s.ids.size()))
             << "a step writes positions the scheduler did not reserve";
       }
-      rows += s.want_logits;
+      rows += s.host_rows();
       rec.tokens += static_cast<int64_t>(s.ids.size());
       (seqs_[s.seq].tokens > 0 && s.ids.size() == 1 ? rec.decodes : rec.prefills) += 1;
       for (int32_t id : s.ids) {
@@ -79,9 +79,13 @@ class FakeRunner final : public StepRunner {
     int64_t row = 0;
     for (const RunnerStep& s : steps) {
       State& st = seqs_[s.seq];
-      for (int32_t id : s.ids) st.hash = mix(st.hash, id);
+      for (int32_t id : s.ids) {
+        st.hash = mix(st.hash, id);
+        // kAll: the distribution after each new token, in order.
+        if (s.logits == StepLogits::kAll) fake_logits(st.hash, out.f32() + row++ * kVocab);
+      }
       st.tokens += static_cast<int64_t>(s.ids.size());
-      if (s.want_logits) fake_logits(st.hash, out.f32() + row++ * kVocab);
+      if (s.logits == StepLogits::kLast) fake_logits(st.hash, out.f32() + row++ * kVocab);
     }
     EXPECT_GE(usage().pages_free, 0) << "the scheduler overfilled the pages";
     record.push_back(rec);

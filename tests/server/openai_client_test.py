@@ -519,8 +519,9 @@ def test_vllm_fields(s):
     check(r.usage.prompt_tokens == len(cont), (r.usage, len(cont)))
     # Refused: what this server does not do, and fields nobody defines; each 400 names the field.
     for body, param in ((dict(prompt="x", guided_json={"type": "object"}), "guided_json"),
-                        (dict(prompt="x", echo=True, logprobs=1), "echo"),
-                        (dict(prompt="x", prompt_logprobs=1), "prompt_logprobs"),
+                        (dict(prompt="x", echo=True, logprobs=1, stream=True), "echo"),
+                        (dict(prompt="x", prompt_logprobs=1, stream=True), "prompt_logprobs"),
+                        (dict(prompt="x", max_tokens=0), "max_tokens"),
                         (dict(prompt="x", best_of=3), "best_of"),
                         (dict(prompt="x", temprature=0.5), "temprature"),
                         (dict(prompt="x", logit_bias={"x": 1}), "logit_bias"),
@@ -540,6 +541,31 @@ def test_vllm_fields(s):
     streamed = "".join(p.choices[0].text for p in c.completions.create(
         model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, stream=True, extra_body={"ignore_eos": True}))
     check(streamed == prompt + plain, (streamed, plain))
+    # lm-evaluation-harness's loglikelihood shape (local-completions: a batch of prompts, echo,
+    # logprobs 1, max_tokens 1 or 0): the prompt's tokens lead the logprobs, the first without a
+    # score; a prompt that ends with the greedy token scores it as the generation did.
+    ids = json.loads(s.raw("POST", "/tokenize", json.dumps({"prompt": prompt}))[1])["tokens"]
+    g = c.completions.create(model=MODEL, prompt=[ids, ids[:3]], max_tokens=1, temperature=0, logprobs=1, echo=True,
+                             extra_body={"ignore_eos": True})
+    for ch in g.choices:
+        n = len(ids) if ch.index == 0 else 3
+        lp = ch.logprobs
+        check(len(lp.tokens) == n + 1 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, lp)
+        check(all(isinstance(v, float) and v <= 0 for v in lp.token_logprobs[1:]), lp.token_logprobs)
+        check(all(len(t) == 1 for t in lp.top_logprobs[1:]), lp.top_logprobs)
+    first = g.choices[0]
+    gen_id = int(c.completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0,
+                                      extra_body={"ignore_eos": True, "return_token_ids": True}).choices[0].token_ids[0])
+    scored = c.completions.create(model=MODEL, prompt=ids + [gen_id], max_tokens=0, logprobs=1, echo=True,
+                                  extra_body={"prompt_logprobs": 2})
+    sc = scored.choices[0]
+    check(scored.usage.completion_tokens == 0 and len(sc.logprobs.tokens) == len(ids) + 1, scored)
+    check(abs(sc.logprobs.token_logprobs[-1] - first.logprobs.token_logprobs[-1]) < 1e-3,
+          (sc.logprobs.token_logprobs[-1], first.logprobs.token_logprobs[-1]))
+    check(all(abs(a - b) < 1e-4 for a, b in zip(sc.logprobs.token_logprobs[1:len(ids)], first.logprobs.token_logprobs[1:len(ids)])),
+          "the prompt's scores differ between two requests")
+    pl = sc.model_extra["prompt_logprobs"]
+    check(pl[0] is None and len(pl) == len(ids) + 1 and str(gen_id) in pl[-1] and pl[-1][str(gen_id)]["rank"] == 1, pl[-1])
     # A list of prompts (texts, or token-id lists) is a batch: prompt k's choice i is choice k·n + i,
     # each equal to the prompt sent alone; usage sums; streaming gives the same texts.
     prompts = ["Once upon a time", "The capital of France is", "Count with me"]

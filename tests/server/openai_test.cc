@@ -53,7 +53,16 @@ TEST(OpenAIRequest, BadFieldsAreNamed) {
       {"chat echo false", ApiKind::kChat, chat_body({{"echo", false}}), ""},
       {"use_beam_search false", ApiKind::kChat, chat_body({{"use_beam_search", false}}), ""},
       {"use_beam_search", ApiKind::kChat, chat_body({{"use_beam_search", true}}), "use_beam_search"},
-      {"prompt_logprobs", ApiKind::kCompletion, Json{{"prompt", "x"}, {"prompt_logprobs", 1}}, "prompt_logprobs"},
+      {"prompt_logprobs", ApiKind::kCompletion, Json{{"prompt", "x"}, {"prompt_logprobs", 1}}, ""},
+      {"prompt_logprobs on chat", ApiKind::kChat, chat_body({{"prompt_logprobs", 0}}), ""},
+      {"prompt_logprobs 21", ApiKind::kCompletion, Json{{"prompt", "x"}, {"prompt_logprobs", 21}}, "prompt_logprobs"},
+      {"prompt_logprobs streamed", ApiKind::kCompletion, Json{{"prompt", "x"}, {"prompt_logprobs", 1}, {"stream", true}},
+       "prompt_logprobs"},
+      {"max_tokens 0 scores a prompt", ApiKind::kCompletion,
+       Json{{"prompt", "x"}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 0}}, ""},
+      {"max_tokens 0 without scores", ApiKind::kCompletion, Json{{"prompt", "x"}, {"max_tokens", 0}}, "max_tokens"},
+      {"max_completion_tokens 0 without scores", ApiKind::kChat, chat_body({{"max_completion_tokens", 0}}),
+       "max_completion_tokens"},
       {"tools on completions", ApiKind::kCompletion, Json{{"prompt", "x"}, {"tools", Json::array()}}, "tools"},
       {"best_of = n", ApiKind::kCompletion, Json{{"prompt", "x"}, {"best_of", 2}, {"n", 2}}, ""},
       {"best_of > n", ApiKind::kCompletion, Json{{"prompt", "x"}, {"best_of", 3}}, "best_of"},
@@ -92,7 +101,9 @@ TEST(OpenAIRequest, BadFieldsAreNamed) {
       {"completion empty prompt", ApiKind::kCompletion, Json{{"prompt", ""}}, "prompt"},
       {"completion negative id", ApiKind::kCompletion, Json{{"prompt", {1, -2}}}, "prompt"},
       {"completion echo", ApiKind::kCompletion, Json{{"prompt", "x"}, {"echo", true}}, ""},
-      {"completion echo with logprobs", ApiKind::kCompletion, Json{{"prompt", "x"}, {"echo", true}, {"logprobs", 1}}, "echo"},
+      {"completion echo with logprobs", ApiKind::kCompletion, Json{{"prompt", "x"}, {"echo", true}, {"logprobs", 1}}, ""},
+      {"completion echo with logprobs streamed", ApiKind::kCompletion,
+       Json{{"prompt", "x"}, {"echo", true}, {"logprobs", 1}, {"stream", true}}, "echo"},
       {"completion logprobs 21", ApiKind::kCompletion, Json{{"prompt", "x"}, {"logprobs", 21}}, "logprobs"},
       // Integers that wrapped: a seed above int64 became negative, stop ids were cut to 32 bits.
       {"seed 2^64 - 1", ApiKind::kChat, chat_body({{"seed", UINT64_MAX}}), "seed"},
@@ -390,6 +401,43 @@ TEST(OpenAIResponse, RequestedFieldsAndUnsignedBytes) {
   EXPECT_TRUE(eb.chunks(partial).empty());
   EXPECT_EQ(eb.chunks(e1).at(0)["choices"][0]["text"], "é");
   EXPECT_EQ(eb.response(RequestStats{})["choices"][0]["text"], "Once uponé");
+
+  // echo with logprobs (lm-evaluation-harness's loglikelihood shape: max_tokens 0 or 1): the
+  // prompt's tokens lead the logprobs, the first without a log-probability, the rest the engine's
+  // scores with the top logprobs entries; prompt_logprobs adds vLLM's list (the token with its rank
+  // and the k most likely).
+  ApiRequest scored = parse_api_request(ApiKind::kCompletion, ChatFormat::kK3,
+                                        Json{{"prompt", "x"}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 0},
+                                             {"prompt_logprobs", 2}},
+                                        &param)
+                          .value();
+  EXPECT_EQ(scored.spec.prompt_logprobs, 2);
+  EXPECT_EQ(scored.max_tokens, 0);
+  ResponseBuilder sb(scored, ChatFormat::kK3, "cmpl-3", "m", &tok, echoed);
+  ASSERT_GE(echoed.size(), 2u);
+  EngineEvent scores;
+  for (size_t i = 1; i < echoed.size(); ++i)
+    scores.prompt_logprobs.push_back(
+        Sampled{echoed[i], -0.5f * static_cast<float>(i), {{id, -0.1f}, {echoed[i], -0.5f * static_cast<float>(i)}}, 2});
+  scores.finish = FinishReason::kLength;
+  sb.chunks(scores);
+  const Json sr = sb.response(RequestStats{static_cast<int64_t>(echoed.size()), 0, 0, 0, 0});
+  const Json& lp = sr["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), echoed.size());
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < echoed.size(); ++i) {
+    EXPECT_EQ(lp["token_logprobs"][i].get<float>(), -0.5f * static_cast<float>(i)) << i;
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 1u) << i;  // logprobs 1
+  }
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  EXPECT_EQ(sr["choices"][0]["text"], "Once upon");
+  const Json& pl = sr["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(pl.size(), echoed.size());
+  EXPECT_TRUE(pl[0].is_null());
+  EXPECT_EQ(pl[1][std::to_string(echoed[1])]["rank"], 2);
+  EXPECT_EQ(pl[1][std::to_string(id)]["rank"], 1);
+  EXPECT_EQ(pl[1][std::to_string(echoed[1])]["logprob"].get<float>(), -0.5f);
 
   // Chat logprobs carry bytes; each is in [0, 255] and they spell the token.
   ApiRequest chat = parse_api_request(ApiKind::kChat, ChatFormat::kK3,

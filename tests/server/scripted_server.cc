@@ -54,15 +54,17 @@ class ScriptedRunner final : public StepRunner {
   void close(RunnerSeq seq) override { seqs_.erase(seq); }
   Result<SampledStep> run(std::span<const RunnerStep> steps) override {
     int64_t rows = 0;
-    for (const RunnerStep& s : steps) rows += s.want_logits;
+    for (const RunnerStep& s : steps) rows += s.host_rows();
     Tensor out = Tensor::zeros(DType::kF32, {rows, vocab_});
     int64_t row = 0;
     for (const RunnerStep& s : steps) {
       std::vector<int32_t>& fed = seqs_[s.seq];
+      // kAll (prompt log-probabilities): flat rows before the last, whose logits are the script's.
+      if (s.logits == StepLogits::kAll) row += static_cast<int64_t>(s.ids.size()) - 1;
       fed.insert(fed.end(), s.ids.begin(), s.ids.end());
       // 80 over 0 elsewhere: a sampled request (temperature 1) follows the script too (at 20 one
       // token in 3,000 over a 160k vocabulary strayed, and a K3 round trip failed now and then).
-      if (s.want_logits) out.f32()[row++ * vocab_ + next_token(fed, static_cast<size_t>(s.prompt))] = 80.0f;
+      if (s.logits != StepLogits::kNone) out.f32()[row++ * vocab_ + next_token(fed, static_cast<size_t>(s.prompt))] = 80.0f;
     }
     return SampledStep{out, {}};
   }
