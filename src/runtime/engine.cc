@@ -23,6 +23,10 @@ Result<SampledStep> run_guarded(StepRunner& runner, std::span<const RunnerStep> 
 }
 }  // namespace
 
+// The longest prefill piece of a sequence scoring its prompt: its rows' logits [T, V] F32 go to the
+// host (512 rows of a 163,840-id vocabulary: 336 MB).
+constexpr int64_t kScoredPieceTokens = 512;
+
 struct Engine::Choice {
   Sequence seq;
   Request* request = nullptr;
@@ -171,6 +175,7 @@ void Engine::take_inbox() {
       c->seq.id = r->id * 1000 + static_cast<uint64_t>(i);
       c->seq.tokens = r->spec.prompt;
       c->seq.prompt = static_cast<int64_t>(r->spec.prompt.size());
+      if (i == 0 && r->spec.prompt_logprobs >= 0) c->seq.max_piece = kScoredPieceTokens;
       c->sampler.set_prompt(r->spec.prompt);
       if (tokenizer_) c->decoder.emplace(*tokenizer_, r->spec.special_text);
       choice_of_[&c->seq] = c.get();
@@ -377,6 +382,7 @@ bool Engine::step() {
                   r.spec.prompt[static_cast<size_t>(pos)], r.spec.prompt_logprobs));
           }
           row += t;
+          if (r.prompt_logprobs.size() + 1 >= r.spec.prompt.size()) seq.max_piece = 0;  // scored
           if (last) sampled.emplace_back(r.id, c.index, row - 1, false);
           continue;
         }

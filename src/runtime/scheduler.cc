@@ -38,7 +38,8 @@ int64_t tokens_within(int64_t from, int64_t pairs) {
 // first snapshot point (grid or prompt end) the step could not snapshot at.
 int64_t Scheduler::chunk(const Sequence* s, int64_t from, int64_t budget, int64_t pairs) const {
   const int64_t total = static_cast<int64_t>(s->tokens.size());
-  const int64_t n = std::min({total - from, budget, tokens_within(from, pairs)});
+  const int64_t n = std::min({total - from, budget, tokens_within(from, pairs),
+                              s->max_piece > 0 ? s->max_piece : std::numeric_limits<int64_t>::max()});
   const int64_t iv = options_.snapshot_interval;
   int64_t cut = from + n;
   if (iv > 0 && n > 1) {

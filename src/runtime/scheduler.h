@@ -71,6 +71,7 @@ struct Sequence {
   int64_t prompt = 0;                  // tokens[0, prompt) are the prompt
   int64_t computed = 0;                // tokens[0, computed) are in the runner's state
   std::optional<RunnerSeq> slot;       // open in the runner while running
+  int64_t max_piece = 0;               // > 0 (a multiple of 64): prefill pieces of at most this many tokens
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
 };
 

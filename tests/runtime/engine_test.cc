@@ -162,6 +162,21 @@ TEST(Engine, PromptLogprobsScoreEveryPromptToken) {
       EXPECT_EQ(c.stats.completion_tokens, 0);
     }
   }
+  {
+    // A long prompt under a large step budget: its scored pieces stay within 512 rows.
+    RequestSpec lng = s;
+    lng.prompt.clear();
+    for (int t = 0; t < 1300; ++t) lng.prompt.push_back(static_cast<int32_t>(rng() % kOutOfMemory));
+    lng.stop.max_tokens = 1;
+    lng.n = 1;
+    FakeRunner runner(4, 200, 16);
+    Engine engine(runner, nullptr, EngineOptions{{4096, 4}, 16, {}});
+    const Collected c = run_all(engine, {lng})[0];
+    EXPECT_EQ(c.prompt_logprobs.size(), 1299u);
+    int64_t widest = 0;
+    for (const StepRecord& rec : runner.record) widest = std::max(widest, rec.widest_all);
+    EXPECT_EQ(widest, 512);
+  }
   FakeRunner runner(4, 100, 16);
   Engine engine(runner, nullptr, EngineOptions{});
   RequestSpec bad = s;

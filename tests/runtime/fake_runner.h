@@ -30,6 +30,7 @@ inline void fake_logits(uint64_t h, float* row) {
 
 struct StepRecord {
   int64_t tokens = 0, decodes = 0, prefills = 0;
+  int64_t widest_all = 0;  // the most rows a StepLogits::kAll step returned
 };
 
 class FakeRunner final : public StepRunner {
@@ -68,6 +69,7 @@ class FakeRunner final : public StepRunner {
             << "a step writes positions the scheduler did not reserve";
       }
       rows += s.host_rows();
+      if (s.logits == StepLogits::kAll) rec.widest_all = std::max(rec.widest_all, static_cast<int64_t>(s.ids.size()));
       rec.tokens += static_cast<int64_t>(s.ids.size());
       (seqs_[s.seq].tokens > 0 && s.ids.size() == 1 ? rec.decodes : rec.prefills) += 1;
       for (int32_t id : s.ids) {
