@@ -246,7 +246,7 @@ constexpr std::string_view kEveryRequestFields[] = {
 constexpr std::string_view kChatFields[] = {
     "messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "response_format",
     "chat_template_kwargs", "thinking", "thinking_effort", "reasoning_effort", "include_reasoning",
-    "add_generation_prompt", "continue_final_message"};
+    "add_generation_prompt", "continue_final_message", "echo"};
 constexpr std::string_view kCompletionFields[] = {"prompt", "echo"};
 
 // Fields OpenAI or vLLM clients send that this server does not honour: refused when their value
@@ -256,7 +256,6 @@ struct Unhonoured {
 };
 constexpr std::string_view kNoStructuredOutput = "structured output (constrained decoding) is not supported yet";
 constexpr Unhonoured kUnhonoured[] = {
-    {"echo", "false", "echo is honoured on completions (the chat form is not supported)"},
     {"suffix", "null", "the Kimi models have no fill-in-the-middle format"},
     {"use_beam_search", "false", "beam search is not supported"},
     {"length_penalty", "1", "beam search is not supported"},
@@ -370,6 +369,7 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
     if (r.chat.continue_final_message && r.messages.back().role != "assistant")
       return f.fail("continue_final_message", Status::InvalidArgument("field 'continue_final_message' needs the last "
                                                                       "message to be the assistant's"));
+    KL_RETURN_IF_ERROR(bool_field(f, "echo", r.echo));
   } else {
     KL_RETURN_IF_ERROR(parse_prompt(f, r));
     KL_RETURN_IF_ERROR(bool_field(f, "echo", r.echo));
@@ -466,7 +466,8 @@ Result<ApiRequest> parse_api_request(ApiKind kind, ChatFormat format, const Json
   KL_RETURN_IF_ERROR(int_in(f, "prompt_logprobs", 0, 20, prompt_logprobs));
   r.spec.prompt_logprobs = static_cast<int>(prompt_logprobs.value_or(-1));
   r.prompt_logprobs = prompt_logprobs.has_value();
-  if (r.echo && r.logprobs) r.spec.prompt_logprobs = std::max(r.spec.prompt_logprobs, r.spec.top_logprobs);
+  if (kind == ApiKind::kCompletion && r.echo && r.logprobs)
+    r.spec.prompt_logprobs = std::max(r.spec.prompt_logprobs, r.spec.top_logprobs);
   if (r.max_tokens == 0 && r.spec.prompt_logprobs < 0)
     return f.out_of_range(max_completion_tokens ? "max_completion_tokens" : "max_tokens",
                           "at least 1 (0 only scores a prompt: with prompt_logprobs, or echo with logprobs)",
@@ -513,6 +514,17 @@ Json usage_json(const RequestStats& s) {
               {"total_tokens", s.prompt_tokens + s.completion_tokens}};
 }
 
+namespace {
+// What echo puts before each choice's output: a completion's prompt text; on chat, as vLLM does,
+// the last message's content when it is the assistant's (the reply continues it), else nothing.
+std::string echo_text(const ApiRequest& r, const Tokenizer* tokenizer, const std::vector<int32_t>& prompt) {
+  if (!r.echo) return "";
+  if (r.kind == ApiKind::kChat)
+    return !r.messages.empty() && r.messages.back().role == "assistant" ? r.messages.back().content : "";
+  return tokenizer ? tokenizer->decode(prompt) : "";
+}
+}  // namespace
+
 ResponseBuilder::ResponseBuilder(const ApiRequest& request, ChatFormat format, std::string id, std::string model,
                                  const Tokenizer* tokenizer, std::vector<int32_t> prompt)
     : kind_(request.kind),
@@ -525,8 +537,8 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& request, ChatFormat format, s
       parallel_tool_calls_(request.parallel_tool_calls),
       include_reasoning_(request.include_reasoning),
       prompt_(std::move(prompt)),
-      echo_(request.echo && tokenizer ? tokenizer->decode(prompt_) : std::string()),
-      echo_logprobs_(request.echo && request.logprobs),
+      echo_(echo_text(request, tokenizer, prompt_)),
+      echo_logprobs_(request.kind == ApiKind::kCompletion && request.echo && request.logprobs),
       list_prompt_logprobs_(request.prompt_logprobs),
       top_logprobs_(request.spec.top_logprobs),
       prompt_top_(request.spec.prompt_logprobs),
@@ -679,7 +691,8 @@ std::vector<Json> ResponseBuilder::chunks(const EngineEvent& e) {
     const ChatDelta d = chat_delta(c, e);
     Json delta = Json::object();
     if (!d.reasoning.empty() && include_reasoning_) delta["reasoning_content"] = delta["reasoning"] = d.reasoning;
-    if (!d.content.empty()) delta["content"] = d.content;
+    const std::string content = (c.echoed ? std::string() : echo_) + d.content;
+    if (!content.empty()) delta["content"] = content;
     if (return_token_ids_) choice["token_ids"] = token_ids(e.tokens);
     for (const ToolCallDelta& t : d.calls) {
       if (!parallel_tool_calls_ && t.index > 0) continue;  // the first call only
@@ -756,6 +769,7 @@ Json ResponseBuilder::response(const RequestStats& stats) const {
         calls = allowed_calls(std::move(p.calls));
       }
       if (return_token_ids_) choice["token_ids"] = token_ids(c.tokens);
+      if (!echo_.empty()) message["content"] = echo_ + message["content"].get<std::string>();
       if (!calls.empty() && message["content"] == "") message["content"] = nullptr;
       for (const ToolCall& call : calls)
         message["tool_calls"].push_back(

@@ -53,7 +53,8 @@ struct ApiRequest {
   bool return_token_ids = false;     // the prompt's and each choice's token ids in the response
   bool parallel_tool_calls = true;   // chat: false keeps a choice's first tool call only
   bool include_reasoning = true;     // chat, K3: false leaves the reasoning out
-  bool echo = false;                 // completions: each choice's text starts with the prompt's
+  bool echo = false;                 // completions: each choice's text starts with the prompt's; chat:
+                                     // with the last message's content when it is the assistant's
   bool prompt_logprobs = false;      // prompt_logprobs given: the response lists them (vLLM's field)
   std::string request_id;            // the response id after its prefix; empty: a fresh one
   std::string user;                  // the caller's end user (OpenAI's abuse tracing): in the request's log line

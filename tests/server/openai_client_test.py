@@ -517,6 +517,15 @@ def test_vllm_fields(s):
                                   max_tokens=2, extra_body={"continue_final_message": True, "add_generation_prompt": False,
                                                             "ignore_eos": True})
     check(r.usage.prompt_tokens == len(cont), (r.usage, len(cont)))
+    # Chat echo: the continued assistant message opens the reply (vLLM's echo), streamed or not.
+    body = dict(model=MODEL, messages=user + [{"role": "assistant", "content": "Once upon"}], max_tokens=2, temperature=0,
+                extra_body={"continue_final_message": True, "add_generation_prompt": False, "ignore_eos": True})
+    cont_text = c.chat.completions.create(**body).choices[0].message.content
+    body["extra_body"] = dict(body["extra_body"], echo=True)
+    echoed = c.chat.completions.create(**body).choices[0].message.content
+    check(echoed == "Once upon" + cont_text, (echoed, cont_text))
+    streamed = "".join(p.choices[0].delta.content or "" for p in c.chat.completions.create(**body, stream=True) if p.choices)
+    check(streamed == echoed, (streamed, echoed))
     # Refused: what this server does not do, and fields nobody defines; each 400 names the field.
     for body, param in ((dict(prompt="x", guided_json={"type": "object"}), "guided_json"),
                         (dict(prompt="x", echo=True, logprobs=1, stream=True), "echo"),

@@ -49,7 +49,8 @@ TEST(OpenAIRequest, BadFieldsAreNamed) {
       {"metadata (stored completions)", ApiKind::kChat, chat_body({{"metadata", {{"a", 1}}}}), "metadata"},
       {"metadata null asks for nothing", ApiKind::kChat, chat_body({{"metadata", nullptr}}), ""},
       {"guided_json", ApiKind::kChat, chat_body({{"guided_json", {{"type", "object"}}}}), "guided_json"},
-      {"chat echo", ApiKind::kChat, chat_body({{"echo", true}}), "echo"},
+      {"chat echo", ApiKind::kChat, chat_body({{"echo", true}}), ""},
+      {"chat echo not a bool", ApiKind::kChat, chat_body({{"echo", 1}}), "echo"},
       {"chat echo false", ApiKind::kChat, chat_body({{"echo", false}}), ""},
       {"use_beam_search false", ApiKind::kChat, chat_body({{"use_beam_search", false}}), ""},
       {"use_beam_search", ApiKind::kChat, chat_body({{"use_beam_search", true}}), "use_beam_search"},
@@ -438,6 +439,23 @@ TEST(OpenAIResponse, RequestedFieldsAndUnsignedBytes) {
   EXPECT_EQ(pl[1][std::to_string(echoed[1])]["rank"], 2);
   EXPECT_EQ(pl[1][std::to_string(id)]["rank"], 1);
   EXPECT_EQ(pl[1][std::to_string(echoed[1])]["logprob"].get<float>(), -0.5f);
+
+  // Chat echo (vLLM's): the reply continues the last message when it is the assistant's, which
+  // opens the content, streamed and whole; after a user message there is nothing to echo.
+  for (const bool assistant_last : {true, false}) {
+    Json messages = {{{"role", "user"}, {"content", "hi"}}};
+    if (assistant_last) messages.push_back({{"role", "assistant"}, {"content", "Once upon"}});
+    ApiRequest ce = parse_api_request(ApiKind::kChat, ChatFormat::kKimiK2,
+                                      Json{{"messages", messages}, {"echo", true}, {"stream", true},
+                                           {"continue_final_message", assistant_last}},
+                                      &param)
+                        .value();
+    ResponseBuilder cbe(ce, ChatFormat::kKimiK2, "chatcmpl-e", "m", &tok, {11});
+    const std::string opening = assistant_last ? "Once upon" : "";
+    EXPECT_EQ(cbe.chunks(e1).at(0)["choices"][0]["delta"]["content"], opening + "é");
+    EXPECT_EQ(cbe.chunks(e2).at(0)["choices"][0]["delta"]["content"], "é");
+    EXPECT_EQ(cbe.response(RequestStats{})["choices"][0]["message"]["content"], opening + "éé");
+  }
 
   // Chat logprobs carry bytes; each is in [0, 255] and they spell the token.
   ApiRequest chat = parse_api_request(ApiKind::kChat, ChatFormat::kK3,
