@@ -141,7 +141,8 @@ inline constexpr Tolerance kModelPaths{13, 8380};
 // 1000); per row, the chunk form's dg of a chunk's first rows is the difference of sums over the
 // whole chunk (dg = the reverse cumulative sum of dG, whose pair terms cancel) and is off by up to
 // 7.4e-5 of the row (8 runs of the backward tests, 2026-12-06), as where a split moves the chunk
-// boundaries (7.3e-5 seen over 2 ranks, 2026-12-07). 2e-4 in f32.
+// boundaries (7.3e-5 seen over 2 ranks, 2026-12-07; dk, whose rows elsewhere agree to ~1e-6, once
+// 1.49e-5 of a row over 4 ranks at T = 65, seeds 285446364 / 1990201298, 2026-12-08). 2e-4 in f32.
 inline constexpr Tolerance kGradients{0, 3360};
 
 // How far `a` is from the reference `b` (host F32 tensors of the same size), three ways:
